@@ -1,0 +1,26 @@
+// turbopairformer._C: the library's entry points over DLPack arrays. No libtorch here.
+#include <nanobind/nanobind.h>
+
+#include "core/parallel.h"
+#include "tpf/attention.h"
+#include "tpf/error.h"
+
+namespace nb = nanobind;
+
+namespace tpf::py {
+void bind_attention(nb::module_& m);
+}
+
+NB_MODULE(_C, m) {
+  m.doc() = "TurboPairFormer core: kernels, CPU path and FP64 references over DLPack arrays";
+  nb::register_exception_translator([](const std::exception_ptr& p, void*) {
+    try {
+      std::rethrow_exception(p);
+    } catch (const tpf::RuntimeError& e) {
+      PyErr_SetString(PyExc_RuntimeError, e.what());
+    }
+  });
+  m.def("cuda_available", &tpf::cuda_available);
+  m.def("num_threads", &tpf::num_threads);
+  tpf::py::bind_attention(m);
+}

@@ -1,0 +1,11 @@
+"""TurboPairFormer: fast, deterministic PairFormer ops, data pipeline and training."""
+from turbopairformer import _C
+from turbopairformer.ops.attention import triangle_attention
+
+__all__ = ["triangle_attention", "cuda_available"]
+__version__ = "0.1.0"
+
+
+def cuda_available() -> bool:
+    """Whether this build carries the CUDA kernels."""
+    return bool(_C.cuda_available())

@@ -1,0 +1,1 @@
+"""Benchmarks shared by `tpf bench` and the scripts in bench/."""

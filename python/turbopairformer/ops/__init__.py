@@ -1,0 +1,1 @@
+"""PyTorch custom ops over the C++ core."""

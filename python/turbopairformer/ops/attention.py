@@ -1,0 +1,177 @@
+"""Triangle attention as a torch custom op (CPU path and CUDA kernels), with autograd.
+
+Layout (cuEquivariance's): q, k, v [B, N, H, S, D]; bias [B, 1, H, S, S] or [B, H, S, S], shared by
+the N slices; mask bool [B, N, 1, 1, S] or [B, N, S], True = attend. A query row whose keys are all
+masked gives zeros and zero gradients.
+"""
+from __future__ import annotations
+
+import math
+from typing import Optional
+
+import torch
+
+from turbopairformer import _C
+from turbopairformer.ops._common import (
+    detached,
+    inner_contiguous,
+    load_named,
+    require_float,
+    require_same,
+    require_tensor,
+    save_named,
+    stream_of,
+)
+
+__all__ = ["triangle_attention"]
+
+
+@torch.library.custom_op("turbopairformer::triangle_attention_fwd", mutates_args=())
+def _attention_fwd(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    bias: torch.Tensor,
+    mask: Optional[torch.Tensor],
+    scale: float,
+    keep_residual: bool,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    o, lse, residual = _fwd_outputs(q, keep_residual)
+    _C.attention_forward(
+        q.detach(), k.detach(), v.detach(), bias.detach(), detached(mask), o, lse,
+        residual if residual.numel() else None, scale, stream_of(q))
+    return o, lse, residual
+
+
+def _fwd_outputs(q: torch.Tensor, keep_residual: bool):
+    B, N, H, S, _ = q.shape
+    o = q.new_empty(q.shape)
+    lse = q.new_empty((B, N, H, S), dtype=torch.float32)
+    with_residual = keep_residual and q.dtype != torch.float32
+    residual = q.new_empty(q.shape if with_residual else (0,), dtype=torch.bfloat16)
+    return o, lse, residual
+
+
+@_attention_fwd.register_fake
+def _(q, k, v, bias, mask, scale, keep_residual):
+    return _fwd_outputs(q, keep_residual)
+
+
+@torch.library.custom_op("turbopairformer::triangle_attention_bwd", mutates_args=())
+def _attention_bwd(
+    grad_out: torch.Tensor,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    bias: torch.Tensor,
+    mask: Optional[torch.Tensor],
+    o: torch.Tensor,
+    lse: torch.Tensor,
+    residual: torch.Tensor,
+    scale: float,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    dq, dk, dv, dbias = _bwd_outputs(q, k, v, bias)
+    workspace = None
+    if q.is_cuda:
+        B, N, H, Sq, D = q.shape
+        nbytes = _C.attention_backward_workspace_bytes(B, N, H, Sq, k.shape[3], D, True)
+        workspace = torch.empty(max(nbytes, 1), dtype=torch.uint8, device=q.device)
+    _C.attention_backward(
+        q.detach(), k.detach(), v.detach(), bias.detach(), detached(mask), o.detach(),
+        lse.detach(), grad_out.detach(), residual.detach() if residual.numel() else None,
+        dq, dk, dv, dbias, scale, workspace, stream_of(q))
+    return dq, dk, dv, dbias
+
+
+def _bwd_outputs(q, k, v, bias):
+    return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape), bias.new_empty(bias.shape)
+
+
+@_attention_bwd.register_fake
+def _(grad_out, q, k, v, bias, mask, o, lse, residual, scale):
+    return _bwd_outputs(q, k, v, bias)
+
+
+def _setup_context(ctx, inputs, output):
+    q, k, v, bias, mask, scale, _ = inputs
+    o, lse, residual = output
+    save_named(ctx, q=q, k=k, v=v, bias=bias, mask=mask, o=o, lse=lse, residual=residual)
+    ctx.scale = scale
+
+
+def _backward(ctx, grad_o, grad_lse, grad_residual):
+    s = load_named(ctx)
+    dq, dk, dv, dbias = _attention_bwd(
+        inner_contiguous(grad_o), s.q, s.k, s.v, s.bias, s.mask, s.o, s.lse, s.residual, ctx.scale)
+    return dq, dk, dv, dbias, None, None, None
+
+
+_attention_fwd.register_autograd(_backward, setup_context=_setup_context)
+
+
+def _normalize_bias(bias: torch.Tensor, B: int, H: int, S: int) -> torch.Tensor:
+    if bias.dim() == 5 and bias.shape[1] == 1:
+        bias = bias.squeeze(1)
+    if bias.dim() != 4 or tuple(bias.shape) != (B, H, S, S):
+        raise ValueError(
+            f"bias must have shape [B, 1, H, S, S] or [B, H, S, S] = [{B}, {H}, {S}, {S}], "
+            f"got {list(bias.shape)}")
+    return bias
+
+
+def _normalize_mask(mask: torch.Tensor, B: int, N: int, S: int) -> torch.Tensor:
+    if mask.dtype != torch.bool:
+        raise TypeError(f"mask must be a bool tensor (True = attend), got {mask.dtype}")
+    if mask.dim() == 5 and mask.shape[2] == 1 and mask.shape[3] == 1:
+        mask = mask.reshape(mask.shape[0], mask.shape[1], mask.shape[4])
+    if mask.dim() != 3 or tuple(mask.shape) != (B, N, S):
+        raise ValueError(
+            f"mask must have shape [B, N, 1, 1, S] or [B, N, S] = [{B}, {N}, {S}], "
+            f"got {list(mask.shape)}")
+    return mask
+
+
+def triangle_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    bias: torch.Tensor,
+    mask: Optional[torch.Tensor] = None,
+    scale: Optional[float] = None,
+    *,
+    residual: bool = True,
+) -> torch.Tensor:
+    """Triangle attention: softmax(scale * q k^T + bias, masked keys excluded) v, per slice.
+
+    q, k, v: [B, N, H, S, D]; bias: [B, 1, H, S, S] or [B, H, S, S]; mask: bool [B, N, 1, 1, S] or
+    [B, N, S] (True = attend); scale defaults to 1/sqrt(D). Returns o [B, N, H, S, D].
+    residual: keep the BF16 residual of O's rounding for the backward's softmax correction
+    ("output-residual compensation", 16-bit inputs only); False gives the uncompensated backward.
+    """
+    for name, x in (("q", q), ("k", k), ("v", v), ("bias", bias)):
+        require_tensor(x, name)
+    require_float(q, "q")
+    for name, x in (("k", k), ("v", v), ("bias", bias)):
+        require_same(x, q, name, "q")
+    if q.dim() != 5:
+        raise ValueError(f"q must have 5 dimensions [B, N, H, S, D], got {list(q.shape)}")
+    B, N, H, S, D = q.shape
+    if S == 0 or D == 0:
+        raise ValueError(f"q must have S >= 1 and D >= 1, got {list(q.shape)}")
+    for name, x in (("k", k), ("v", v)):
+        if tuple(x.shape) != tuple(q.shape):
+            raise ValueError(f"{name} must have q's shape {list(q.shape)}, got {list(x.shape)}")
+    bias = _normalize_bias(bias, B, H, S)
+    if mask is not None:
+        require_tensor(mask, "mask")
+        if mask.device != q.device:
+            raise ValueError(f"mask must be on q's device {q.device}, got {mask.device}")
+        mask = inner_contiguous(_normalize_mask(mask, B, N, S))
+    if scale is None:
+        scale = 1.0 / math.sqrt(D)
+    elif not math.isfinite(scale) or scale == 0:
+        raise ValueError(f"scale must be a finite nonzero number, got {scale}")
+    o, _, _ = _attention_fwd(
+        inner_contiguous(q), inner_contiguous(k), inner_contiguous(v), inner_contiguous(bias),
+        mask, float(scale), bool(residual))
+    return o

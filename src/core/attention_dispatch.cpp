@@ -1,0 +1,29 @@
+#include "kernels/attention/api.h"
+#include "tpf/attention.h"
+#include "tpf/error.h"
+
+namespace tpf {
+
+bool cuda_available() { return cuda::available(); }
+
+void attention_forward(const AttentionForwardArgs& a, void* stream) {
+  const AttentionDims d = check_attention_forward(a);
+  if (a.q.device == Device::cpu) return attention_forward_cpu(a);
+  TPF_CHECK(a.o.dtype == a.q.dtype, "o must have q's dtype");
+  cuda::attention_forward(a, d, stream);
+}
+
+void attention_backward(const AttentionBackwardArgs& a, void* stream) {
+  const AttentionDims d = check_attention_backward(a);
+  if (a.q.device == Device::cpu) return attention_backward_cpu(a);
+  const size_t need = cuda::attention_backward_workspace_bytes(d);
+  TPF_CHECK(a.workspace_bytes >= need, "workspace must hold at least " + std::to_string(need) +
+                                           " bytes, got " + std::to_string(a.workspace_bytes));
+  cuda::attention_backward(a, d, stream);
+}
+
+size_t attention_backward_workspace_bytes(const AttentionDims& d, Device device) {
+  return device == Device::cpu ? 0 : cuda::attention_backward_workspace_bytes(d);
+}
+
+}  // namespace tpf

@@ -1,0 +1,19 @@
+// Linked into builds without the CUDA library: every CUDA entry point says so.
+#include "kernels/attention/api.h"
+#include "tpf/error.h"
+
+namespace tpf::cuda {
+
+namespace {
+[[noreturn]] void unavailable() {
+  throw Error("this build of turbopairformer has no CUDA kernels; use CPU tensors or rebuild "
+              "with nvcc available (TPF_CUDA=ON)");
+}
+}  // namespace
+
+bool available() { return false; }
+void attention_forward(const AttentionForwardArgs&, const AttentionDims&, void*) { unavailable(); }
+size_t attention_backward_workspace_bytes(const AttentionDims&) { return 0; }
+void attention_backward(const AttentionBackwardArgs&, const AttentionDims&, void*) { unavailable(); }
+
+}  // namespace tpf::cuda

@@ -1,8 +1,8 @@
 """TurboPairFormer: fast, deterministic PairFormer ops, data pipeline and training."""
 from turbopairformer import _C
-from turbopairformer.ops.attention import triangle_attention
+from turbopairformer.ops.attention import triangle_attention, triangle_attention_rows
 
-__all__ = ["triangle_attention", "cuda_available"]
+__all__ = ["triangle_attention", "triangle_attention_rows", "cuda_available"]
 __version__ = "0.1.0"
 
 

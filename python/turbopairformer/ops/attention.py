@@ -23,7 +23,7 @@ from turbopairformer.ops._common import (
     stream_of,
 )
 
-__all__ = ["triangle_attention"]
+__all__ = ["triangle_attention", "triangle_attention_rows"]
 
 
 @torch.library.custom_op("turbopairformer::triangle_attention_fwd", mutates_args=())
@@ -109,17 +109,20 @@ def _backward(ctx, grad_o, grad_lse, grad_residual):
 _attention_fwd.register_autograd(_backward, setup_context=_setup_context)
 
 
-def _normalize_bias(bias: torch.Tensor, B: int, H: int, S: int) -> torch.Tensor:
+def _normalize_bias(bias: torch.Tensor, B: int, H: int, Sq: int, Sk: int) -> torch.Tensor:
     if bias.dim() == 5 and bias.shape[1] == 1:
         bias = bias.squeeze(1)
-    if bias.dim() != 4 or tuple(bias.shape) != (B, H, S, S):
+    if bias.dim() != 4 or tuple(bias.shape) != (B, H, Sq, Sk):
         raise ValueError(
-            f"bias must have shape [B, 1, H, S, S] or [B, H, S, S] = [{B}, {H}, {S}, {S}], "
+            f"bias must have shape [B, 1, H, S, S] or [B, H, S, S] = [{B}, {H}, {Sq}, {Sk}], "
             f"got {list(bias.shape)}")
     return bias
 
 
-def _normalize_mask(mask: torch.Tensor, B: int, N: int, S: int) -> torch.Tensor:
+def _normalize_mask(mask: torch.Tensor, q: torch.Tensor, B: int, N: int, S: int) -> torch.Tensor:
+    require_tensor(mask, "mask")
+    if mask.device != q.device:
+        raise ValueError(f"mask must be on q's device {q.device}, got {mask.device}")
     if mask.dtype != torch.bool:
         raise TypeError(f"mask must be a bool tensor (True = attend), got {mask.dtype}")
     if mask.dim() == 5 and mask.shape[2] == 1 and mask.shape[3] == 1:
@@ -129,6 +132,33 @@ def _normalize_mask(mask: torch.Tensor, B: int, N: int, S: int) -> torch.Tensor:
             f"mask must have shape [B, N, 1, 1, S] or [B, N, S] = [{B}, {N}, {S}], "
             f"got {list(mask.shape)}")
     return mask
+
+
+def _check_common(q, k, v, bias):
+    for name, x in (("q", q), ("k", k), ("v", v), ("bias", bias)):
+        require_tensor(x, name)
+    require_float(q, "q")
+    for name, x in (("k", k), ("v", v), ("bias", bias)):
+        require_same(x, q, name, "q")
+    if q.dim() != 5:
+        raise ValueError(f"q must have 5 dimensions [B, N, H, S, D], got {list(q.shape)}")
+    if q.shape[3] == 0 or q.shape[4] == 0:
+        raise ValueError(f"q must have S >= 1 and D >= 1, got {list(q.shape)}")
+
+
+def _check_scale(scale: Optional[float], D: int) -> float:
+    if scale is None:
+        return 1.0 / math.sqrt(D)
+    if not math.isfinite(scale) or scale == 0:
+        raise ValueError(f"scale must be a finite nonzero number, got {scale}")
+    return float(scale)
+
+
+def _run(q, k, v, bias, mask, scale, residual):
+    o, _, _ = _attention_fwd(
+        inner_contiguous(q), inner_contiguous(k), inner_contiguous(v), inner_contiguous(bias),
+        None if mask is None else inner_contiguous(mask), scale, bool(residual))
+    return o
 
 
 def triangle_attention(
@@ -148,30 +178,41 @@ def triangle_attention(
     residual: keep the BF16 residual of O's rounding for the backward's softmax correction
     ("output-residual compensation", 16-bit inputs only); False gives the uncompensated backward.
     """
-    for name, x in (("q", q), ("k", k), ("v", v), ("bias", bias)):
-        require_tensor(x, name)
-    require_float(q, "q")
-    for name, x in (("k", k), ("v", v), ("bias", bias)):
-        require_same(x, q, name, "q")
-    if q.dim() != 5:
-        raise ValueError(f"q must have 5 dimensions [B, N, H, S, D], got {list(q.shape)}")
+    _check_common(q, k, v, bias)
     B, N, H, S, D = q.shape
-    if S == 0 or D == 0:
-        raise ValueError(f"q must have S >= 1 and D >= 1, got {list(q.shape)}")
     for name, x in (("k", k), ("v", v)):
         if tuple(x.shape) != tuple(q.shape):
             raise ValueError(f"{name} must have q's shape {list(q.shape)}, got {list(x.shape)}")
-    bias = _normalize_bias(bias, B, H, S)
+    bias = _normalize_bias(bias, B, H, S, S)
     if mask is not None:
-        require_tensor(mask, "mask")
-        if mask.device != q.device:
-            raise ValueError(f"mask must be on q's device {q.device}, got {mask.device}")
-        mask = inner_contiguous(_normalize_mask(mask, B, N, S))
-    if scale is None:
-        scale = 1.0 / math.sqrt(D)
-    elif not math.isfinite(scale) or scale == 0:
-        raise ValueError(f"scale must be a finite nonzero number, got {scale}")
-    o, _, _ = _attention_fwd(
-        inner_contiguous(q), inner_contiguous(k), inner_contiguous(v), inner_contiguous(bias),
-        mask, float(scale), bool(residual))
-    return o
+        mask = _normalize_mask(mask, q, B, N, S)
+    return _run(q, k, v, bias, mask, _check_scale(scale, D), residual)
+
+
+def triangle_attention_rows(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    bias: torch.Tensor,
+    mask: Optional[torch.Tensor] = None,
+    scale: Optional[float] = None,
+    *,
+    residual: bool = True,
+) -> torch.Tensor:
+    """Triangle attention for a range of Sq queries against all Sk keys (context parallelism).
+
+    q: [B, N, H, Sq, D]; k, v: [B, N, H, Sk, D]; bias: [B, H, Sq, Sk], the bias rows of those
+    queries; mask: bool [B, N, Sk]. Each softmax runs over all Sk keys, so the result equals the
+    matching rows of triangle_attention. Autograd as triangle_attention.
+    """
+    _check_common(q, k, v, bias)
+    B, N, H, Sq, D = q.shape
+    Sk = k.shape[3] if k.dim() == 5 else -1
+    for name, x in (("k", k), ("v", v)):
+        if x.dim() != 5 or tuple(x.shape) != (B, N, H, Sk, D):
+            raise ValueError(f"{name} must have shape [B, N, H, Sk, D] = {[B, N, H, Sk, D]}, "
+                             f"got {list(x.shape)}")
+    bias = _normalize_bias(bias, B, H, Sq, Sk)
+    if mask is not None:
+        mask = _normalize_mask(mask, q, B, N, Sk)
+    return _run(q, k, v, bias, mask, _check_scale(scale, D), residual)

@@ -46,7 +46,10 @@ def _attention_fwd(
 def _fwd_outputs(q: torch.Tensor, keep_residual: bool):
     B, N, H, S, _ = q.shape
     o = q.new_empty(q.shape)
-    lse = q.new_empty((B, N, H, S), dtype=torch.float32)
+    # float32 inputs on the CPU keep a float64 log-sum-exp: the backward recomputes probabilities
+    # from it, and a float32 one would cost them a few ulps against a stored softmax.
+    lse_dtype = torch.float64 if q.dtype == torch.float32 and not q.is_cuda else torch.float32
+    lse = q.new_empty((B, N, H, S), dtype=lse_dtype)
     with_residual = keep_residual and q.dtype != torch.float32
     residual = q.new_empty(q.shape if with_residual else (0,), dtype=torch.bfloat16)
     return o, lse, residual

@@ -12,6 +12,7 @@ from typing import Optional
 import torch
 
 from turbopairformer import _C
+from turbopairformer.ops.torch_reference import triangle_attention_torch
 from turbopairformer.ops._common import (
     detached,
     inner_contiguous,
@@ -158,6 +159,9 @@ def _check_scale(scale: Optional[float], D: int) -> float:
 
 
 def _run(q, k, v, bias, mask, scale, residual):
+    if q.is_cuda and q.dtype == torch.float32:
+        # The CUDA kernels are BF16/FP16 (tensor cores); float32 CUDA tensors take PyTorch's math.
+        return triangle_attention_torch(q, k, v, bias, mask, scale)
     o, _, _ = _attention_fwd(
         inner_contiguous(q), inner_contiguous(k), inner_contiguous(v), inner_contiguous(bias),
         None if mask is None else inner_contiguous(mask), scale, bool(residual))

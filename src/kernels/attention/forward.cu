@@ -1,16 +1,18 @@
 // Triangle attention forward (sm_90a, mma.sync tensor cores, cp.async double buffering).
 //
-// One thread block of four warps computes a 64-query tile of one slice (b, n, h) over all key
-// tiles with an online softmax in the exp2 domain; each warp owns 16 query rows. The key, value,
-// bias and mask tiles of the next step load while the current one computes. Blocks are ordered with
-// the slice index fastest, so blocks that run together read the same bias rows (shared by all
-// slices) from L2. Outputs: O (input dtype), the BF16 residual of O's rounding, and the
+// One thread block computes the same 64-query tile in G consecutive slices (one quad of four warps
+// per slice, each warp 16 query rows) over all key tiles, with an online softmax in the exp2
+// domain. The G slices share one copy of each bias tile (the bias is the same for every slice),
+// which divides the bias traffic by G. The key, value, bias and mask tiles of the next step load
+// while the current one computes. Blocks are ordered with the slice group fastest, so blocks that
+// run together read the same bias rows from L2. Outputs: O (input dtype), the BF16 residual of O's rounding, and the
 // log-sum-exp (natural log, +inf for a row with no key).
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
 #include <cmath>
+#include <cstdlib>
 
 #include "kernels/attention/forward.h"
 #include "kernels/attention/mma.cuh"
@@ -23,53 +25,69 @@ namespace {
 constexpr float kLog2e = 1.4426950408889634f;
 constexpr float kLn2 = 0.6931471805599453f;
 
-template <typename T, int D>
+template <typename T, int D, int G>
 struct ForwardSmem {
   static constexpr int LD = D + kPad;
   static constexpr int LDB = kTileK + kPad;
-  T q[kTileQ * LD];
-  T k[2][kTileK * LD];
-  T v[2][kTileK * LD];
+  T q[G][kTileQ * LD];
+  T k[2][G][kTileK * LD];
+  T v[2][G][kTileK * LD];
   T bias[2][kTileQ * LDB];
-  uint8_t key_ok[2][kTileK];
+  uint8_t key_ok[2][G][kTileK];
 };
 
-template <typename T, int D>
-__global__ void __launch_bounds__(kForwardWarps * 32)
+template <typename T, int D, int G>
+__global__ void __launch_bounds__(G * kForwardWarps * 32)
     attention_forward_kernel(const AttentionForwardParams p) {
   static_assert(D % 16 == 0, "the head dimension is a whole number of MMA k-steps");
-  using S = ForwardSmem<T, D>;
-  constexpr int LD = S::LD, LDB = S::LDB, THREADS = kForwardWarps * 32;
+  using S = ForwardSmem<T, D, G>;
+  constexpr int LD = S::LD, LDB = S::LDB, THREADS = G * kForwardWarps * 32;
   extern __shared__ __align__(16) uint8_t smem_raw[];
   S& sm = *reinterpret_cast<S*>(smem_raw);
 
-  const int n = blockIdx.x, q0 = blockIdx.y * kTileQ;
+  const int n_first = blockIdx.x * G, q0 = blockIdx.y * kTileQ;
   const int b = blockIdx.z / p.H, h = blockIdx.z % p.H;
-  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int quad = threadIdx.x >> 7, warp = (threadIdx.x >> 5) & 3, lane = threadIdx.x & 31;
+  const int n = n_first + quad;  // this quad's slice
   const int qrows = min(kTileQ, p.Sq - q0);
+  const T* safe = static_cast<const T*>(p.q);
 
-  const T* q = static_cast<const T*>(p.q) + b * p.q_stride.b + n * p.q_stride.n + h * p.q_stride.h;
-  const T* k = static_cast<const T*>(p.k) + b * p.k_stride.b + n * p.k_stride.n + h * p.k_stride.h;
-  const T* v = static_cast<const T*>(p.v) + b * p.v_stride.b + n * p.v_stride.n + h * p.v_stride.h;
+  auto slice_ptr = [&](const void* base, const Strides4& st, int slice) {
+    return static_cast<const T*>(base) + b * st.b + int64_t(slice) * st.n + h * st.h;
+  };
   const T* bias = static_cast<const T*>(p.bias) + b * p.bias_stride_b + h * p.bias_stride_h +
                   q0 * p.bias_stride_q;
-  const uint8_t* mask = p.mask ? p.mask + b * p.mask_stride_b + n * p.mask_stride_n : nullptr;
-  const T* safe = static_cast<const T*>(p.q);
 
   auto load_keys = [&](int kt, int stage) {
     const int k0 = kt * kTileK, krows = min(kTileK, p.Sk - k0);
-    load_tile<T, kTileK, D, THREADS>(sm.k[stage], k + k0 * p.k_stride.s, p.k_stride.s, krows, D,
-                                     p.qkv_aligned, safe);
-    load_tile<T, kTileK, D, THREADS>(sm.v[stage], v + k0 * p.v_stride.s, p.v_stride.s, krows, D,
-                                     p.qkv_aligned, safe);
+#pragma unroll
+    for (int g = 0; g < G; ++g) {
+      const bool valid = n_first + g < p.N;
+      load_tile<T, kTileK, D, THREADS>(
+          sm.k[stage][g], valid ? slice_ptr(p.k, p.k_stride, n_first + g) + k0 * p.k_stride.s : safe,
+          p.k_stride.s, valid ? krows : 0, D, p.qkv_aligned, safe);
+      load_tile<T, kTileK, D, THREADS>(
+          sm.v[stage][g], valid ? slice_ptr(p.v, p.v_stride, n_first + g) + k0 * p.v_stride.s : safe,
+          p.v_stride.s, valid ? krows : 0, D, p.qkv_aligned, safe);
+    }
     load_tile<T, kTileQ, kTileK, THREADS>(sm.bias[stage], bias + k0, p.bias_stride_q, qrows, krows,
                                           p.bias_aligned, safe);
-    for (int j = threadIdx.x; j < kTileK; j += THREADS)
-      sm.key_ok[stage][j] = j < krows && (mask == nullptr || mask[k0 + j] != 0);
+    for (int i = threadIdx.x; i < G * kTileK; i += THREADS) {
+      const int g = i / kTileK, j = i % kTileK, slice = n_first + g;
+      sm.key_ok[stage][g][j] =
+          slice < p.N && j < krows &&
+          (p.mask == nullptr ||
+           p.mask[b * p.mask_stride_b + int64_t(slice) * p.mask_stride_n + k0 + j] != 0);
+    }
   };
 
-  load_tile<T, kTileQ, D, THREADS>(sm.q, q + q0 * p.q_stride.s, p.q_stride.s, qrows, D,
-                                   p.qkv_aligned, safe);
+#pragma unroll
+  for (int g = 0; g < G; ++g) {
+    const bool valid = n_first + g < p.N;
+    load_tile<T, kTileQ, D, THREADS>(
+        sm.q[g], valid ? slice_ptr(p.q, p.q_stride, n_first + g) + q0 * p.q_stride.s : safe,
+        p.q_stride.s, valid ? qrows : 0, D, p.qkv_aligned, safe);
+  }
   load_keys(0, 0);
   cp_async_commit();
 
@@ -94,7 +112,7 @@ __global__ void __launch_bounds__(kForwardWarps * 32)
     __syncthreads();
     if (kt == 0) {
 #pragma unroll
-      for (int ks = 0; ks < D / 16; ++ks) load_a(qf[ks], sm.q, LD, warp * kWarpRows, ks * 16);
+      for (int ks = 0; ks < D / 16; ++ks) load_a(qf[ks], sm.q[quad], LD, warp * kWarpRows, ks * 16);
     }
 
     // s = q k^T for this warp's 16 rows x 64 keys.
@@ -105,25 +123,29 @@ __global__ void __launch_bounds__(kForwardWarps * 32)
 #pragma unroll
       for (int ks = 0; ks < D / 16; ++ks) {
         uint32_t bf[2];
-        load_b_nk(bf, sm.k[stage], LD, j * 8, ks * 16);
+        load_b_nk(bf, sm.k[stage][quad], LD, j * 8, ks * 16);
         Mma<T>::run(s[j], qf[ks], bf);
       }
     }
 
-    // Scale, bias, mask (log2 domain) and the running row maxima.
+    // Scale, bias, mask (log2 domain) and the running row maxima. Each thread's elements come in
+    // pairs of adjacent keys: one 32-bit load of bias and one 16-bit load of the key flags each.
     float tile_max[2] = {-INFINITY, -INFINITY};
 #pragma unroll
     for (int j = 0; j < kTileK / 8; ++j) {
+      const int col = j * 8 + (lane & 3) * 2;
+      const uint16_t ok = *reinterpret_cast<const uint16_t*>(&sm.key_ok[stage][quad][col]);
 #pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int row = warp * kWarpRows + (lane >> 2) + (e >> 1) * 8;
-        const int col = j * 8 + (lane & 3) * 2 + (e & 1);
-        const float x = sm.key_ok[stage][col]
-                            ? fmaf(s[j][e], scale_log2,
-                                   to_float(sm.bias[stage][row * LDB + col]) * kLog2e)
-                            : -INFINITY;
-        s[j][e] = x;
-        tile_max[e >> 1] = fmaxf(tile_max[e >> 1], x);
+      for (int r = 0; r < 2; ++r) {
+        const int row = warp * kWarpRows + (lane >> 2) + r * 8;
+        const T* bp = &sm.bias[stage][row * LDB + col];
+        const float x0 = (ok & 0xff) ? fmaf(s[j][2 * r], scale_log2, to_float(bp[0]) * kLog2e)
+                                     : -INFINITY;
+        const float x1 = (ok >> 8) ? fmaf(s[j][2 * r + 1], scale_log2, to_float(bp[1]) * kLog2e)
+                                   : -INFINITY;
+        s[j][2 * r] = x0;
+        s[j][2 * r + 1] = x1;
+        tile_max[r] = fmaxf(tile_max[r], fmaxf(x0, x1));
       }
     }
     float correction[2], m_use[2];
@@ -165,14 +187,15 @@ __global__ void __launch_bounds__(kForwardWarps * 32)
 #pragma unroll
       for (int i = 0; i < D / 8; ++i) {
         uint32_t bf[2];
-        load_b_kn(bf, sm.v[stage], LD, kk * 16, i * 8);
+        load_b_kn(bf, sm.v[stage][quad], LD, kk * 16, i * 8);
         Mma<T>::run(o[i], pa, bf);
       }
     }
     __syncthreads();  // the next iteration's loads overwrite this stage
   }
 
-  // Finish: row sums across the quad, normalize, write O, its residual and the log-sum-exp.
+  if (n >= p.N) return;  // a padding slice of the last group
+  // Finish: row sums across the lanes of a row, normalize, write O, its residual and the lse.
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
     l[r] += __shfl_xor_sync(0xffffffffu, l[r], 1);
@@ -210,13 +233,25 @@ __global__ void __launch_bounds__(kForwardWarps * 32)
   }
 }
 
+template <typename T, int D, int G>
+void launch_slices(const AttentionForwardParams& p, cudaStream_t stream) {
+  const size_t smem = sizeof(ForwardSmem<T, D, G>);
+  auto kernel = attention_forward_kernel<T, D, G>;
+  cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem));
+  const dim3 grid((p.N + G - 1) / G, (p.Sq + kTileQ - 1) / kTileQ, p.B * p.H);
+  kernel<<<grid, G * kForwardWarps * 32, smem, stream>>>(p);
+}
+
 template <typename T, int D>
 void launch(const AttentionForwardParams& p, cudaStream_t stream) {
-  const size_t smem = sizeof(ForwardSmem<T, D>);
-  auto kernel = attention_forward_kernel<T, D>;
-  cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem));
-  const dim3 grid(p.N, (p.Sq + kTileQ - 1) / kTileQ, p.B * p.H);
-  kernel<<<grid, kForwardWarps * 32, smem, stream>>>(p);
+  static const int slices = [] {
+    const char* env = std::getenv("TPF_ATTENTION_FWD_SLICES");
+    return env && std::atoi(env) == 4 ? 4 : kForwardSlices;
+  }();
+  if (slices == 4)
+    launch_slices<T, D, 4>(p, stream);
+  else
+    launch_slices<T, D, kForwardSlices>(p, stream);
 }
 
 }  // namespace

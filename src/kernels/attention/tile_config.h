@@ -12,6 +12,12 @@ constexpr int kWarpRows = 16;           // rows of one warp's MMA tile
 constexpr int kForwardWarps = kTileQ / kWarpRows;
 constexpr int kPad = 8;                 // elements (16 bytes) of padding per shared-memory row
 
+// Forward: a block computes one query tile in G slices, one quad of four warps per slice, which
+// share each bias tile. G = 2 (256 threads) keeps two blocks per SM, so one block's barrier waits
+// overlap the other's work; G = 4 halves the bias traffic again but fills an SM's registers with
+// one block. TPF_ATTENTION_FWD_SLICES=4 selects it (for measurements).
+constexpr int kForwardSlices = 2;
+
 // Backward: two groups of four warps ("quads"); each quad owns the 64-key tile in kSlicesPerQuad
 // slices, keeping their dK and dV in registers (D fp32 registers per slice per thread, so at most
 // 64 registers). The block's 2 * kSlicesPerQuad slices share one bias tile and sum their dbias on

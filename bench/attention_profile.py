@@ -41,7 +41,8 @@ def main() -> None:
             per = collections.defaultdict(float)
             for e in prof.events():
                 if e.device_type == torch.autograd.DeviceType.CUDA:
-                    name = e.name.split("<")[0].split("(")[0].replace("tpf::cuda::", "")
+                    name = e.name.replace("void ", "").split("<")[0].split("(")[0]
+                    name = name.replace("tpf::cuda::", "").replace("(anonymous namespace)::", "")
                     per[name[:48]] += e.device_time_total / 1000 if hasattr(e, "device_time_total") else e.cuda_time_total / 1000
             top = sorted(per.items(), key=lambda kv: -kv[1])[:6]
             print(f"D={D} S={S}: fwd {f:.3f} ms, fwd+bwd {fb:.3f} ms | "

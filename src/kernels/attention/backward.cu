@@ -63,12 +63,12 @@ struct BackwardSmem {
   static constexpr int LDT = kTileK + kPad;  // bias and dS tiles, [query][key]
   T k[G][kTileK * LD];
   T v[G][kTileK * LD];
-  T q[2][G][kTileQ * LD];     // two stages: the next query tile loads during this one
-  T dout[2][G][kTileQ * LD];
-  T bias[2][kTileQ * LDT];
-  T ds[2][kTileQ * LDT];      // one per quad
-  float lse2[2][G][kTileQ];
-  float delta[2][G][kTileQ];
+  T q[G][kTileQ * LD];
+  T dout[G][kTileQ * LD];
+  T bias[kTileQ * LDT];
+  T ds[2][kTileQ * LDT];
+  float lse2[G][kTileQ];
+  float delta[G][kTileQ];
   float dbias_exchange[4][32][32];  // quad 1's dbias sums, [warp][register][lane]
   uint8_t key_ok[G][kTileK];
 };
@@ -122,20 +122,21 @@ __global__ void __launch_bounds__(BackwardTiles<D>::kWarps * 32, 1)
 
   const T* bias_base = static_cast<const T*>(f.bias) + b * f.bias_stride_b + h * f.bias_stride_h + k0;
   const int query_tiles = (f.Sq + kTileQ - 1) / kTileQ;
-  auto load_queries = [&](int qt, int stage) {
+  for (int qt = 0; qt < query_tiles; ++qt) {
     const int q0 = qt * kTileQ, qrows = min(kTileQ, f.Sq - q0);
+    __syncthreads();  // the previous query tile's readers are done
 #pragma unroll
     for (int g = 0; g < G; ++g) {
       const int n = n_first + g;
       const bool valid = n < n_end;
       load_tile<T, kTileQ, D, THREADS>(
-          sm.q[stage][g], valid ? slice_ptr(f.q, f.q_stride, n) + q0 * f.q_stride.s : safe,
-          f.q_stride.s, valid ? qrows : 0, D, f.qkv_aligned, safe);
+          sm.q[g], valid ? slice_ptr(f.q, f.q_stride, n) + q0 * f.q_stride.s : safe, f.q_stride.s,
+          valid ? qrows : 0, D, f.qkv_aligned, safe);
       load_tile<T, kTileQ, D, THREADS>(
-          sm.dout[stage][g], valid ? slice_ptr(p.dout, p.dout_stride, n) + q0 * p.dout_stride.s : safe,
+          sm.dout[g], valid ? slice_ptr(p.dout, p.dout_stride, n) + q0 * p.dout_stride.s : safe,
           p.dout_stride.s, valid ? qrows : 0, D, p.dout_aligned, safe);
     }
-    load_tile<T, kTileQ, kTileK, THREADS>(sm.bias[stage], bias_base + q0 * f.bias_stride_q,
+    load_tile<T, kTileQ, kTileK, THREADS>(sm.bias, bias_base + q0 * f.bias_stride_q,
                                           f.bias_stride_q, qrows, krows, f.bias_aligned, safe);
     for (int i = threadIdx.x; i < G * kTileQ; i += THREADS) {
       const int g = i / kTileQ, r = i % kTileQ, n = n_first + g;
@@ -145,26 +146,12 @@ __global__ void __launch_bounds__(BackwardTiles<D>::kWarps * 32, 1)
                      (q0 + r) * f.lse_stride_s] * kLog2e;
         delta = p.delta[((int64_t(b) * f.N + n) * f.H + h) * f.Sq + q0 + r];
       }
-      sm.lse2[stage][g][r] = lse2;
-      sm.delta[stage][g][r] = delta;
+      sm.lse2[g][r] = lse2;
+      sm.delta[g][r] = delta;
     }
-  };
-
-  load_queries(0, 0);
-  cp_async_commit();
-  for (int qt = 0; qt < query_tiles; ++qt) {
-    const int q0 = qt * kTileQ, qrows = min(kTileQ, f.Sq - q0), stage = qt & 1;
-    if (qt + 1 < query_tiles) {
-      load_queries(qt + 1, stage ^ 1);
-      cp_async_commit();
-      cp_async_wait<1>();
-    } else {
-      cp_async_wait<0>();
-    }
+    cp_async_commit();
+    cp_async_wait<0>();
     __syncthreads();
-    const T* s_bias = sm.bias[stage];
-    const float* s_lse2 = sm.lse2[stage][0];
-    const float* s_delta = sm.delta[stage][0];
 
     // This warp's 16 keys x 64 queries of dS, summed over its quad's slices.
     float dbias[kTileQ / 8][4];
@@ -191,9 +178,9 @@ __global__ void __launch_bounds__(BackwardTiles<D>::kWarps * 32, 1)
 #pragma unroll
         for (int ks = 0; ks < D / 16; ++ks) {
           uint32_t bf[2];
-          load_b_nk(bf, sm.q[stage][g], LD, j * 8, ks * 16);
+          load_b_nk(bf, sm.q[g], LD, j * 8, ks * 16);
           Mma<T>::run(st[j], ka[ks], bf);
-          load_b_nk(bf, sm.dout[stage][g], LD, j * 8, ks * 16);
+          load_b_nk(bf, sm.dout[g], LD, j * 8, ks * 16);
           Mma<T>::run(dpt[j], va[ks], bf);
         }
       }
@@ -206,11 +193,11 @@ __global__ void __launch_bounds__(BackwardTiles<D>::kWarps * 32, 1)
           const int query = j * 8 + (lane & 3) * 2 + (e & 1);
           const float x = sm.key_ok[g][key]
                               ? fmaf(st[j][e], scale_log2,
-                                     to_float(s_bias[query * LDT + key]) * kLog2e) -
-                                    s_lse2[g * kTileQ + query]
+                                     to_float(sm.bias[query * LDT + key]) * kLog2e) -
+                                    sm.lse2[g][query]
                               : -INFINITY;
           const float pt = exp2f(x);
-          const float ds = pt * (dpt[j][e] - s_delta[g * kTileQ + query]);
+          const float ds = pt * (dpt[j][e] - sm.delta[g][query]);
           st[j][e] = pt;
           dpt[j][e] = ds;
           dbias[j][e] += ds;
@@ -231,9 +218,9 @@ __global__ void __launch_bounds__(BackwardTiles<D>::kWarps * 32, 1)
 #pragma unroll
         for (int i = 0; i < D / 8; ++i) {
           uint32_t bf[2];
-          load_b_kn(bf, sm.dout[stage][g], LD, kk * 16, i * 8);
+          load_b_kn(bf, sm.dout[g], LD, kk * 16, i * 8);
           Mma<T>::run(dv[gi][i], pa, bf);
-          load_b_kn(bf, sm.q[stage][g], LD, kk * 16, i * 8);
+          load_b_kn(bf, sm.q[g], LD, kk * 16, i * 8);
           Mma<T>::run(dk[gi][i], da, bf);
         }
       }
@@ -299,7 +286,6 @@ __global__ void __launch_bounds__(BackwardTiles<D>::kWarps * 32, 1)
                 dbias[j][e] + sm.dbias_exchange[wq][j * 4 + e][lane];
         }
     }
-    __syncthreads();  // this stage and the exchange are rewritten in the next iteration
   }
 
   // dK (scaled) and dV of this quad's slices.

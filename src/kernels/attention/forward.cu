@@ -246,12 +246,14 @@ template <typename T, int D>
 void launch(const AttentionForwardParams& p, cudaStream_t stream) {
   static const int slices = [] {
     const char* env = std::getenv("TPF_ATTENTION_FWD_SLICES");
-    return env && std::atoi(env) == 4 ? 4 : kForwardSlices;
+    return env ? std::atoi(env) : kForwardSlices;
   }();
   if (slices == 4)
     launch_slices<T, D, 4>(p, stream);
+  else if (slices == 2)
+    launch_slices<T, D, 2>(p, stream);
   else
-    launch_slices<T, D, kForwardSlices>(p, stream);
+    launch_slices<T, D, 1>(p, stream);
 }
 
 }  // namespace

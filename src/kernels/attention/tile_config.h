@@ -13,10 +13,10 @@ constexpr int kForwardWarps = kTileQ / kWarpRows;
 constexpr int kPad = 8;                 // elements (16 bytes) of padding per shared-memory row
 
 // Forward: a block computes one query tile in G slices, one quad of four warps per slice, which
-// share each bias tile. G = 2 (256 threads) keeps two blocks per SM, so one block's barrier waits
-// overlap the other's work; G = 4 halves the bias traffic again but fills an SM's registers with
-// one block. TPF_ATTENTION_FWD_SLICES=4 selects it (for measurements).
-constexpr int kForwardSlices = 2;
+// share each bias tile. Measured on an H200 (bench/results): G = 1 (128 threads, several blocks per
+// SM) beat G = 2 and G = 4 at S = 768 (D = 32: 2.95 / 3.21 / 4.55 ms): the bias reads hit L2, and
+// fewer, larger blocks wait longer at their barriers. TPF_ATTENTION_FWD_SLICES=2 or 4 selects those.
+constexpr int kForwardSlices = 1;
 
 // Backward: two groups of four warps ("quads"); each quad owns the 64-key tile in kSlicesPerQuad
 // slices, keeping their dK and dV in registers (D fp32 registers per slice per thread, so at most

@@ -1,6 +1,7 @@
 // FP64 reference of the triangle multiplicative update: plain loops, the definition and nothing else
 // (row-level math in trimul_math.h). One batch element at a time, everything kept in double; the
 // backward recomputes the forward. Every sum runs in index order.
+#include <algorithm>
 #include <vector>
 
 #include "core/indexing.h"
@@ -45,13 +46,13 @@ void run_forward(const TensorView& x, const OptionalTensor& mask, const Params<d
       if (mask.present) load_row(mask.view, offset_of(mask.view, bidx, i, j), 1, &f.m[r]);
       double* p = &f.p[r * 2 * D];
       double* g = &f.g[r * 2 * D];
-      linear(xln, w.wp_in, w.bp_in, 2 * D, D, p);
-      linear(xln, w.wg_in, w.bg_in, 2 * D, D, g);
+      linear(xln, w.wp_in_t, w.bp_in, 2 * D, D, p);
+      linear(xln, w.wg_in_t, w.bg_in, 2 * D, D, g);
       for (int64_t c = 0; c < 2 * D; ++c) {
         const double v = sigmoid(g[c]) * p[c] * f.m[r];
         (c < D ? f.a[c * SS + r] : f.b[(c - D) * SS + r]) = v;
       }
-      linear(xln, w.wg_out, w.bg_out, D, D, &f.go[r * D]);
+      linear(xln, w.wg_out_t, w.bg_out, D, D, &f.go[r * D]);
     }
   });
   f.z.resize(D * SS);
@@ -70,19 +71,26 @@ void run_forward(const TensorView& x, const OptionalTensor& mask, const Params<d
       f.rstd_out[r] = layer_norm(row.data(), D, eps, &f.zhat[r * D]);
       double* zln = &f.zln[r * D];
       for (int64_t c = 0; c < D; ++c) zln[c] = f.zhat[r * D + c] * w.ln_out_w[c] + w.ln_out_b[c];
-      linear(zln, w.wp_out, w.bp_out, D, D, &f.po[r * D]);
+      linear(zln, w.wp_out_t, w.bp_out, D, D, &f.po[r * D]);
     }
   });
 }
 
-// dw[o][c] += sum_r gy[r][o] in[r][c] and db[o] += sum_r gy[r][o], r in order; one task per o.
+// dw[o][c] += sum_r gy[r][o] in[r][c] and db[o] += sum_r gy[r][o], r in order; one task per block
+// of kRowsPerTask weight rows, so that `in` streams through once per block.
 void accumulate_linear_grads(const V& gy, const V& in, int64_t rows, int64_t n_out, int64_t n_in,
                              V& dw, V& db) {
-  parallel_for(n_out, [&](int64_t o) {
+  constexpr int64_t kRowsPerTask = 16;
+  parallel_for((n_out + kRowsPerTask - 1) / kRowsPerTask, [&](int64_t task) {
+    const int64_t o0 = task * kRowsPerTask, o1 = std::min(n_out, o0 + kRowsPerTask);
     for (int64_t r = 0; r < rows; ++r) {
-      const double gv = gy[r * n_out + o];
-      db[o] += gv;
-      for (int64_t c = 0; c < n_in; ++c) dw[o * n_in + c] += gv * in[r * n_in + c];
+      const double* ir = &in[r * n_in];
+      for (int64_t o = o0; o < o1; ++o) {
+        const double gv = gy[r * n_out + o];
+        db[o] += gv;
+        double* wo = &dw[o * n_in];
+        for (int64_t c = 0; c < n_in; ++c) wo[c] += gv * ir[c];
+      }
     }
   });
 }

@@ -184,9 +184,7 @@ __global__ void __launch_bounds__(kThreads, 2) input_backward_kernel(const Param
 template <typename T>
 void launch_input_backward(const Params& p, cudaStream_t stream) {
   const size_t smem = InputBackwardSmem<T>(nullptr, p.Dp).bytes;
-  static const bool configured = set_max_smem(
-      input_backward_kernel<T>, InputBackwardSmem<T>(nullptr, padded_d(kMaxD)).bytes);
-  (void)configured;
+  set_max_smem(input_backward_kernel<T>, smem);
   input_backward_kernel<T><<<p.grid_backward, kThreads, smem, stream>>>(p);
   check_launch("trimul input_backward");
 }

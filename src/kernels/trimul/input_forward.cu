@@ -69,7 +69,8 @@ __global__ void __launch_bounds__(kThreads, 2) input_forward_kernel(const Params
       T* go = static_cast<T*>(p.go);
       for (int idx = threadIdx.x; idx < kRows * kChunkN; idx += kThreads) {
         const int r = idx / kChunkN, c = idx % kChunkN;
-        if (c < D && r < tile.n) go[(tile.row0 + r) * D + c] = from_f<T>(s.c[r * kLdC + c] + p.bias_out[D + c]);
+        if (c < D && r < tile.n)
+          go[(tile.row0 + r) * D + c] = from_f<T>(s.c[r * kLdC + c] + p.bias_out[D + c]);
       }
     }
   }
@@ -80,9 +81,7 @@ __global__ void __launch_bounds__(kThreads, 2) input_forward_kernel(const Params
 template <typename T>
 void launch_input_forward(const Params& p, cudaStream_t stream) {
   const size_t smem = InputForwardSmem<T>(nullptr, p.Dp).bytes;
-  static const bool configured = set_max_smem(input_forward_kernel<T>,
-                                              InputForwardSmem<T>(nullptr, padded_d(kMaxD)).bytes);
-  (void)configured;
+  set_max_smem(input_forward_kernel<T>, smem);
   input_forward_kernel<T><<<dim3(unsigned(p.tiles)), kThreads, smem, stream>>>(p);
   check_launch("trimul input_forward");
 }

@@ -20,12 +20,12 @@ inline void check_cuda(cudaError_t e, const char* what) {
 
 inline void check_launch(const char* kernel) { check_cuda(cudaGetLastError(), kernel); }
 
-// Raises the kernel's dynamic shared-memory limit once (to its largest size, at kMaxD).
+// Allows the kernel `bytes` of dynamic shared memory on the current device (before each launch: the
+// attribute is per device, and setting it is a host-side call that does not synchronize).
 template <typename Kernel>
-bool set_max_smem(Kernel kernel, size_t bytes) {
+void set_max_smem(Kernel kernel, size_t bytes) {
   check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(bytes)),
              "cudaFuncSetAttribute");
-  return true;
 }
 
 template <typename T> void launch_pack_weights(const Params& p, const float* const* weights,

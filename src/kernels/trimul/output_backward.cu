@@ -176,9 +176,7 @@ __global__ void __launch_bounds__(kThreads, 2) output_backward_kernel(const Para
 template <typename T>
 void launch_output_backward(const Params& p, cudaStream_t stream) {
   const size_t smem = OutputBackwardSmem<T>(nullptr, p.Dp).bytes;
-  static const bool configured = set_max_smem(
-      output_backward_kernel<T>, OutputBackwardSmem<T>(nullptr, padded_d(kMaxD)).bytes);
-  (void)configured;
+  set_max_smem(output_backward_kernel<T>, smem);
   output_backward_kernel<T><<<p.grid_backward, kThreads, smem, stream>>>(p);
   check_launch("trimul output_backward");
 }

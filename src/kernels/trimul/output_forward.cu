@@ -80,9 +80,7 @@ __global__ void __launch_bounds__(kThreads, 2) output_forward_kernel(const Param
 template <typename T>
 void launch_output_forward(const Params& p, cudaStream_t stream) {
   const size_t smem = OutputForwardSmem<T>(nullptr, p.Dp).bytes;
-  static const bool configured = set_max_smem(output_forward_kernel<T>,
-                                              OutputForwardSmem<T>(nullptr, padded_d(kMaxD)).bytes);
-  (void)configured;
+  set_max_smem(output_forward_kernel<T>, smem);
   output_forward_kernel<T><<<dim3(unsigned(p.tiles)), kThreads, smem, stream>>>(p);
   check_launch("trimul output_forward");
 }

@@ -57,11 +57,12 @@ __global__ void reduce_partials_kernel(const float* partials, int rows, int cols
                                        const ColumnSinks sinks) {
   const int c = blockIdx.x * blockDim.x + threadIdx.x;
   if (c >= cols) return;
-  float acc = 0.0f;
+  // In double: hundreds of partials, each already a sum of many rows.
+  double acc = 0.0;
   for (int r = 0; r < rows; ++r) acc += partials[int64_t(r) * cols + c];
   for (int k = 0; k < ColumnSinks::kMax; ++k) {
     if (c >= sinks.begin[k] && c < sinks.begin[k + 1]) {
-      if (sinks.dst[k]) sinks.dst[k][c - sinks.begin[k]] = acc;
+      if (sinks.dst[k]) sinks.dst[k][c - sinks.begin[k]] = float(acc);
       return;
     }
   }

@@ -86,23 +86,11 @@ double mask_value(const OptionalTensor& mask, int64_t b, int64_t i, int64_t j) {
   return m;
 }
 
-// dw[o][c] = sum_r gy[r][o] * in[r][c] over all rows in order; one task per block of
-// kRowsPerTask weight rows, so that `in` streams through once per block.
+// dw = gy^T in over all positions (trimul_math.h), stored in dw's dtype.
 void linear_weight_grad(const F& gy, const F& in, int64_t rows, int64_t n_out, int64_t n_in,
                         const TensorView& dw) {
-  constexpr int64_t kRowsPerTask = 16;
   V out(n_out * n_in, 0.0);
-  parallel_for((n_out + kRowsPerTask - 1) / kRowsPerTask, [&](int64_t task) {
-    const int64_t o0 = task * kRowsPerTask, o1 = std::min(n_out, o0 + kRowsPerTask);
-    for (int64_t r = 0; r < rows; ++r) {
-      const float* ir = &in[r * n_in];
-      for (int64_t o = o0; o < o1; ++o) {
-        const double gv = gy[r * n_out + o];
-        double* wo = &out[o * n_in];
-        for (int64_t c = 0; c < n_in; ++c) wo[c] += gv * ir[c];
-      }
-    }
-  });
+  accumulate_linear_grads(gy, in, rows, n_out, n_in, out.data(), nullptr);
   store_param(dw, out.data());
 }
 

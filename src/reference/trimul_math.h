@@ -9,6 +9,7 @@
 
 #include "core/indexing.h"
 #include "core/numeric.h"
+#include "core/parallel.h"
 #include "tpf/trimul.h"
 
 namespace tpf::trimul_math {
@@ -115,6 +116,27 @@ void layer_norm_backward(const double* dy, const T* xhat, const Vec<T>& w, T rst
   s1 /= double(D);
   s2 /= double(D);
   for (int64_t c = 0; c < D; ++c) dx[c] = T(rstd * (dy[c] * w[c] - s1 - xhat[c] * s2));
+}
+
+// dw[o][c] += sum_r gy[r][o] in[r][c] (and db[o] += sum_r gy[r][o] when db is given), r in order:
+// the weight gradient of linear() over `rows` positions. One task per block of kRowsPerTask weight
+// rows, so that `in` streams through once per block.
+template <typename T>
+void accumulate_linear_grads(const Vec<T>& gy, const Vec<T>& in, int64_t rows, int64_t n_out,
+                             int64_t n_in, double* dw, double* db) {
+  constexpr int64_t kRowsPerTask = 16;
+  parallel_for((n_out + kRowsPerTask - 1) / kRowsPerTask, [&](int64_t task) {
+    const int64_t o0 = task * kRowsPerTask, o1 = std::min(n_out, o0 + kRowsPerTask);
+    for (int64_t r = 0; r < rows; ++r) {
+      const T* ir = &in[r * n_in];
+      for (int64_t o = o0; o < o1; ++o) {
+        const double gv = gy[r * n_out + o];
+        if (db) db[o] += gv;
+        double* wo = &dw[o * n_in];
+        for (int64_t c = 0; c < n_in; ++c) wo[c] += gv * ir[c];
+      }
+    }
+  });
 }
 
 // Z = L R for S x S row-major matrices.

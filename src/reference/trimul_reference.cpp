@@ -1,7 +1,6 @@
 // FP64 reference of the triangle multiplicative update: plain loops, the definition and nothing else
 // (row-level math in trimul_math.h). One batch element at a time, everything kept in double; the
 // backward recomputes the forward. Every sum runs in index order.
-#include <algorithm>
 #include <vector>
 
 #include "core/indexing.h"
@@ -72,25 +71,6 @@ void run_forward(const TensorView& x, const OptionalTensor& mask, const Params<d
       double* zln = &f.zln[r * D];
       for (int64_t c = 0; c < D; ++c) zln[c] = f.zhat[r * D + c] * w.ln_out_w[c] + w.ln_out_b[c];
       linear(zln, w.wp_out_t, w.bp_out, D, D, &f.po[r * D]);
-    }
-  });
-}
-
-// dw[o][c] += sum_r gy[r][o] in[r][c] and db[o] += sum_r gy[r][o], r in order; one task per block
-// of kRowsPerTask weight rows, so that `in` streams through once per block.
-void accumulate_linear_grads(const V& gy, const V& in, int64_t rows, int64_t n_out, int64_t n_in,
-                             V& dw, V& db) {
-  constexpr int64_t kRowsPerTask = 16;
-  parallel_for((n_out + kRowsPerTask - 1) / kRowsPerTask, [&](int64_t task) {
-    const int64_t o0 = task * kRowsPerTask, o1 = std::min(n_out, o0 + kRowsPerTask);
-    for (int64_t r = 0; r < rows; ++r) {
-      const double* ir = &in[r * n_in];
-      for (int64_t o = o0; o < o1; ++o) {
-        const double gv = gy[r * n_out + o];
-        db[o] += gv;
-        double* wo = &dw[o * n_in];
-        for (int64_t c = 0; c < n_in; ++c) wo[c] += gv * ir[c];
-      }
     }
   });
 }
@@ -185,10 +165,10 @@ void trimul_backward_f64(const TrimulBackwardArgs& a) {
         store_row(a.dx, offset_of(a.dx, bidx, i, j, 0), D, dx.data());
       }
     });
-    accumulate_linear_grads(dpo, f.zln, SS, D, D, d_wp_out, d_bp_out);
-    accumulate_linear_grads(dgo, f.xln, SS, D, D, d_wg_out, d_bg_out);
-    accumulate_linear_grads(dp, f.xln, SS, 2 * D, D, d_wp_in, d_bp_in);
-    accumulate_linear_grads(dg, f.xln, SS, 2 * D, D, d_wg_in, d_bg_in);
+    accumulate_linear_grads(dpo, f.zln, SS, D, D, d_wp_out.data(), d_bp_out.data());
+    accumulate_linear_grads(dgo, f.xln, SS, D, D, d_wg_out.data(), d_bg_out.data());
+    accumulate_linear_grads(dp, f.xln, SS, 2 * D, D, d_wp_in.data(), d_bp_in.data());
+    accumulate_linear_grads(dg, f.xln, SS, 2 * D, D, d_wg_in.data(), d_bg_in.data());
     accumulate_norm_grads(dzln, f.zhat, SS, D, d_ln_out_w, d_ln_out_b);
     accumulate_norm_grads(dxln, f.xhat, SS, D, d_ln_in_w, d_ln_in_b);
   }

@@ -7,6 +7,7 @@
 #include <random>
 #include <vector>
 
+#include "test_util.h"
 #include "tpf/attention.h"
 #include "tpf/error.h"
 
@@ -89,16 +90,6 @@ void run(Problem& p, Outputs<T>& out, bool reference) {
     attention_forward(f);
     attention_backward(b);
   }
-}
-
-double max_rel_err(const std::vector<float>& got, const std::vector<double>& want) {
-  double err = 0, scale = 1e-30;
-  for (size_t i = 0; i < got.size(); ++i) {
-    EXPECT_TRUE(std::isfinite(got[i])) << "element " << i << " is not finite (unwritten?)";
-    err = std::max(err, std::abs(double(got[i]) - want[i]));
-    scale = std::max(scale, std::abs(want[i]));
-  }
-  return err / scale;
 }
 
 class CpuPathVsReference : public ::testing::TestWithParam<std::tuple<int, int>> {};

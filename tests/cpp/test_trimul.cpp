@@ -1,4 +1,4 @@
-// Triangle multiplicative update on the CPU: the FP32 path against the FP64 reference, the
+// Triangle multiplicative update on the CPU: the CPU path against the FP64 reference, the
 // reference's gradients against finite differences, determinism, and argument errors.
 #include <gtest/gtest.h>
 
@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "test_util.h"
 #include "tpf/error.h"
 #include "tpf/trimul.h"
 
@@ -136,16 +137,6 @@ void run(Problem& p, Outputs<T>& out, bool reference) {
     trimul_forward(f);
     trimul_backward(b);
   }
-}
-
-double max_rel_err(const std::vector<float>& got, const std::vector<double>& want) {
-  double err = 0, scale = 1e-30;
-  for (size_t i = 0; i < got.size(); ++i) {
-    EXPECT_TRUE(std::isfinite(got[i])) << "element " << i << " is not finite (unwritten?)";
-    err = std::max(err, std::abs(double(got[i]) - want[i]));
-    scale = std::max(scale, std::abs(want[i]));
-  }
-  return err / scale;
 }
 
 const char* kParamNames[12] = {"norm_in_weight", "norm_in_bias", "p_in_weight", "g_in_weight",

@@ -1,5 +1,5 @@
-// LayerNorm pieces shared by the kernels: x_ln of a tile (forward and backward input kernels) and
-// the backward of one row held by a warp.
+// LayerNorm pieces shared by the kernels: x_ln and z_ln of a tile (forward and backward kernels)
+// and the backward of one row held by a warp.
 #pragma once
 #include "kernels/trimul/device.cuh"
 
@@ -35,6 +35,38 @@ __device__ inline void normalize_input_rows(const Params& p, const Tile& tile, T
         mean_out[r] = st.mean;
         rstd_out[r] = st.rstd;
       }
+    }
+  }
+}
+
+// z_ln of the tile's rows from Z (the tile of z in T, [kRows][ld]) into X (zeros past the tile and
+// past D); mean and 1/sigma per row, and z_ln to global (row-major), where given.
+template <typename T>
+__device__ inline void normalize_output_rows(const Params& p, const Tile& tile, const T* Z, T* X,
+                                             int ld, float* mean_out, float* rstd_out,
+                                             T* zln_out) {
+  const int D = int(p.D), lane = threadIdx.x % 32;
+  for (int r = threadIdx.x / 32; r < kRows; r += kWarps) {
+    float v[kPerLane];
+#pragma unroll
+    for (int k = 0; k < kPerLane; ++k) {
+      const int c = lane + 32 * k;
+      v[k] = c < D ? to_f(Z[r * ld + c]) : 0.0f;
+    }
+    const RowStats st = row_stats(v, D, p.eps);
+#pragma unroll
+    for (int k = 0; k < kPerLane; ++k) {
+      const int c = lane + 32 * k;
+      if (c >= p.Dp) continue;
+      const bool valid = c < D && r < tile.n;
+      const T zl = from_f<T>(valid ? (v[k] - st.mean) * st.rstd * p.ln_out_w[c] + p.ln_out_b[c]
+                                   : 0.0f);
+      X[r * ld + c] = zl;
+      if (valid && zln_out) zln_out[(tile.row0 + r) * D + c] = zl;
+    }
+    if (lane == 0 && mean_out) {
+      mean_out[r] = st.mean;
+      rstd_out[r] = st.rstd;
     }
   }
 }

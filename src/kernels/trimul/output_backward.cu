@@ -61,29 +61,7 @@ __global__ void __launch_bounds__(kThreads, 2) output_backward_kernel(const Para
     __syncthreads();
 
     // LayerNorm_out forward again: z_ln into X and to global (for d p_out_weight).
-    for (int r = threadIdx.x / 32; r < kRows; r += kWarps) {
-      float v[kPerLane];
-#pragma unroll
-      for (int k = 0; k < kPerLane; ++k) {
-        const int c = lane + 32 * k;
-        v[k] = c < D ? to_f(s.z[r * ld + c]) : 0.0f;
-      }
-      const RowStats st = row_stats(v, D, p.eps);
-#pragma unroll
-      for (int k = 0; k < kPerLane; ++k) {
-        const int c = lane + 32 * k;
-        if (c >= p.Dp) continue;
-        const bool valid = c < D && r < tile.n;
-        const T zl = from_f<T>(valid ? (v[k] - st.mean) * st.rstd * p.ln_out_w[c] + p.ln_out_b[c]
-                                     : 0.0f);
-        s.x[r * ld + c] = zl;
-        if (valid) zln_out[(tile.row0 + r) * D + c] = zl;
-      }
-      if (lane == 0) {
-        s.mean[r] = st.mean;
-        s.rstd[r] = st.rstd;
-      }
-    }
+    normalize_output_rows(p, tile, s.z, s.x, ld, s.mean, s.rstd, zln_out);
     cp_async_wait_all();
     __syncthreads();
 

@@ -6,6 +6,7 @@
 //   C  [kRows, kLdC]   z_ln Wp_out^T (fp32)
 // y = sigmoid(go) * (C + bp_out), row-major.
 #include "kernels/trimul/device.cuh"
+#include "kernels/trimul/layer_norm.cuh"
 #include "kernels/trimul/launch.h"
 
 namespace tpf::cuda::trimul {
@@ -33,29 +34,13 @@ __global__ void __launch_bounds__(kThreads, 2) output_forward_kernel(const Param
   extern __shared__ __align__(128) unsigned char smem_raw[];
   OutputForwardSmem<T> s(smem_raw, p.Dp);
   const Tile tile(blockIdx.x, p);
-  const int ld = p.Dp + kPad, D = int(p.D), lane = threadIdx.x % 32;
+  const int ld = p.Dp + kPad, D = int(p.D);
 
   copy_tile_async(s.w, ld, static_cast<const T*>(p.w_out), p.Dp, p.Dp, p.Dp);
   load_channel_major_tile(p, tile, static_cast<const T*>(p.z), s.z, ld);
   __syncthreads();
 
-  for (int r = threadIdx.x / 32; r < kRows; r += kWarps) {
-    float v[kPerLane];
-#pragma unroll
-    for (int t = 0; t < kPerLane; ++t) {
-      const int c = lane + 32 * t;
-      v[t] = c < D ? to_f(s.z[r * ld + c]) : 0.0f;
-    }
-    const RowStats st = row_stats(v, D, p.eps);
-#pragma unroll
-    for (int t = 0; t < kPerLane; ++t) {
-      const int c = lane + 32 * t;
-      if (c < p.Dp)
-        s.x[r * ld + c] = from_f<T>(c < D && r < tile.n
-                                        ? (v[t] - st.mean) * st.rstd * p.ln_out_w[c] + p.ln_out_b[c]
-                                        : 0.0f);
-    }
-  }
+  normalize_output_rows(p, tile, s.z, s.x, ld, nullptr, nullptr, static_cast<T*>(nullptr));
   cp_async_wait_all();
   __syncthreads();
 

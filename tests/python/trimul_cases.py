@@ -1,9 +1,10 @@
 """Inputs, the FP64 reference and FlashAttention-3's error rule for the triangle multiplicative
-update tests (CPU in tests/python, CUDA in tests/gpu)."""
+update tests (shared by the CPU tests and the GPU tests)."""
 from __future__ import annotations
 
 import torch
 
+from attention_cases import max_err, rounding_noise
 from turbopairformer import _C
 from turbopairformer.ops.torch_reference import triangle_multiplicative_update_torch
 from turbopairformer.ops.trimul import WEIGHT_NAMES, triangle_multiplicative_update
@@ -70,21 +71,14 @@ def torch_same_precision(x, mask, weights, grad, direction):
     return run_with_grads(triangle_multiplicative_update_torch, x, mask, weights, grad, direction)
 
 
-def rounding_noise(ref: torch.Tensor, dtype: torch.dtype) -> float:
-    """Twice the error of rounding the exact result to the output dtype (FlashAttention-3 estimates
-    it as (ref + 0.3 - 0.3) - ref, which misses it for elements much larger than 0.3)."""
-    return 2 * (ref.to(dtype).double() - ref).abs().max().item()
-
-
 def assert_fa3_rule(name: str, got: torch.Tensor, same: torch.Tensor, ref: torch.Tensor,
                     context: str) -> None:
     """|got - ref| <= 2 |same - ref| + rounding noise (max over elements), ref in FP64."""
-    ref = ref.to(got.device)
-    err = (got.double() - ref).abs().max().item()
-    base = (same.double() - ref).abs().max().item()
-    bound = 2 * base + rounding_noise(ref, got.dtype)
-    assert err <= bound, (f"{name}: max error {err:.3e} > 2 x PyTorch's {base:.3e} + noise "
-                          f"(bound {bound:.3e}); {context}")
+    assert torch.isfinite(got).all(), f"{name} has non-finite values; {context}"
+    err, base = max_err(got, ref), max_err(same, ref)
+    noise = rounding_noise(ref, got.dtype)
+    assert err <= 2 * base + noise, (f"{name}: max error {err:.3e} > 2 x PyTorch's {base:.3e} + "
+                                     f"noise {noise:.3e}; {context}")
 
 
 def check_against_reference(B, S, D, dtype, device, direction, mask, seed, bias=True):
@@ -98,5 +92,4 @@ def check_against_reference(B, S, D, dtype, device, direction, mask, seed, bias=
         if g_ref[name] is None:
             assert g[name] is None
             continue
-        assert torch.isfinite(g[name]).all(), f"d{name} is not finite; {context}"
         assert_fa3_rule(f"d{name}", g[name], g_pt[name], g_ref[name], context)

@@ -202,19 +202,8 @@ TEST_P(TrimulReferenceGradients, MatchFiniteDifferences) {
     for (size_t i = 0; i < o.y.size(); ++i) l += o.y[i] * p.dy[i];
     return l;
   };
-  // float inputs: perturb by an exactly representable step.
-  const float h = 1.0f / 256;
   auto check = [&](std::vector<float>& v, const std::vector<double>& grad, const std::string& name) {
-    for (size_t i = 0; i < v.size(); i += 7) {
-      const float saved = v[i];
-      v[i] = saved + h;
-      const double up = loss();
-      v[i] = saved - h;
-      const double down = loss();
-      v[i] = saved;
-      const double fd = (up - down) / (2.0 * h);
-      EXPECT_NEAR(fd, grad[i], 2e-3 * (1 + std::abs(grad[i]))) << name << "[" << i << "]";
-    }
+    expect_matches_finite_differences(v, grad, name, loss, 7, 2e-3);
   };
   check(p.x, g.dx, "dx");
   for (int k = 0; k < 12; ++k) check(p.params[k], g.dparams[k], kParamNames[k]);

@@ -4,6 +4,8 @@
 
 #include <algorithm>
 #include <cmath>
+#include <functional>
+#include <string>
 #include <vector>
 
 namespace tpf {
@@ -17,6 +19,25 @@ inline double max_rel_err(const std::vector<float>& got, const std::vector<doubl
     scale = std::max(scale, std::abs(want[i]));
   }
   return err / scale;
+}
+
+// Every `stride`-th element of x: central finite differences of loss() with an exactly
+// representable step against grad, within tol * (1 + |grad|).
+inline void expect_matches_finite_differences(std::vector<float>& x, const std::vector<double>& grad,
+                                              const std::string& name,
+                                              const std::function<double()>& loss, size_t stride,
+                                              double tol) {
+  const float h = 1.0f / 256;
+  for (size_t i = 0; i < x.size(); i += stride) {
+    const float saved = x[i];
+    x[i] = saved + h;
+    const double up = loss();
+    x[i] = saved - h;
+    const double down = loss();
+    x[i] = saved;
+    const double fd = (up - down) / (2.0 * h);
+    EXPECT_NEAR(fd, grad[i], tol * (1 + std::abs(grad[i]))) << name << "[" << i << "]";
+  }
 }
 
 }  // namespace tpf

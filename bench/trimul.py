@@ -3,7 +3,7 @@
 (eager), the same under torch.compile, and cuEquivariance when it imports.
 
 Per implementation and shape (B = 1, bf16, both directions): median forward and forward+backward
-time, peak memory above the inputs during forward+backward, and the relative error of y against
+time (CUDA events, warm-up, two rotating input sets), peak memory above the inputs during forward+backward, and the relative error of y against
 FP64 (the PyTorch implementation in float64 on the GPU, which tests/python checks against the C++
 FP64 reference). Writes bench/results/trimul-<gpu>-<date>.json (one row per implementation and shape,
 as `tpf bench trimul --json`) and a PNG plot beside it, and prints the issue's acceptance ratios and
@@ -145,14 +145,15 @@ def main(argv=None) -> int:
     rows = []
     bar = tqdm(total=len(shapes) * len(impls), desc="trimul bench", unit="run")
     for D, S, direction in shapes:
-        inputs = make_inputs(S, D, torch.bfloat16, device, seed=S + D)
+        input_sets = [make_inputs(S, D, torch.bfloat16, device, seed=S + D + i) for i in range(2)]
+        inputs = input_sets[0]
         y_ref = fp64_reference(inputs, direction)
         for name, fn in impls.items():
             bar.set_postfix_str(f"{name} D={D} S={S} {direction}")
             row = {"impl": name, "direction": direction, "D": D, "S": S, "fwd_ms": None,
                    "fwd_bwd_ms": None, "peak_extra_gib": None, "rel_err_y": None}
             try:
-                row["fwd_ms"], row["fwd_bwd_ms"] = time_impl(fn, inputs, direction, device,
+                row["fwd_ms"], row["fwd_bwd_ms"] = time_impl(fn, input_sets, direction, device,
                                                              args.repeats)
                 row["peak_extra_gib"] = peak_extra_gib(fn, inputs, direction, device)
                 row["rel_err_y"] = rel_err_percent(fn, inputs, direction, y_ref)
@@ -161,7 +162,7 @@ def main(argv=None) -> int:
                 tqdm.write(f"{name} D={D} S={S} {direction} failed:\n{traceback.format_exc()}")
             rows.append(row)
             bar.update(1)
-        del y_ref, inputs
+        del y_ref, inputs, input_sets
         torch.cuda.empty_cache()
     bar.close()
 

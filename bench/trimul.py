@@ -5,9 +5,10 @@
 Per implementation and shape (B = 1, bf16, both directions): median forward and forward+backward
 time (CUDA events, warm-up, two rotating input sets), peak memory above the inputs during
 forward+backward, and the relative error of y against FP64 (the PyTorch implementation in float64 on
-the GPU, which tests/python checks against the C++ FP64 reference). Writes bench/results/trimul-<gpu>-<date>.json (one row per implementation and shape,
-as `tpf bench trimul --json`) and a PNG plot beside it, and prints the issue's acceptance ratios and
-the floor at S=768, D=128.
+the GPU, which tests/python checks against the C++ FP64 reference). Writes
+bench/results/trimul-<gpu>-<date>.json (one row per implementation and shape, as
+`tpf bench trimul --json`) and a PNG plot beside it, and prints the issue's acceptance ratios and the
+floor at S=768, D=128.
 
     python bench/trimul.py                       # the grid: S 384 640 768, D 64 128
     python bench/trimul.py --dims 64 && python bench/trimul.py --dims 128 --merge   # in two runs

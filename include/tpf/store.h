@@ -197,11 +197,15 @@ class Reader {
   Record read(uint64_t i) const;
   // The mapped file's bytes (for zero-copy consumers).
   std::span<const std::byte> bytes() const { return {map_, map_size_}; }
+  // Both header slots as found at open: a slot that is invalid but not all zero (a torn or
+  // corrupted newer commit) means an older generation is being read.
+  const Headers& headers() const { return headers_; }
 
  private:
   Reader() = default;
   std::string path_;
   ReaderOptions options_;
+  Headers headers_;
   const std::byte* map_ = nullptr;
   size_t map_size_ = 0;
   Index index_;

@@ -24,6 +24,7 @@
 #include <vector>
 
 #include "tpf/source.h"
+#include "tpf/store.h"
 
 namespace tpf::stream {
 
@@ -182,6 +183,48 @@ class Prefetcher {
  private:
   struct State;
   std::unique_ptr<State> state_;
+};
+
+// ---------------------------------------------------------------------------------------------
+// A dataset: record-store shards read through sources
+
+struct ShardSpec {
+  std::string location;  // path or URL, as open_source takes it
+  uint64_t records = 0;  // from the manifest; 0: not known (not checked)
+  uint64_t bytes = 0;    // from the manifest; 0: not known (the server is asked)
+};
+
+// Shards opened for streaming: one source per shard and each shard's committed index, read through
+// the source (a header read and an index read). Records are numbered across shards in order.
+class ShardSet {
+ public:
+  // Opens the shards, up to 16 at once. Throws tpf::RuntimeError naming the URL of a shard that
+  // cannot be reached, and tpf::Error for one that is not a valid store or whose record count or
+  // size differs from its spec.
+  static std::shared_ptr<const ShardSet> open(const std::vector<ShardSpec>& shards,
+                                              const SourceOptions& options = {});
+
+  uint64_t size() const { return locations_->size(); }
+  size_t num_shards() const { return sources_.size(); }
+  const std::string& shard_name(uint32_t shard) const { return names_.at(shard); }
+  // (shard, record inside the shard) of a record. Throws tpf::Error naming `record` when out of range.
+  std::pair<uint32_t, uint64_t> locate(uint64_t record) const;
+
+  // A prefetcher over `plan` (record numbers) that checks each record's checksum (when `verify`)
+  // and fetches it again on a mismatch.
+  std::unique_ptr<Prefetcher> stream(std::vector<uint64_t> plan, const PrefetchOptions& options,
+                                     bool verify = true) const;
+  // Decodes a record the prefetcher handed out (its checksum was already checked). The Record may
+  // point into view.data: valid as long as the view is.
+  store::Record decode(const RecordView& view) const;
+
+ private:
+  ShardSet() = default;
+  std::vector<std::shared_ptr<CancellableSource>> sources_;
+  std::vector<std::string> names_;
+  std::vector<store::Index> indexes_;
+  std::vector<uint64_t> first_record_;  // per shard, then the total
+  std::shared_ptr<const std::vector<RecordLocation>> locations_;
 };
 
 }  // namespace tpf::stream

@@ -10,6 +10,8 @@ namespace tpf::stream {
 
 namespace {
 
+__extension__ typedef unsigned __int128 u128;
+
 struct SplitMix64 {
   uint64_t state;
   uint64_t next() {
@@ -20,12 +22,12 @@ struct SplitMix64 {
   }
   // Uniform in [0, n), n > 0, without modulo bias.
   uint64_t below(uint64_t n) {
-    unsigned __int128 m = static_cast<unsigned __int128>(next()) * n;
+    u128 m = static_cast<u128>(next()) * n;
     uint64_t low = static_cast<uint64_t>(m);
     if (low < n) {
       const uint64_t threshold = -n % n;
       while (low < threshold) {
-        m = static_cast<unsigned __int128>(next()) * n;
+        m = static_cast<u128>(next()) * n;
         low = static_cast<uint64_t>(m);
       }
     }

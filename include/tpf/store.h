@@ -28,13 +28,14 @@ inline constexpr size_t kHeaderRegionBytes = 128;  // two 64-byte header slots a
 inline constexpr int kMaxFieldDims = 8;
 
 // Element types of stored arrays (values are the on-disk codes of FORMAT.md). `bytes` is a
-// fixed-width byte string per element (numpy "S<itemsize>"), used for names and identifiers.
+// fixed-width, zero-padded byte string per element (numpy "S<itemsize>"), for ASCII names; `utf8`
+// is the same for text that reads back as str (numpy "U"), for identifiers.
 enum class DType : uint8_t {
   boolean = 1, u8 = 2, i8 = 3, u16 = 4, i16 = 5, u32 = 6, i32 = 7, u64 = 8, i64 = 9,
-  f16 = 10, f32 = 11, f64 = 12, bytes = 13,
+  f16 = 10, f32 = 11, f64 = 12, bytes = 13, utf8 = 14,
 };
 const char* dtype_name(DType d);
-// Bytes per element; 0 for `bytes`, whose width is per field.
+// Bytes per element; 0 for `bytes` and `utf8`, whose width is per field.
 uint32_t dtype_size(DType d);
 
 enum class Codec : uint8_t { none = 0, zstd = 1, lz4 = 2 };

@@ -9,6 +9,7 @@ namespace nb = nanobind;
 
 namespace tpf::py {
 void bind_attention(nb::module_& m);
+void bind_store(nb::module_& m);
 void bind_stream(nb::module_& m);
 }
 
@@ -24,5 +25,6 @@ NB_MODULE(_C, m) {
   m.def("cuda_available", &tpf::cuda_available);
   m.def("num_threads", &tpf::num_threads);
   tpf::py::bind_attention(m);
+  tpf::py::bind_store(m);
   tpf::py::bind_stream(m);
 }

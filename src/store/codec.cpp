@@ -7,10 +7,29 @@
 
 namespace tpf::store::detail {
 
+namespace {
+
+// One context per thread and direction: creating a zstd context per record costs more than
+// compressing a small record. Contexts are plain memory, so a fork()ed child may keep using its copy.
+struct ZstdContexts {
+  ZSTD_CCtx* c = ZSTD_createCCtx();
+  ZSTD_DCtx* d = ZSTD_createDCtx();
+  ~ZstdContexts() {
+    ZSTD_freeCCtx(c);
+    ZSTD_freeDCtx(d);
+  }
+};
+ZstdContexts& zstd() {
+  thread_local ZstdContexts contexts;
+  return contexts;
+}
+
+}  // namespace
+
 bool compress(Codec codec, int level, std::span<const std::byte> raw, std::vector<std::byte>& out) {
   if (codec == Codec::zstd) {
     out.resize(ZSTD_compressBound(raw.size()));
-    const size_t n = ZSTD_compress(out.data(), out.size(), raw.data(), raw.size(), level);
+    const size_t n = ZSTD_compressCCtx(zstd().c, out.data(), out.size(), raw.data(), raw.size(), level);
     if (ZSTD_isError(n) || n >= raw.size()) return false;
     out.resize(n);
     return true;
@@ -30,7 +49,7 @@ bool compress(Codec codec, int level, std::span<const std::byte> raw, std::vecto
 
 bool decompress(Codec codec, std::span<const std::byte> stored, std::span<std::byte> raw) {
   if (codec == Codec::zstd) {
-    const size_t n = ZSTD_decompress(raw.data(), raw.size(), stored.data(), stored.size());
+    const size_t n = ZSTD_decompressDCtx(zstd().d, raw.data(), raw.size(), stored.data(), stored.size());
     return !ZSTD_isError(n) && n == raw.size();
   }
   if (codec == Codec::lz4) {

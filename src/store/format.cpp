@@ -26,6 +26,7 @@ const char* dtype_name(DType d) {
     case DType::f32: return "float32";
     case DType::f64: return "float64";
     case DType::bytes: return "bytes";
+    case DType::utf8: return "utf8";
   }
   return "unknown";
 }
@@ -36,12 +37,12 @@ uint32_t dtype_size(DType d) {
     case DType::u16: case DType::i16: case DType::f16: return 2;
     case DType::u32: case DType::i32: case DType::f32: return 4;
     case DType::u64: case DType::i64: case DType::f64: return 8;
-    case DType::bytes: return 0;
+    case DType::bytes: case DType::utf8: return 0;
   }
   return 0;
 }
 
-static bool known_dtype(uint8_t code) { return code >= 1 && code <= 13; }
+static bool known_dtype(uint8_t code) { return code >= 1 && code <= 14; }
 
 const char* codec_name(Codec c) {
   switch (c) {

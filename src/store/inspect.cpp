@@ -132,7 +132,7 @@ std::string describe(const std::string& path) {
           if (f.key_id == k) {
             std::ostringstream type;
             type << dtype_name(f.dtype);
-            if (f.dtype == DType::bytes) type << f.itemsize;
+            if (dtype_size(f.dtype) == 0) type << f.itemsize;
             type << "/" << f.ndim;
             shapes_by_type[type.str()].emplace_back(f.shape, f.shape + f.ndim);
             records += per_layout[l];

@@ -188,7 +188,7 @@ void Writer::append(std::span<const ArrayRef> fields) {
     TPF_CHECK(key[0] != '_', "record key '" + key + "' starts with '_', which is reserved");
     TPF_CHECK(f.ndim >= 0 && f.ndim <= kMaxFieldDims,
               "record field '" + key + "' has " + std::to_string(f.ndim) + " dims, at most 8");
-    TPF_CHECK(uint8_t(f.dtype) >= 1 && uint8_t(f.dtype) <= 13,
+    TPF_CHECK(uint8_t(f.dtype) >= 1 && uint8_t(f.dtype) <= 14,
               "record field '" + key + "' has an unknown dtype");
     const uint32_t size = dtype_size(f.dtype);
     TPF_CHECK(size ? f.itemsize == size : f.itemsize > 0,

@@ -6,10 +6,12 @@
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/vector.h>
 
+#include <algorithm>
 #include <cstring>
 #include <memory>
 #include <vector>
 
+#include "store_records.h"
 #include "tpf/error.h"
 #include "tpf/stream.h"
 
@@ -32,53 +34,12 @@ std::vector<uint64_t> from_numpy(const U64In& a) {
   return std::vector<uint64_t>(a.data(), a.data() + a.shape(0));
 }
 
-nb::dlpack::dtype numeric_dtype(store::DType d) {
-  using code = nb::dlpack::dtype_code;
-  auto t = [](code c, int bits) { return nb::dlpack::dtype{uint8_t(c), uint8_t(bits), 1}; };
-  switch (d) {
-    case store::DType::boolean: return t(code::Bool, 8);
-    case store::DType::u8: return t(code::UInt, 8);
-    case store::DType::i8: return t(code::Int, 8);
-    case store::DType::u16: return t(code::UInt, 16);
-    case store::DType::i16: return t(code::Int, 16);
-    case store::DType::u32: return t(code::UInt, 32);
-    case store::DType::i32: return t(code::Int, 32);
-    case store::DType::u64: return t(code::UInt, 64);
-    case store::DType::i64: return t(code::Int, 64);
-    case store::DType::f16: return t(code::Float, 16);
-    case store::DType::f32: return t(code::Float, 32);
-    case store::DType::f64: return t(code::Float, 64);
-    case store::DType::bytes: break;
-  }
-  throw Error(std::string("record field dtype ") + store::dtype_name(d) + " has no DLPack form");
-}
-
-// One decoded record as {key: numpy array}, every array a copy that owns its memory.
-nb::dict record_to_dict(const store::Record& rec) {
-  nb::dict out;
-  for (size_t i = 0; i < rec.num_fields(); ++i) {
-    const store::Field& f = rec.field(i);
-    size_t shape[store::kMaxFieldDims];
-    for (int d = 0; d < f.ndim; ++d) shape[d] = size_t(f.shape[d]);
-    nb::object value;
-    if (f.dtype == store::DType::bytes) {
-      // Fixed-width byte strings have no DLPack dtype: numpy builds them from the raw bytes.
-      nb::module_ np = nb::module_::import_("numpy");
-      nb::bytes raw(reinterpret_cast<const char*>(rec.data(i)), size_t(f.nbytes));
-      nb::tuple shp = nb::steal<nb::tuple>(PyTuple_New(f.ndim));
-      for (int d = 0; d < f.ndim; ++d)
-        PyTuple_SET_ITEM(shp.ptr(), d, PyLong_FromUnsignedLongLong(f.shape[d]));
-      value = np.attr("frombuffer")(raw, "S" + std::to_string(f.itemsize)).attr("reshape")(shp).attr("copy")();
-    } else {
-      auto* copy = new uint8_t[std::max<uint64_t>(f.nbytes, 1)];
-      std::memcpy(copy, rec.data(i), f.nbytes);
-      nb::capsule owner(copy, [](void* p) noexcept { delete[] static_cast<uint8_t*>(p); });
-      value = nb::cast(nb::ndarray<nb::numpy>(copy, size_t(f.ndim), shape, owner, nullptr,
-                                              numeric_dtype(f.dtype)));
-    }
-    out[nb::str(rec.key(i).c_str())] = value;
-  }
-  return out;
+// Keeps `bytes` alive for as long as numpy arrays view them.
+nb::object keep_alive(std::shared_ptr<const std::byte[]> bytes) {
+  auto* held = new std::shared_ptr<const std::byte[]>(std::move(bytes));
+  return nb::capsule(held, [](void* p) noexcept {
+    delete static_cast<std::shared_ptr<const std::byte[]>*>(p);
+  });
 }
 
 // A prefetcher and the shard set it reads, kept alive together.
@@ -94,7 +55,17 @@ struct Stream {
       more = prefetcher->next(view);
     }
     if (!more) throw nb::stop_iteration();
-    return record_to_dict(shards->decode(view));
+    const std::string& name = shards->shard_name(shards->locate(view.record).first);
+    store::Record rec = shards->decode(view);
+    if (rec.owns_data()) return record_to_dict(rec, keep_alive(rec.owned()), name, view.record);
+    // Uncompressed: the arrays would view the prefetch buffer, which is released as the stream
+    // moves on, so they view a copy of the record instead.
+    std::shared_ptr<std::byte[]> copy(new std::byte[std::max<uint64_t>(view.length, 1)]);
+    std::memcpy(copy.get(), view.data, view.length);
+    RecordView copied = view;
+    copied.data = reinterpret_cast<const uint8_t*>(copy.get());
+    rec = shards->decode(copied);
+    return record_to_dict(rec, keep_alive(std::move(copy)), name, view.record);
   }
 
   nb::dict stats() const {
@@ -113,6 +84,27 @@ struct Stream {
 struct Shards {
   std::shared_ptr<const ShardSet> set;
 };
+
+SourceOptions source_options(int max_connections, double connect_timeout_s,
+                             double request_timeout_s, double stall_timeout_s, int max_attempts,
+                             double backoff_base_s, double backoff_max_s, double retry_deadline_s) {
+  SourceOptions o;
+  o.max_connections = max_connections;
+  o.connect_timeout_s = connect_timeout_s;
+  o.request_timeout_s = request_timeout_s;
+  o.stall_timeout_s = stall_timeout_s;
+  o.max_attempts = max_attempts;
+  o.backoff_base_s = backoff_base_s;
+  o.backoff_max_s = backoff_max_s;
+  o.retry_deadline_s = retry_deadline_s;
+  return o;
+}
+
+#define TPF_SOURCE_OPTION_ARGS                                                         \
+  nb::arg("max_connections") = 16, nb::arg("connect_timeout_s") = 10.0,                \
+      nb::arg("request_timeout_s") = 60.0, nb::arg("stall_timeout_s") = 15.0,          \
+      nb::arg("max_attempts") = 8, nb::arg("backoff_base_s") = 0.05,                   \
+      nb::arg("backoff_max_s") = 2.0, nb::arg("retry_deadline_s") = 120.0
 
 }  // namespace
 
@@ -145,6 +137,25 @@ void bind_stream(nb::module_& m) {
       },
       nb::arg("rank_list"), nb::arg("worker"), nb::arg("num_workers"), nb::arg("batch_size"));
 
+  m.def(
+      "stream_read_all",
+      [](const std::string& location, int max_connections, double connect_timeout_s,
+         double request_timeout_s, double stall_timeout_s, int max_attempts,
+         double backoff_base_s, double backoff_max_s, double retry_deadline_s) {
+        const SourceOptions o =
+            source_options(max_connections, connect_timeout_s, request_timeout_s, stall_timeout_s,
+                           max_attempts, backoff_base_s, backoff_max_s, retry_deadline_s);
+        std::string bytes;
+        {
+          nb::gil_scoped_release release;
+          auto source = open_source(location, o);
+          bytes.resize(source->size());
+          source->read(0, bytes.size(), bytes.data());
+        }
+        return nb::bytes(bytes.data(), bytes.size());
+      },
+      nb::arg("location"), TPF_SOURCE_OPTION_ARGS);
+
   nb::class_<Stream>(m, "StreamIterator")
       .def("__iter__", [](nb::handle self) { return self; })
       .def("__next__", &Stream::next)
@@ -170,15 +181,10 @@ void bind_stream(nb::module_& m) {
             for (size_t i = 0; i < locations.size(); ++i)
               specs.push_back({locations[i], records.empty() ? 0 : records[i],
                                bytes.empty() ? 0 : bytes[i]});
-            SourceOptions o;
-            o.max_connections = max_connections;
-            o.connect_timeout_s = connect_timeout_s;
-            o.request_timeout_s = request_timeout_s;
-            o.stall_timeout_s = stall_timeout_s;
-            o.max_attempts = max_attempts;
-            o.backoff_base_s = backoff_base_s;
-            o.backoff_max_s = backoff_max_s;
-            o.retry_deadline_s = retry_deadline_s;
+            const SourceOptions o =
+                source_options(max_connections, connect_timeout_s, request_timeout_s,
+                               stall_timeout_s, max_attempts, backoff_base_s, backoff_max_s,
+                               retry_deadline_s);
             std::shared_ptr<const ShardSet> set;
             {
               nb::gil_scoped_release release;
@@ -187,11 +193,7 @@ void bind_stream(nb::module_& m) {
             new (self) Shards{std::move(set)};
           },
           nb::arg("locations"), nb::arg("records") = std::vector<uint64_t>(),
-          nb::arg("bytes") = std::vector<uint64_t>(), nb::arg("max_connections") = 16,
-          nb::arg("connect_timeout_s") = 10.0, nb::arg("request_timeout_s") = 60.0,
-          nb::arg("stall_timeout_s") = 15.0, nb::arg("max_attempts") = 8,
-          nb::arg("backoff_base_s") = 0.05, nb::arg("backoff_max_s") = 2.0,
-          nb::arg("retry_deadline_s") = 120.0)
+          nb::arg("bytes") = std::vector<uint64_t>(), TPF_SOURCE_OPTION_ARGS)
       .def("__len__", [](const Shards& s) { return s.set->size(); })
       .def_prop_ro("num_shards", [](const Shards& s) { return s.set->num_shards(); })
       .def("shard_name", [](const Shards& s, uint32_t i) { return s.set->shard_name(i); })

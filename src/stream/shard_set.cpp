@@ -13,6 +13,32 @@
 
 namespace tpf::stream {
 
+namespace {
+
+constexpr int kIndexAttempts = 3;
+
+// On the last attempt a damaged slot is believed (the store then reads the older commit, which the
+// manifest's record count must still match).
+store::Index open_checked_index(const CancellableSource& source, const ShardSpec& spec,
+                                bool last_attempt) {
+  std::byte region[store::kHeaderRegionBytes];
+  const size_t head = size_t(std::min<uint64_t>(source.size(), sizeof region));
+  source.read(0, head, region);
+  const store::Headers headers =
+      store::parse_headers(std::span<const std::byte>(region, head), source.size(), source.name());
+  for (const store::HeaderSlot& slot : headers.slot) {
+    if (!last_attempt && !slot.valid && slot.problem.find("all zero") == std::string::npos)
+      throw Error("shard '" + source.name() + "' has a damaged header slot: " + slot.problem);
+  }
+  store::Index index = store::open_index(source);
+  if (spec.records != 0 && index.size() != spec.records)
+    throw Error("shard '" + spec.location + "' holds " + std::to_string(index.size()) +
+                " records, the manifest says " + std::to_string(spec.records));
+  return index;
+}
+
+}  // namespace
+
 std::shared_ptr<const ShardSet> ShardSet::open(const std::vector<ShardSpec>& shards,
                                                const SourceOptions& options) {
   TPF_CHECK(!shards.empty(), "shards: expected at least one shard, got none");
@@ -28,11 +54,17 @@ std::shared_ptr<const ShardSet> ShardSet::open(const std::vector<ShardSpec>& sha
         SourceOptions o = options;
         o.expected_size = shards[i].bytes;
         sources[i] = open_source(shards[i].location, o);
-        indexes[i] = store::open_index(*sources[i]);
-        if (shards[i].records != 0 && indexes[i]->size() != shards[i].records)
-          throw Error("shard '" + shards[i].location + "' holds " +
-                      std::to_string(indexes[i]->size()) + " records, the manifest says " +
-                      std::to_string(shards[i].records));
+        // A header or index that fails its checksum may have been damaged in transit, and so may
+        // a newer header slot, which would make the store fall back to an older commit: read them
+        // again before believing the shard is corrupt or old.
+        for (int attempt = 1;; ++attempt) {
+          try {
+            indexes[i] = open_checked_index(*sources[i], shards[i], attempt == kIndexAttempts);
+            break;
+          } catch (const Error&) {
+            if (attempt >= kIndexAttempts) throw;
+          }
+        }
       } catch (...) {
         errors[i] = std::current_exception();
       }

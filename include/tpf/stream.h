@@ -64,6 +64,12 @@ class CancelToken {
 
 // A ByteSource whose reads can be abandoned: the read throws tpf::RuntimeError soon after `cancel`
 // is cancelled (at once during a retry's backoff, within about a second during a transfer).
+struct ByteRange {
+  uint64_t offset = 0;
+  uint64_t length = 0;
+  void* dst = nullptr;
+};
+
 class CancellableSource : public ByteSource {
  public:
   virtual void read_cancellable(uint64_t offset, size_t length, void* dst,
@@ -71,6 +77,13 @@ class CancellableSource : public ByteSource {
   void read(uint64_t offset, size_t length, void* dst) const override {
     read_cancellable(offset, length, dst, nullptr);
   }
+  // Reads disjoint ranges sorted by offset, all or nothing (throws like read). An HTTP source asks
+  // for them in one multi-range request when the server answers those; others read them in turn.
+  virtual void read_ranges(const std::vector<ByteRange>& ranges, const CancelToken* cancel) const {
+    for (const ByteRange& r : ranges) read_cancellable(r.offset, r.length, r.dst, cancel);
+  }
+  // How many ranges one read_ranges call should carry: 1 where they are not fetched together.
+  virtual size_t ranges_per_request() const { return 1; }
 };
 
 // A source for `location`: a path or file:// URL, http:// or https:// (range requests), or

@@ -5,6 +5,7 @@
 #include <curl/curl.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <cstdlib>
@@ -75,7 +76,90 @@ struct Transfer {
   double retry_after_s = 0;
   std::optional<uint64_t> content_range_start;
   const CancelToken* cancel = nullptr;
+  std::string content_type;
+  // Multi-range requests: the ranges asked for, the bytes of each filled so far, and the parser of
+  // a multipart/byteranges body (part headers are gathered in `part_header`, bounded).
+  const std::vector<ByteRange>* ranges = nullptr;
+  std::vector<uint64_t> filled;
+  bool multipart = false;
+  bool in_part = false;
+  uint64_t part_pos = 0, part_left = 0;
+  std::string part_header;
+  bool malformed = false;
 };
+
+constexpr size_t kMaxPartHeader = 8192;
+
+// Copies body bytes that sit at file offset `pos` into every requested range they overlap.
+void scatter(Transfer& t, uint64_t pos, const char* data, size_t n) {
+  const auto& ranges = *t.ranges;
+  auto it = std::upper_bound(ranges.begin(), ranges.end(), pos,
+                             [](uint64_t p, const ByteRange& r) { return p < r.offset; });
+  if (it != ranges.begin()) --it;
+  for (; it != ranges.end() && it->offset < pos + n; ++it) {
+    const uint64_t lo = std::max(pos, it->offset), hi = std::min(pos + n, it->offset + it->length);
+    if (lo >= hi) continue;
+    std::memcpy(static_cast<uint8_t*>(it->dst) + (lo - it->offset), data + (lo - pos), hi - lo);
+    t.filled[size_t(it - ranges.begin())] += hi - lo;
+  }
+}
+
+// "... Content-Range: bytes A-B/N ..." -> (A, B - A + 1)
+bool parse_content_range(const std::string& headers, uint64_t& start, uint64_t& length) {
+  std::string lower = headers;
+  for (auto& c : lower) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  const auto at = lower.find("content-range:");
+  if (at == std::string::npos) return false;
+  const auto bytes = lower.find("bytes", at);
+  if (bytes == std::string::npos) return false;
+  char* end = nullptr;
+  start = std::strtoull(lower.c_str() + bytes + 5, &end, 10);
+  if (!end || *end != '-') return false;
+  const uint64_t last = std::strtoull(end + 1, nullptr, 10);
+  if (last < start) return false;
+  length = last - start + 1;
+  return true;
+}
+
+// Feeds a multipart/byteranges body: part headers, then part data scattered to the ranges.
+void feed_multipart(Transfer& t, const char* data, size_t n) {
+  while (n > 0 && !t.malformed) {
+    if (t.in_part) {
+      const size_t take = size_t(std::min<uint64_t>(n, t.part_left));
+      scatter(t, t.part_pos, data, take);
+      t.part_pos += take;
+      t.part_left -= take;
+      data += take;
+      n -= take;
+      if (t.part_left == 0) t.in_part = false;
+      continue;
+    }
+    // Between parts: gather the boundary line and the part's headers up to the blank line.
+    const size_t room = kMaxPartHeader - t.part_header.size();
+    const size_t take = std::min(n, room);
+    const size_t before = t.part_header.size();
+    t.part_header.append(data, take);
+    const auto end = t.part_header.find("\r\n\r\n", before >= 3 ? before - 3 : 0);
+    if (end == std::string::npos) {
+      if (t.part_header.size() >= kMaxPartHeader) t.malformed = true;
+      data += take;
+      n -= take;
+      continue;
+    }
+    uint64_t start = 0, length = 0;
+    if (!parse_content_range(t.part_header.substr(0, end), start, length)) {
+      t.malformed = true;
+      return;
+    }
+    const size_t used = end + 4 - before;  // bytes of this chunk that belonged to the headers
+    t.part_header.clear();
+    t.in_part = true;
+    t.part_pos = start;
+    t.part_left = length;
+    data += used;
+    n -= used;
+  }
+}
 
 size_t on_header(char* data, size_t size, size_t n, void* user) {
   auto* t = static_cast<Transfer*>(user);
@@ -88,6 +172,8 @@ size_t on_header(char* data, size_t size, size_t n, void* user) {
   const std::string value = line.substr(colon + 1);
   if (name == "retry-after") {
     t->retry_after_s = std::strtod(value.c_str(), nullptr);
+  } else if (name == "content-type") {
+    t->content_type = value;
   } else if (name == "content-range") {
     const auto bytes = value.find("bytes ");
     if (bytes != std::string::npos)
@@ -102,8 +188,31 @@ size_t on_body(char* data, size_t size, size_t n, void* user) {
   if (!t->checked) {
     long status = 0;
     curl_easy_getinfo(t->handle, CURLINFO_RESPONSE_CODE, &status);
-    t->range_ok = status == 206 && t->content_range_start.value_or(t->offset) == t->offset;
     t->checked = true;
+    if (t->ranges) {
+      std::string type = t->content_type;
+      for (auto& c : type) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+      t->multipart = status == 206 && type.find("multipart/byteranges") != std::string::npos;
+      // A single-part 206 (the server merged the ranges) is one part at its Content-Range.
+      t->range_ok = status == 206 && (t->multipart || t->content_range_start.has_value());
+      if (t->range_ok && !t->multipart) {
+        t->in_part = true;
+        t->part_pos = *t->content_range_start;
+        t->part_left = UINT64_MAX;
+      }
+    } else {
+      t->range_ok = status == 206 && t->content_range_start.value_or(t->offset) == t->offset;
+    }
+  }
+  if (t->ranges) {
+    if (t->range_ok) {
+      feed_multipart(*t, data, len);
+      return t->malformed ? 0 : len;
+    }
+    // Not ranges (an error page, or a 200 with the whole object): keep the start for the
+    // message and stop the transfer rather than download the object.
+    t->error_body.append(data, std::min<size_t>(len, 300));
+    return 0;
   }
   if (!t->range_ok) {
     // Keep the start of an error page for the message; drop a 200 body that ignored the range.
@@ -164,6 +273,24 @@ class HttpSource final : public CancellableSource {
 
   uint64_t size() const override { return size_; }
   std::string name() const override { return name_; }
+
+  // S3 answers one range per request; plain HTTP servers (nginx) answer several at once, until
+  // one shows it does not.
+  size_t ranges_per_request() const override {
+    return s3_ || !multi_range_ok_.load() ? 1 : kMaxRangesPerRequest;
+  }
+
+  void read_ranges(const std::vector<ByteRange>& ranges, const CancelToken* cancel) const override {
+    for (const ByteRange& r : ranges) check_range(*this, r.offset, r.length);
+    if (ranges.size() > 1 && ranges_per_request() > 1) {
+      bool unsupported = false;
+      with_retries(std::to_string(ranges.size()) + "-range GET", cancel,
+                   [&](CURL* h) { return get_ranges(h, ranges, cancel, unsupported); });
+      if (!unsupported) return;
+      multi_range_ok_.store(false);
+    }
+    for (const ByteRange& r : ranges) read_cancellable(r.offset, r.length, r.dst, cancel);
+  }
 
   void read_cancellable(uint64_t offset, size_t length, void* dst,
                         const CancelToken* cancel) const override {
@@ -343,6 +470,47 @@ class HttpSource final : public CancellableSource {
     return o;
   }
 
+  Outcome get_ranges(CURL* h, const std::vector<ByteRange>& ranges, const CancelToken* cancel,
+                     bool& unsupported) const {
+    Transfer t;
+    t.handle = h;
+    t.cancel = cancel;
+    t.ranges = &ranges;
+    t.filled.assign(ranges.size(), 0);
+    std::string spec = "bytes=";
+    uint64_t total = 0;
+    for (size_t i = 0; i < ranges.size(); ++i) {
+      if (ranges[i].length == 0) continue;
+      spec += (spec.size() > 6 ? "," : "") + std::to_string(ranges[i].offset) + "-" +
+              std::to_string(ranges[i].offset + ranges[i].length - 1);
+      total += ranges[i].length;
+    }
+    if (total == 0) return {Outcome::ok, ""};
+    curl_slist* list = prepare(h, t, "GET", {{"Range", spec}});
+    const CURLcode code = curl_easy_perform(h);
+    curl_slist_free_all(list);
+    long status = 0;
+    curl_easy_getinfo(h, CURLINFO_RESPONSE_CODE, &status);
+    if (t.malformed) return {Outcome::retry, "a malformed multipart/byteranges response"};
+    Outcome o = classify(code, status, t, "");
+    if (o.kind != Outcome::ok) return o;
+    if (status == 200) {
+      // The server ignores multi-range requests: say so, and the caller reads range by range.
+      unsupported = true;
+      return {Outcome::ok, ""};
+    }
+    if (status != 206)
+      return {Outcome::fatal, "HTTP " + std::to_string(status) + " (expected 206 Partial Content)"};
+    for (size_t i = 0; i < ranges.size(); ++i)
+      if (t.filled[i] < ranges[i].length)
+        return {Outcome::retry, "short read: range " + std::to_string(ranges[i].offset) + "+" +
+                                    std::to_string(ranges[i].length) + " got " +
+                                    std::to_string(t.filled[i]) + " bytes"};
+    return o;
+  }
+
+  static constexpr size_t kMaxRangesPerRequest = 64;
+
   std::string url_, name_;
   SourceOptions options_;
   std::optional<S3Target> s3_;
@@ -353,6 +521,7 @@ class HttpSource final : public CancellableSource {
   mutable std::vector<CURL*> idle_;
   mutable int created_ = 0;
   mutable std::mt19937_64 rng_;
+  mutable std::atomic<bool> multi_range_ok_{true};
   mutable std::mutex backoff_mutex_;
   mutable std::condition_variable backoff_cv_;
 };

@@ -60,13 +60,15 @@ struct Group {
   std::vector<uint64_t> record_at;  // per entry: its bytes' offset in the buffer
   uint64_t bytes = 0;               // buffer bytes, page-rounded (what the budget is charged)
   std::unique_ptr<Buffer> buffer;
-  size_t pending = 0;  // requests not finished
+  size_t pending = 0;  // jobs not finished
   std::exception_ptr error;
 };
 
+// Requests [first, first + count) of a group, all of one shard, fetched in one read_ranges call.
 struct Job {
   Group* group;
-  size_t request;
+  size_t first;
+  size_t count;
 };
 
 }  // namespace
@@ -139,7 +141,6 @@ struct Prefetcher::State {
       }
     }
     g->bytes = page_round(std::max<uint64_t>(buffer_end, 1));
-    g->pending = g->requests.size();
     return g;
   }
 
@@ -164,8 +165,18 @@ struct Prefetcher::State {
       }
       {
         std::lock_guard<std::mutex> lock(mutex);
-        if (!raw->error)
-          for (size_t r = 0; r < raw->requests.size(); ++r) jobs.push_back({raw, r});
+        if (!raw->error) {
+          // Requests are sorted by shard and offset: bundle runs of one shard as its source likes.
+          const auto& reqs = raw->requests;
+          for (size_t r = 0; r < reqs.size();) {
+            const size_t per = std::max<size_t>(1, sources[reqs[r].shard]->ranges_per_request());
+            size_t end = r + 1;
+            while (end < reqs.size() && end - r < per && reqs[end].shard == reqs[r].shard) ++end;
+            jobs.push_back({raw, r, end - r});
+            ++raw->pending;
+            r = end;
+          }
+        }
         first += raw->count;
         groups_built_through = first;
         groups.push_back(std::move(g));
@@ -185,18 +196,28 @@ struct Prefetcher::State {
         job = jobs.front();
         jobs.pop_front();
       }
-      const Request& req = job.group->requests[job.request];
+      const Request* reqs = job.group->requests.data() + job.first;
+      uint8_t* base = job.group->buffer->data();
       std::exception_ptr error;
+      uint64_t bytes = 0;
       try {
-        sources[req.shard]->read_cancellable(req.offset, req.length,
-                                             job.group->buffer->data() + req.buffer_offset, &cancel);
+        if (job.count == 1) {
+          sources[reqs[0].shard]->read_cancellable(reqs[0].offset, reqs[0].length,
+                                                   base + reqs[0].buffer_offset, &cancel);
+        } else {
+          std::vector<ByteRange> ranges(job.count);
+          for (size_t i = 0; i < job.count; ++i)
+            ranges[i] = {reqs[i].offset, reqs[i].length, base + reqs[i].buffer_offset};
+          sources[reqs[0].shard]->read_ranges(ranges, &cancel);
+        }
+        for (size_t i = 0; i < job.count; ++i) bytes += reqs[i].length;
       } catch (...) {
         error = std::current_exception();
       }
       {
         std::lock_guard<std::mutex> lock(mutex);
         ++stats.requests;
-        if (!error) stats.bytes_fetched += req.length;
+        stats.bytes_fetched += bytes;
         if (error && !job.group->error) job.group->error = error;
         --job.group->pending;
       }

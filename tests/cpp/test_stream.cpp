@@ -230,6 +230,8 @@ class MemorySource final : public CancellableSource {
         --times;
       }
   }
+  size_t ranges_per_request() const override { return ranges_per_request_; }
+  void set_ranges_per_request(size_t n) { ranges_per_request_ = n; }
   const std::vector<uint8_t>& bytes() const { return bytes_; }
   void corrupt(uint64_t at, int times) { corrupt_[at] = times; }
   void fail_all() { fail_all_ = true; }
@@ -247,6 +249,7 @@ class MemorySource final : public CancellableSource {
   mutable uint64_t reads_ = 0;
   bool fail_all_ = false;
   double delay_s_ = 0;
+  size_t ranges_per_request_ = 1;
 };
 
 struct Layout {
@@ -321,6 +324,7 @@ TEST(StreamPrefetcher, HandsOutEveryPlannedRecordInOrderWithinTheBudget) {
     o.group_records = 1 + rng() % 100;
     o.coalesce_gap = rng() % 2 ? 0 : 4096;
     o.max_request_bytes = 4096 + rng() % 100000;
+    for (auto& src : l.sources) src->set_ranges_per_request(1 + rng() % 8);  // bundled reads
     Prefetcher p(as_sources(l), l.locations, plan, o, verifier_for(l));
     expect_stream_matches(p, l, plan, seed);
     const PrefetchStats s = p.stats();

@@ -143,7 +143,8 @@ class FaultServer:
     Actions: ("status", code[, retry_after]) an error response; ("reset",) a TCP reset before any
     response; ("truncate",) a 206 whose body stops halfway; ("slow", seconds) a response that starts
     only after `seconds`; ("corrupt",) a 206 with one byte flipped; ("full",) a 200 with the whole
-    file (ignoring the range)."""
+    file (ignoring the range). Several ranges in one request get a multipart/byteranges answer, as
+    from nginx, unless single_range_only is set."""
 
     def __init__(self, root: str):
         self.root = os.path.abspath(root)
@@ -152,6 +153,7 @@ class FaultServer:
         self.requests: collections.Counter = collections.Counter()
         self.served_faults: collections.Counter = collections.Counter()
         self.always: dict[str, tuple] = {}
+        self.single_range_only = False  # True: answer multi-range requests with the whole file
 
     def fault(self, path: str, *actions: tuple) -> None:
         with self.lock:
@@ -228,12 +230,38 @@ class FaultServer:
                     self.end_headers()
                     self.wfile.write(data)
                     return
-                lo, hi = (int(x) for x in rng.removeprefix("bytes=").split("-"))
-                body = bytearray(data[lo:hi + 1])
+                spans = [tuple(int(x) for x in part.split("-"))
+                         for part in rng.removeprefix("bytes=").split(",")]
+                if len(spans) > 1 and server.single_range_only:
+                    self.send_response(200)
+                    self.send_header("Content-Length", str(len(data)))
+                    self.end_headers()
+                    self.wfile.write(data)
+                    return
+                if len(spans) > 1:
+                    boundary = "tpfboundary"
+                    body = bytearray()
+                    flip = None  # a byte inside the first part's data
+                    for lo, hi in spans:
+                        body += (f"\r\n--{boundary}\r\nContent-Type: application/octet-stream\r\n"
+                                 f"Content-Range: bytes {lo}-{hi}/{len(data)}\r\n\r\n").encode()
+                        flip = len(body) + (hi - lo) // 2 if flip is None else flip
+                        body += data[lo:hi + 1]
+                    body += f"\r\n--{boundary}--\r\n".encode()
+                    content_type = f"multipart/byteranges; boundary={boundary}"
+                    content_range = None
+                else:
+                    lo, hi = spans[0]
+                    body = bytearray(data[lo:hi + 1])
+                    flip = len(body) // 2
+                    content_type = "application/octet-stream"
+                    content_range = f"bytes {lo}-{hi}/{len(data)}"
                 if action and action[0] == "corrupt":
-                    body[len(body) // 2] ^= 0xFF
+                    body[flip] ^= 0xFF
                 self.send_response(206)
-                self.send_header("Content-Range", f"bytes {lo}-{hi}/{len(data)}")
+                self.send_header("Content-Type", content_type)
+                if content_range:
+                    self.send_header("Content-Range", content_range)
                 self.send_header("Content-Length", str(len(body)))
                 self.end_headers()
                 try:

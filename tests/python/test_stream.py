@@ -221,6 +221,18 @@ def test_corrupt_records_are_fetched_again(tmp_path, dataset, seed):
         assert ds.last_stats["refetches"] == 2
 
 
+def test_servers_without_multi_range_requests(tmp_path, dataset, seed):
+    directory, reference = dataset
+    with h.FaultServer(directory) as server:
+        server.single_range_only = True
+        ds = StreamingDataset(server.url + "/manifest.json", cache_bytes=256 << 10, seed=seed,
+                              coalesce_gap=0, **FAST_RETRY)
+        ids = collect(ds, reference)
+        assert sorted(ids) == list(range(len(reference)))
+        # One refused multi-range request per shard at most, then one range per request.
+        assert sum(server.requests.values()) >= ds.last_stats["requests"]
+
+
 def test_unreachable_shards_raise_their_url_within_bounded_time(tmp_path, dataset):
     directory, _ = dataset
     dead = f"http://127.0.0.1:{h.free_port()}/shard-00000.tpf"

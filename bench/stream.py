@@ -148,45 +148,70 @@ def rss_mib(pid: int | None = None) -> float:
         return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
 
 
+class PeakRss:
+    """Samples this process's RSS every 2 ms on a thread while in use: the streaming window only,
+    not the imports before it (importing torch briefly peaks far above where it settles) nor the
+    interpreter's teardown after it."""
+
+    def __enter__(self) -> "PeakRss":
+        self.peak = rss_mib()
+        self._done = threading.Event()
+        self._thread = threading.Thread(target=self._run)
+        self._thread.start()
+        return self
+
+    def _run(self) -> None:
+        while not self._done.wait(0.002):
+            self.peak = max(self.peak, rss_mib())
+
+    def __exit__(self, *exc) -> None:
+        self._done.set()
+        self._thread.join()
+        self.peak = max(self.peak, rss_mib())
+
+
 def child(args: argparse.Namespace) -> None:
-    """Prints one JSON line: the baseline RSS before streaming, then records and seconds."""
+    """Prints JSON lines: the baseline RSS before streaming, then records, seconds and peak RSS."""
+    peak = PeakRss()
     if args.impl == "turbopairformer":
         import torch  # noqa: F401  (imported before the baseline: every DataLoader user has it)
 
         from turbopairformer.data import StreamingDataset
 
         print(json.dumps({"baseline_rss_mib": rss_mib()}), flush=True)
-        ds = StreamingDataset(args.location, cache_bytes=args.budget_mib << 20, seed=args.seed,
-                              shuffle=True, block_size=args.block_size,
-                              max_inflight=args.max_inflight)
-        ds.set_epoch(args.epoch)
-        limit = args.limit or len(ds)
-        t0 = time.perf_counter()
-        n = 0
-        for _ in ds:
-            n += 1
-            if n >= limit:
-                break
-        seconds = time.perf_counter() - t0
+        with peak:
+            ds = StreamingDataset(args.location, cache_bytes=args.budget_mib << 20, seed=args.seed,
+                                  shuffle=True, block_size=args.block_size,
+                                  max_inflight=args.max_inflight)
+            ds.set_epoch(args.epoch)
+            limit = args.limit or len(ds)
+            t0 = time.perf_counter()
+            n = 0
+            for _ in ds:
+                n += 1
+                if n >= limit:
+                    break
+            seconds = time.perf_counter() - t0
         stats = ds.last_stats
     else:
         import litdata
 
         print(json.dumps({"baseline_rss_mib": rss_mib()}), flush=True)
-        cache = tempfile.mkdtemp(prefix="litdata-cache-")
-        ds = litdata.StreamingDataset(args.location, shuffle=True, seed=args.seed,
-                                      max_cache_size=f"{args.budget_mib}MB", cache_dir=cache)
-        ds.set_epoch(args.epoch + 1)
-        limit = args.limit or len(ds)
-        t0 = time.perf_counter()
-        n = 0
-        for _ in ds:
-            n += 1
-            if n >= limit:
-                break
-        seconds = time.perf_counter() - t0
+        with peak:
+            ds = litdata.StreamingDataset(args.location, shuffle=True, seed=args.seed,
+                                          max_cache_size=f"{args.budget_mib}MB")
+            ds.set_epoch(args.epoch + 1)
+            limit = args.limit or len(ds)
+            t0 = time.perf_counter()
+            n = 0
+            for _ in ds:
+                n += 1
+                if n >= limit:
+                    break
+            seconds = time.perf_counter() - t0
         stats = {}
-    print(json.dumps({"records": n, "seconds": seconds, "stats": stats}), flush=True)
+    print(json.dumps({"records": n, "seconds": seconds, "stats": stats,
+                      "peak_rss_mib": peak.peak}), flush=True)
 
 
 def measure(python: str, impl: str, location: str, budget_mib: int, opts: argparse.Namespace,
@@ -224,7 +249,7 @@ def measure(python: str, impl: str, location: str, budget_mib: int, opts: argpar
     baseline = json.loads(first)["baseline_rss_mib"]
     result = [json.loads(line) for line in out.splitlines() if line.startswith("{")][-1]
     series = [(t, r) for t, r in series if t >= t_base]
-    peak = max([r for _, r in series] + [baseline])
+    peak = result["peak_rss_mib"]
     return {"records": result["records"], "seconds": result["seconds"],
             "records_per_s": result["records"] / result["seconds"], "peak_rss_mib": peak,
             "baseline_rss_mib": baseline, "rss_over_baseline_mib": peak - baseline,
@@ -271,8 +296,13 @@ if __name__ == '__main__':
     probe = subprocess.run([python, "-c", "import litdata"], capture_output=True)
     if probe.returncode != 0:
         return None
-    if not os.path.exists(os.path.join(out, "index.json")):
-        subprocess.run([python, "-c", script], check=True)
+    index = os.path.join(out, "index.json")
+    if not os.path.exists(index) or not json.load(open(index)).get("chunks"):
+        # optimize() starts worker processes that import the function: it needs a real module file.
+        script_path = os.path.join(data_dir, "litdata_convert.py")
+        with open(script_path, "w") as f:
+            f.write(script)
+        subprocess.run([python, script_path], check=True)
     return out
 
 

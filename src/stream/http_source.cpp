@@ -481,8 +481,10 @@ class HttpSource final : public CancellableSource {
     uint64_t total = 0;
     for (size_t i = 0; i < ranges.size(); ++i) {
       if (ranges[i].length == 0) continue;
-      spec += (spec.size() > 6 ? "," : "") + std::to_string(ranges[i].offset) + "-" +
-              std::to_string(ranges[i].offset + ranges[i].length - 1);
+      if (total > 0) spec += ',';
+      spec += std::to_string(ranges[i].offset);
+      spec += '-';
+      spec += std::to_string(ranges[i].offset + ranges[i].length - 1);
       total += ranges[i].length;
     }
     if (total == 0) return {Outcome::ok, ""};

@@ -199,6 +199,28 @@ class Prefetcher {
 };
 
 // ---------------------------------------------------------------------------------------------
+// Disk cache
+
+// Bytes of remote sources kept in local files under `directory`, at most `budget` bytes in all.
+// Each cached source writes what it fetches into a sparse file of the source's size and serves
+// later reads that fall inside what it holds from there; when the budget is full, whole sources
+// are dropped least recently used first. The cache lives as long as its sources (it is not
+// reused across processes: each process gets its own files).
+class DiskCache {
+ public:
+  // Throws tpf::Error for budget == 0 and tpf::RuntimeError when `directory` cannot be created.
+  static std::shared_ptr<DiskCache> create(const std::string& directory, uint64_t budget);
+  virtual ~DiskCache() = default;
+  // `inner` read through this cache.
+  virtual std::shared_ptr<CancellableSource> wrap(std::shared_ptr<CancellableSource> inner) = 0;
+  virtual uint64_t used_bytes() const = 0;
+  virtual uint64_t budget() const = 0;
+  // Bytes served from disk, and bytes that went to the inner sources.
+  virtual uint64_t hit_bytes() const = 0;
+  virtual uint64_t miss_bytes() const = 0;
+};
+
+// ---------------------------------------------------------------------------------------------
 // A dataset: record-store shards read through sources
 
 struct ShardSpec {
@@ -214,8 +236,10 @@ class ShardSet {
   // Opens the shards, up to 16 at once. Throws tpf::RuntimeError naming the URL of a shard that
   // cannot be reached, and tpf::Error for one that is not a valid store or whose record count or
   // size differs from its spec.
+  // `disk_cache`, when given, holds the bytes of the remote shards (not of local files).
   static std::shared_ptr<const ShardSet> open(const std::vector<ShardSpec>& shards,
-                                              const SourceOptions& options = {});
+                                              const SourceOptions& options = {},
+                                              std::shared_ptr<DiskCache> disk_cache = nullptr);
 
   uint64_t size() const { return locations_->size(); }
   size_t num_shards() const { return sources_.size(); }

@@ -83,6 +83,7 @@ struct Stream {
 
 struct Shards {
   std::shared_ptr<const ShardSet> set;
+  std::shared_ptr<DiskCache> disk_cache;
 };
 
 SourceOptions source_options(int max_connections, double connect_timeout_s,
@@ -167,7 +168,7 @@ void bind_stream(nb::module_& m) {
           "__init__",
           [](Shards* self, const std::vector<std::string>& locations,
              const std::vector<uint64_t>& records, const std::vector<uint64_t>& bytes,
-             int max_connections, double connect_timeout_s, double request_timeout_s,
+             const std::string& disk_cache_dir, uint64_t disk_cache_bytes, int max_connections, double connect_timeout_s, double request_timeout_s,
              double stall_timeout_s, int max_attempts, double backoff_base_s,
              double backoff_max_s, double retry_deadline_s) {
             TPF_CHECK(records.empty() || records.size() == locations.size(),
@@ -185,15 +186,29 @@ void bind_stream(nb::module_& m) {
                 source_options(max_connections, connect_timeout_s, request_timeout_s,
                                stall_timeout_s, max_attempts, backoff_base_s, backoff_max_s,
                                retry_deadline_s);
+            std::shared_ptr<DiskCache> cache;
+            if (!disk_cache_dir.empty()) cache = DiskCache::create(disk_cache_dir, disk_cache_bytes);
             std::shared_ptr<const ShardSet> set;
             {
               nb::gil_scoped_release release;
-              set = ShardSet::open(specs, o);
+              set = ShardSet::open(specs, o, cache);
             }
-            new (self) Shards{std::move(set)};
+            new (self) Shards{std::move(set), std::move(cache)};
           },
           nb::arg("locations"), nb::arg("records") = std::vector<uint64_t>(),
-          nb::arg("bytes") = std::vector<uint64_t>(), TPF_SOURCE_OPTION_ARGS)
+          nb::arg("bytes") = std::vector<uint64_t>(), nb::arg("disk_cache_dir") = "",
+          nb::arg("disk_cache_bytes") = 0, TPF_SOURCE_OPTION_ARGS)
+      .def_prop_ro("disk_cache_stats",
+                   [](const Shards& s) {
+                     nb::dict d;
+                     if (s.disk_cache) {
+                       d["used_bytes"] = s.disk_cache->used_bytes();
+                       d["budget"] = s.disk_cache->budget();
+                       d["hit_bytes"] = s.disk_cache->hit_bytes();
+                       d["miss_bytes"] = s.disk_cache->miss_bytes();
+                     }
+                     return d;
+                   })
       .def("__len__", [](const Shards& s) { return s.set->size(); })
       .def_prop_ro("num_shards", [](const Shards& s) { return s.set->num_shards(); })
       .def("shard_name", [](const Shards& s, uint32_t i) { return s.set->shard_name(i); })

@@ -40,7 +40,8 @@ store::Index open_checked_index(const CancellableSource& source, const ShardSpec
 }  // namespace
 
 std::shared_ptr<const ShardSet> ShardSet::open(const std::vector<ShardSpec>& shards,
-                                               const SourceOptions& options) {
+                                               const SourceOptions& options,
+                                               std::shared_ptr<DiskCache> disk_cache) {
   TPF_CHECK(!shards.empty(), "shards: expected at least one shard, got none");
   const size_t n = shards.size();
   std::vector<std::shared_ptr<CancellableSource>> sources(n);
@@ -54,6 +55,9 @@ std::shared_ptr<const ShardSet> ShardSet::open(const std::vector<ShardSpec>& sha
         SourceOptions o = options;
         o.expected_size = shards[i].bytes;
         sources[i] = open_source(shards[i].location, o);
+        const bool remote = shards[i].location.find("://") != std::string::npos &&
+                            shards[i].location.rfind("file://", 0) != 0;
+        if (disk_cache && remote) sources[i] = disk_cache->wrap(sources[i]);
         // A header or index that fails its checksum may have been damaged in transit, and so may
         // a newer header slot, which would make the store fall back to an older commit: read them
         // again before believing the shard is corrupt or old.

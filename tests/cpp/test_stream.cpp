@@ -474,6 +474,49 @@ TEST(StreamPrefetcher, RejectsBadArguments) {
 }
 
 // ---------------------------------------------------------------------------------------------
+// Disk cache
+
+TEST(StreamDiskCache, ServesRepeatReadsFromDiskWithinItsBudget) {
+  const uint32_t seed = fresh_seed();
+  std::mt19937_64 rng(seed);
+  const std::string dir = ::testing::TempDir() + "/stream_disk_cache_" + std::to_string(::getpid());
+  for (uint64_t budget : {uint64_t(1) << 30, uint64_t(20000)}) {
+    Layout l = random_layout(rng, 3, 100, 300);
+    auto cache = DiskCache::create(dir, budget);
+    std::vector<std::shared_ptr<CancellableSource>> cached;
+    for (auto& src : l.sources) {
+      src->set_ranges_per_request(1 + rng() % 4);
+      cached.push_back(cache->wrap(src));
+    }
+    const uint64_t n = l.locations->size();
+    uint64_t first_epoch_reads = 0;
+    for (uint64_t epoch = 0; epoch < 3; ++epoch) {
+      uint64_t before = 0;
+      for (auto& src : l.sources) before += src->reads();
+      const auto plan = epoch_order({n, rng(), true, 0}, epoch);
+      Prefetcher p(cached, l.locations, plan, {}, verifier_for(l));
+      expect_stream_matches(p, l, plan, seed);
+      uint64_t after = 0;
+      for (auto& src : l.sources) after += src->reads();
+      EXPECT_LE(cache->used_bytes(), budget) << "seed " << seed;
+      if (epoch == 0) first_epoch_reads = after - before;
+      if (epoch > 0 && budget > (uint64_t(1) << 20)) {
+        EXPECT_EQ(after - before, 0u) << "everything fits: later epochs read only the disk";
+      }
+      if (epoch > 0 && budget < 100000) {
+        EXPECT_GT(after - before, 0u) << "seed " << seed;
+      }
+    }
+    EXPECT_GT(first_epoch_reads, 0u);
+    if (budget > (uint64_t(1) << 20)) {
+      EXPECT_GT(cache->hit_bytes(), 0u) << "seed " << seed;
+    }
+  }
+  EXPECT_THROW(DiskCache::create(dir, 0), Error);
+  std::filesystem::remove_all(dir);
+}
+
+// ---------------------------------------------------------------------------------------------
 // Shard sets over real store files
 
 TEST(StreamShardSet, StreamsAndDecodesStoreShards) {

@@ -94,6 +94,9 @@ class StreamingDataset(torch.utils.data.IterableDataset):
     drop_last: every rank gets the same count by dropping the tail (True) or repeating records (False).
     batch_size: the DataLoader's batch size, so that workers split the rank's list by whole batches.
     transform: applied to each record (a dict of numpy arrays) before it is yielded.
+    disk_cache_dir, disk_cache_bytes: keep fetched bytes of remote shards on local disk (a folder
+        per process under disk_cache_dir, the budget shared by the DataLoader workers), so later
+        epochs read them locally.
     The remaining arguments tune the prefetcher and the sources (see include/tpf/stream.h).
     """
 
@@ -103,6 +106,7 @@ class StreamingDataset(torch.utils.data.IterableDataset):
                  batch_size: int = 1, transform: Callable[[dict], Any] | None = None,
                  max_inflight: int = 32, group_records: int = 64, coalesce_gap: int = 64 << 10,
                  max_request_bytes: int = 8 << 20, verify_checksums: bool = True,
+                 disk_cache_dir: str | None = None, disk_cache_bytes: int = 0,
                  max_connections: int = 16, connect_timeout_s: float = 10.0,
                  request_timeout_s: float = 60.0, stall_timeout_s: float = 15.0,
                  max_attempts: int = 8, backoff_base_s: float = 0.05, backoff_max_s: float = 2.0,
@@ -124,6 +128,9 @@ class StreamingDataset(torch.utils.data.IterableDataset):
         self.shuffle, self.seed, self.block_size = bool(shuffle), int(seed), int(block_size)
         self.drop_last, self.batch_size, self.transform = bool(drop_last), int(batch_size), transform
         self.verify_checksums = bool(verify_checksums)
+        if disk_cache_dir is not None and disk_cache_bytes <= 0:
+            raise ValueError(f"disk_cache_bytes: expected > 0 with disk_cache_dir, got {disk_cache_bytes}")
+        self.disk_cache_dir, self.disk_cache_bytes = disk_cache_dir, int(disk_cache_bytes)
         self._source_options = dict(max_connections=max_connections,
                                     connect_timeout_s=connect_timeout_s,
                                     request_timeout_s=request_timeout_s,
@@ -152,12 +159,21 @@ class StreamingDataset(torch.utils.data.IterableDataset):
         state["_shards_pid"] = None
         return state
 
-    def _open(self):
+    def _open(self, workers: int = 1):
         if self._shards is None or self._shards_pid != os.getpid():
+            cache_dir, cache_bytes = "", 0
+            if self.disk_cache_dir is not None:
+                cache_dir = os.path.join(self.disk_cache_dir, f"pid-{os.getpid()}")
+                cache_bytes = max(self.disk_cache_bytes // workers, 1)
             self._shards = _C.StreamShards(self._locations, self._records, self._bytes,
-                                           **self._source_options)
+                                           cache_dir, cache_bytes, **self._source_options)
             self._shards_pid = os.getpid()
         return self._shards
+
+    @property
+    def disk_cache_stats(self) -> dict:
+        """used_bytes, budget, hit_bytes, miss_bytes of this process's disk cache ({} without one)."""
+        return self._shards.disk_cache_stats if self._shards is not None else {}
 
     @property
     def num_records(self) -> int:
@@ -187,7 +203,7 @@ class StreamingDataset(torch.utils.data.IterableDataset):
         workers, worker = (info.num_workers, info.id) if info is not None else (1, 0)
         plan = _C.stream_worker_slice(self.rank_order(), worker, workers, self.batch_size)
         self._consumed_here = 0
-        stream = self._open().stream(plan, max(self.cache_bytes // workers, 4096),
+        stream = self._open(workers).stream(plan, max(self.cache_bytes // workers, 4096),
                                      verify=self.verify_checksums, **self._prefetch_options)
         try:
             for record in stream:

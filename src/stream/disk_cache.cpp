@@ -50,6 +50,21 @@ class Intervals {
     return (new_hi - new_lo) - before;
   }
   void clear() { map_.clear(); }
+  // Calls held(lo, hi) for each held piece of [lo, hi) and gap(lo, hi) for each piece not held, in
+  // order.
+  template <typename Held, typename Gap>
+  void split(uint64_t lo, uint64_t hi, Held&& held, Gap&& gap) const {
+    auto it = map_.upper_bound(lo);
+    if (it != map_.begin() && std::prev(it)->second > lo) --it;
+    uint64_t pos = lo;
+    for (; it != map_.end() && it->first < hi && pos < hi; ++it) {
+      if (it->first > pos) gap(pos, it->first);
+      const uint64_t a = std::max(pos, it->first), b = std::min(hi, it->second);
+      if (a < b) held(a, b);
+      pos = std::max(pos, b);
+    }
+    if (pos < hi) gap(pos, hi);
+  }
 
  private:
   std::map<uint64_t, uint64_t> map_;
@@ -112,20 +127,27 @@ class Cache final : public DiskCache, public std::enable_shared_from_this<Cache>
   uint64_t hit_bytes() const override { return hits_.load(); }
   uint64_t miss_bytes() const override { return misses_.load(); }
 
-  // Reads every range it holds into its destination; returns which ones it did.
-  std::vector<bool> read_held(Entry* e, const std::vector<ByteRange>& ranges) {
-    std::vector<bool> done(ranges.size(), false);
+  // Reads the pieces of `ranges` it holds into their destinations; returns the pieces it does not
+  // hold (or could not read), to be fetched.
+  std::vector<ByteRange> read_held(Entry* e, const std::vector<ByteRange>& ranges) {
+    std::vector<ByteRange> missing;
+    bool hit = false;
     std::shared_lock lock(mutex_);
-    for (size_t i = 0; i < ranges.size(); ++i) {
-      const ByteRange& r = ranges[i];
-      if (r.length == 0 || !e->held.covers(r.offset, r.offset + r.length)) continue;
-      if (pread_all(e->fd, r.dst, r.length, r.offset)) {
-        done[i] = true;
-        hits_ += r.length;
-      }
+    for (const ByteRange& r : ranges) {
+      auto* dst = static_cast<uint8_t*>(r.dst);
+      auto gap = [&](uint64_t a, uint64_t b) { missing.push_back({a, b - a, dst + (a - r.offset)}); };
+      auto held = [&](uint64_t a, uint64_t b) {
+        if (pread_all(e->fd, dst + (a - r.offset), b - a, a)) {
+          hits_ += b - a;
+          hit = true;
+        } else {
+          gap(a, b);
+        }
+      };
+      e->held.split(r.offset, r.offset + r.length, held, gap);
     }
-    if (std::find(done.begin(), done.end(), true) != done.end()) touch(e);
-    return done;
+    if (hit) touch(e);
+    return missing;
   }
 
   // Stores fetched ranges, dropping least recently used sources to make room. A range larger than
@@ -204,10 +226,7 @@ CachedSource::~CachedSource() { cache_->release(entry_); }
 void CachedSource::read_ranges(const std::vector<ByteRange>& ranges,
                                const CancelToken* cancel) const {
   for (const ByteRange& r : ranges) check_range(*this, r.offset, r.length);
-  const std::vector<bool> held = cache_->read_held(entry_, ranges);
-  std::vector<ByteRange> missing;
-  for (size_t i = 0; i < ranges.size(); ++i)
-    if (!held[i]) missing.push_back(ranges[i]);
+  const std::vector<ByteRange> missing = cache_->read_held(entry_, ranges);
   if (missing.empty()) return;
   if (missing.size() == 1)
     inner_->read_cancellable(missing[0].offset, missing[0].length, missing[0].dst, cancel);

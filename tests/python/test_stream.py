@@ -233,6 +233,25 @@ def test_servers_without_multi_range_requests(tmp_path, dataset, seed):
         assert sum(server.requests.values()) >= len(reference) // 2
 
 
+def test_disk_cache_serves_later_epochs(tmp_path, dataset, seed):
+    directory, reference = dataset
+    with h.FaultServer(directory) as server:
+        # No coalescing gap: the requests then cover records only, all of which the first epoch
+        # stores (with gaps, a later epoch fetches the gap bytes it never saw).
+        ds = StreamingDataset(server.url + "/manifest.json", cache_bytes=256 << 10, seed=seed,
+                              coalesce_gap=0, disk_cache_dir=str(tmp_path / "cache"),
+                              disk_cache_bytes=64 << 20)
+        assert sorted(collect(ds, reference)) == list(range(len(reference)))
+        first = sum(server.requests.values())
+        ds.set_epoch(1)
+        assert sorted(collect(ds, reference)) == list(range(len(reference)))
+        assert sum(server.requests.values()) == first, "the second epoch should read the disk only"
+        stats = ds.disk_cache_stats
+        assert stats["hit_bytes"] > 0 and stats["used_bytes"] <= stats["budget"]
+    with pytest.raises(ValueError, match="disk_cache_bytes"):
+        StreamingDataset(directory + "/manifest.json", disk_cache_dir=str(tmp_path / "c2"))
+
+
 def test_unreachable_shards_raise_their_url_within_bounded_time(tmp_path, dataset):
     directory, _ = dataset
     dead = f"http://127.0.0.1:{h.free_port()}/shard-00000.tpf"

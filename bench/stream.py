@@ -178,38 +178,32 @@ def child(args: argparse.Namespace) -> None:
 
         from turbopairformer.data import StreamingDataset
 
-        print(json.dumps({"baseline_rss_mib": rss_mib()}), flush=True)
-        with peak:
-            ds = StreamingDataset(args.location, cache_bytes=args.budget_mib << 20, seed=args.seed,
-                                  shuffle=True, block_size=args.block_size,
-                                  max_inflight=args.max_inflight)
-            ds.set_epoch(args.epoch)
-            limit = args.limit or len(ds)
-            t0 = time.perf_counter()
-            n = 0
-            for _ in ds:
-                n += 1
-                if n >= limit:
-                    break
-            seconds = time.perf_counter() - t0
-        stats = ds.last_stats
+        def make():
+            return StreamingDataset(args.location, cache_bytes=args.budget_mib << 20,
+                                    seed=args.seed, shuffle=True, block_size=args.block_size,
+                                    max_inflight=args.max_inflight,
+                                    group_records=args.group_records)
+        epoch = args.epoch
     else:
         import litdata
 
-        print(json.dumps({"baseline_rss_mib": rss_mib()}), flush=True)
-        with peak:
-            ds = litdata.StreamingDataset(args.location, shuffle=True, seed=args.seed,
-                                          max_cache_size=f"{args.budget_mib}MB")
-            ds.set_epoch(args.epoch + 1)
-            limit = args.limit or len(ds)
-            t0 = time.perf_counter()
-            n = 0
-            for _ in ds:
-                n += 1
-                if n >= limit:
-                    break
-            seconds = time.perf_counter() - t0
-        stats = {}
+        def make():
+            return litdata.StreamingDataset(args.location, shuffle=True, seed=args.seed,
+                                            max_cache_size=f"{args.budget_mib}MB")
+        epoch = args.epoch + 1  # LitData counts epochs from 1
+    print(json.dumps({"baseline_rss_mib": rss_mib()}), flush=True)
+    with peak:
+        ds = make()
+        ds.set_epoch(epoch)
+        limit = args.limit or len(ds)
+        t0 = time.perf_counter()
+        n = 0
+        for _ in ds:
+            n += 1
+            if n >= limit:
+                break
+        seconds = time.perf_counter() - t0
+    stats = getattr(ds, "last_stats", None) or {}
     print(json.dumps({"records": n, "seconds": seconds, "stats": stats,
                       "peak_rss_mib": peak.peak}), flush=True)
 
@@ -219,6 +213,7 @@ def measure(python: str, impl: str, location: str, budget_mib: int, opts: argpar
     cmd = [python, os.path.abspath(__file__), "--child", "--impl", impl, "--location", location,
            "--budget-mib", str(budget_mib), "--seed", str(opts.seed), "--epoch", "1",
            "--block-size", str(block_size), "--max-inflight", str(opts.max_inflight),
+           "--group-records", str(opts.group_records),
            "--limit", str(opts.limit)]
     env = dict(os.environ, PYTHONPATH=os.path.join(REPO, "python"))
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
@@ -341,6 +336,8 @@ def main() -> int:
                    help="full: uniform permutation; blockN: blocks of N neighbours shuffled")
     p.add_argument("--latency-ms", type=float, default=5.0)
     p.add_argument("--max-inflight", type=int, default=64)
+    p.add_argument("--group-records", type=int, default=256,
+                   help="plan entries fetched together (the ranges of one shard share a request)")
     p.add_argument("--limit", type=int, default=0, help="records per measurement (0: an epoch)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--data-dir", default=os.path.join(tempfile.gettempdir(), "tpf-bench-stream"))

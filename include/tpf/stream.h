@@ -145,8 +145,9 @@ struct PrefetchOptions {
   // between them is at most coalesce_gap bytes and the merged request stays under max_request_bytes.
   uint64_t coalesce_gap = 64 << 10;
   uint64_t max_request_bytes = 8ull << 20;
-  // Consecutive plan entries fetched, held and released together.
-  uint32_t group_records = 64;
+  // Consecutive plan entries fetched, held and released together; the ranges of one shard in a
+  // group share requests, so larger groups mean fewer requests for a shuffled plan.
+  uint32_t group_records = 256;
   // A record that fails verification is fetched again up to this many times, then it is an error.
   int verify_attempts = 3;
 };

@@ -234,7 +234,7 @@ void bind_stream(nb::module_& m) {
           },
           nb::arg("plan"), nb::arg("memory_budget"), nb::arg("max_inflight") = 32,
           nb::arg("coalesce_gap") = 64 << 10, nb::arg("max_request_bytes") = 8 << 20,
-          nb::arg("group_records") = 64, nb::arg("verify") = true,
+          nb::arg("group_records") = 256, nb::arg("verify") = true,
           nb::rv_policy::take_ownership);
 }
 

@@ -315,6 +315,7 @@ def plot(rows: list[dict], series: dict, path: str) -> None:
     ax1.set_ylabel("records/s (shuffled epoch)")
     ax1.set_title("throughput")
     for key, s in series.items():
+        s = [(t, r) for t, r in s if r > 0]  # a process that has exited reads as 0
         if s:
             t, r = zip(*s)
             ax2.plot(t, r, label=key, linewidth=0.8)
@@ -417,7 +418,7 @@ def main() -> int:
             for budget in args.budgets:
                 r = measure(args.peer_python, "litdata", peer_dir, budget, args, 0)
                 row = {"impl": "litdata", "source": "local", "budget_mib": budget,
-                       "shuffle": "litdata (chunks shuffled, then records within chunks)",
+                       "shuffle": "litdata",  # its own: chunks shuffled, then records in them
                        "records_per_s": r["records_per_s"], "peak_rss_mib": r["peak_rss_mib"],
                        "baseline_rss_mib": r["baseline_rss_mib"],
                        "rss_over_baseline_mib": r["rss_over_baseline_mib"],

@@ -252,7 +252,9 @@ Index Index::from_block(const HeaderSlot& header, std::span<const std::byte> blo
   const uint32_t key_count = c.take<uint32_t>("the key count");
   const uint32_t layout_count = c.take<uint32_t>("the layout count");
   const uint64_t entries_offset = c.take<uint64_t>("the entries offset");
-  if (key_count > block.size() / 2 || layout_count > block.size() / 4)
+  // Each key takes at least 3 bytes and each layout at least 4, so counts beyond that are corrupt
+  // (and must not size an allocation).
+  if (key_count > c.remaining() / 3 || layout_count > c.remaining() / 4)
     throw Error(what + ": key or layout count exceeds the index size");
   ix.keys_.reserve(key_count);
   for (uint32_t k = 0; k < key_count; ++k) {
@@ -264,7 +266,8 @@ Index Index::from_block(const HeaderSlot& header, std::span<const std::byte> blo
   ix.layouts_.reserve(layout_count);
   for (uint32_t l = 0; l < layout_count; ++l) {
     const uint32_t nf = c.take<uint32_t>("a layout's field count");
-    if (nf > block.size()) throw Error(what + ": layout " + std::to_string(l) + " has too many fields");
+    if (nf > c.remaining() / 12)  // a field takes at least 12 bytes
+      throw Error(what + ": layout " + std::to_string(l) + " has more fields than the index holds");
     Layout layout;
     layout.fields.resize(nf);
     for (Field& f : layout.fields) {

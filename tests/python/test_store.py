@@ -36,7 +36,7 @@ def make_record(rng: np.random.Generator, n_atoms: int, i: int) -> dict:
     }
     if i % 3 == 0:  # protein-like extras, so layouts vary within a file
         rec["residue_index"] = rng.integers(-5, 500, n_atoms).astype(np.int32)
-        rec["atom_names"] = np.array([b"CA", b"N", b"OXT", b"C"] * n_atoms)[:n_atoms]
+        rec["atom_names"] = np.array([b"CA", b"N", b"OXT", b"C"] * n_atoms, dtype="S3")[:n_atoms]
         rec["b_factors"] = rng.random(n_atoms).astype(np.float32)
         rec["pair_mask"] = rng.integers(0, 2, (n_atoms, n_atoms)).astype(bool)
         rec["resolution"] = 2.5
@@ -91,8 +91,6 @@ def test_round_trip_single_and_batch(tmp_path, seed, codec):
     assert np.array_equal(batch["energy"], [records[i]["energy"] for i in idx])
     assert np.array_equal(batch["cell"].reshape(-1, 3, 3), np.stack([records[i]["cell"] for i in idx]))
     assert list(batch["identifier"]) == [records[i]["identifier"] for i in idx]
-    names = r.read_batch([0, 3, 6])["atom_names"]
-    assert list(names) == [n for i in (0, 3, 6) for n in records[i]["atom_names"]]
 
 
 def test_read_batch_stack_and_errors(tmp_path, seed):
@@ -115,6 +113,18 @@ def test_read_batch_stack_and_errors(tmp_path, seed):
         r.read_batch([0, 6])
     with pytest.raises(ValueError, match="1-d sequence of integers"):
         r.read_batch([[0, 1]])
+
+
+def test_read_batch_of_text_of_different_widths(tmp_path):
+    recs = [{"atom_names": np.array([b"C", b"CA"]), "name": "x"},
+            {"atom_names": np.array([b"OXT"]), "name": "ångström"},
+            {"atom_names": np.array([], dtype="S1"), "name": ""}]
+    with RecordWriter(tmp_path / "t.tpf") as w:
+        w.append_batch(recs)
+    batch = RecordReader(tmp_path / "t.tpf").read_batch([1, 0, 2])
+    assert list(batch["atom_names"]) == [b"OXT", b"C", b"CA"]
+    assert list(batch["_len_atom_names"]) == [1, 2, 0]
+    assert list(batch["name"]) == ["ångström", "x", ""]
 
 
 def test_columnar_append_batch_matches_single_appends(tmp_path, seed):

@@ -77,7 +77,7 @@ def structure_records(path: str, per_chain: bool = False) -> Iterator[dict[str, 
         raise ValueError(f"structure {path} has no model")
     st.setup_entities()
     st.remove_alternative_conformations()
-    name = st.name or _stem(path)
+    name = st.info["_entry.id"] if "_entry.id" in st.info else (st.name or _stem(path))
     resolution = float(st.resolution) if st.resolution and st.resolution > 0 else math.nan
     model = st[0]
     if per_chain:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import importlib
 import json
 import multiprocessing as mp
 import os
@@ -54,6 +55,7 @@ def make_columns(n: int, seed: int) -> dict[str, np.ndarray]:
 class TurboPairFormer:
     impl = "turbopairformer"
     suffix = ".tpf"
+    modules = ("turbopairformer.data",)
 
     @staticmethod
     def write(path, cols, codec):
@@ -75,6 +77,7 @@ class TurboPairFormer:
 class Atompack:
     impl = "atompack"
     suffix = ".atp"
+    modules = ("atompack",)
 
     @staticmethod
     def write(path, cols, codec):
@@ -107,6 +110,7 @@ class Atompack:
 class HDF5:
     impl = "hdf5"
     suffix = ".h5"
+    modules = ("h5py",)
 
     @staticmethod
     def write(path, cols, codec):
@@ -148,6 +152,7 @@ class LmdbAse:
     decode to numpy arrays (no Atoms object is built, which favours this system)."""
     impl = "lmdb_ase"
     suffix = ".lmdb"
+    modules = ("lmdb", "orjson")
 
     @staticmethod
     def write(path, cols, codec):
@@ -195,6 +200,7 @@ class LmdbAse:
 class AseSqlite:
     impl = "ase_sqlite"
     suffix = ".db"
+    modules = ("ase", "ase.calculators.singlepoint", "ase.db")
 
     @staticmethod
     def write(path, cols, codec):
@@ -293,49 +299,67 @@ def du(path: str) -> int:
     return os.path.getsize(path)
 
 
-def bench_system(system, cols, workdir, args, rng) -> dict:
+READ_METRICS = ("seq_read_per_s", "shuffled_single_per_s", "shuffled_batch_per_s",
+                "shuffled_single_2w_per_s", "shuffled_batch_2w_per_s")
+
+
+def write_system(system, cols, workdir, args) -> dict:
+    """Writes the artifact (best of --repeats writes for systems that write in under 20 s)."""
     n = len(cols["energy"])
     path = os.path.join(workdir, system.impl + system.suffix)
-    t0 = time.perf_counter()
-    system.write(path, cols, args.compression)
-    write_s = time.perf_counter() - t0
-    size = du(path)
+    for module in system.modules:  # import time is not write time
+        importlib.import_module(module)
+    best = 0.0
+    for rep in range(args.repeats):
+        remove_artifact(path)
+        t0 = time.perf_counter()
+        system.write(path, cols, args.compression)
+        seconds = time.perf_counter() - t0
+        best = max(best, n / seconds)
+        if seconds > 20:
+            break
+    return {"impl": system.impl, "records": n, "write_per_s": best, "bytes": du(path),
+            "codec": args.compression, "path": path}
 
-    perm = rng.permutation(n)
-    warm = perm[:args.warmup]
-    fresh = perm[args.warmup:]
-    # Each shuffled measurement takes its own slice of never-read indices.
-    measurements = args.repeats * 4
-    per = max(1, min(args.read_sample, len(fresh) // measurements))
-    slices = iter(fresh[k * per:(k + 1) * per] for k in range(measurements))
 
-    single, batched = system.open(path)
-    timed_reads(single, warm, 0, args.time_budget)
-    timed_reads(batched, np.sort(warm), args.batch_size, args.time_budget)
-    row = {"impl": system.impl, "records": n, "write_per_s": n / write_s, "bytes": size,
-           "codec": args.compression}
-    best = {"seq_read_per_s": 0.0, "shuffled_single_per_s": 0.0, "shuffled_batch_per_s": 0.0,
-            "shuffled_single_2w_per_s": 0.0, "shuffled_batch_2w_per_s": 0.0}
-    seq = np.arange(min(n, args.read_sample))
-    for _ in range(args.repeats):
-        done, s = timed_reads(single, seq, 0, args.time_budget)
-        best["seq_read_per_s"] = max(best["seq_read_per_s"], done / s)
-        done, s = timed_reads(single, next(slices), 0, args.time_budget)
-        best["shuffled_single_per_s"] = max(best["shuffled_single_per_s"], done / s)
-        done, s = timed_reads(batched, next(slices), args.batch_size, args.time_budget)
-        best["shuffled_batch_per_s"] = max(best["shuffled_batch_per_s"], done / s)
-        best["shuffled_single_2w_per_s"] = max(best["shuffled_single_2w_per_s"], parallel_rate(
-            system.impl, path, next(slices), 0, args.time_budget, warm, 2))
-        best["shuffled_batch_2w_per_s"] = max(best["shuffled_batch_2w_per_s"], parallel_rate(
-            system.impl, path, next(slices), args.batch_size, args.time_budget, warm, 2))
-    row.update(best)
-    del single, batched
-    if not args.keep:
-        shutil.rmtree(path) if os.path.isdir(path) else os.remove(path)
-        for extra in (path + "-lock",):
-            if os.path.exists(extra):
-                os.remove(extra)
-    return row
+class ReadState:
+    """One system's open handles and its supply of never-read shuffled indices."""
+
+    def __init__(self, system, path, n, args, rng):
+        self.system, self.path, self.args = system, path, args
+        perm = rng.permutation(n)
+        self.warm = perm[:args.warmup]
+        fresh = perm[args.warmup:]
+        measurements = args.repeats * 4
+        per = max(1, min(args.read_sample, len(fresh) // measurements))
+        self.slices = iter([fresh[k * per:(k + 1) * per] for k in range(measurements)])
+        self.seq = np.arange(min(n, args.read_sample))
+        self.single, self.batched = system.open(path)
+        timed_reads(self.single, self.warm, 0, args.time_budget)
+        timed_reads(self.batched, np.sort(self.warm), args.batch_size, args.time_budget)
+
+    def measure(self) -> dict[str, float]:
+        a = self.args
+        out = {}
+        done, s = timed_reads(self.single, self.seq, 0, a.time_budget)
+        out["seq_read_per_s"] = done / s
+        done, s = timed_reads(self.single, next(self.slices), 0, a.time_budget)
+        out["shuffled_single_per_s"] = done / s
+        done, s = timed_reads(self.batched, next(self.slices), a.batch_size, a.time_budget)
+        out["shuffled_batch_per_s"] = done / s
+        out["shuffled_single_2w_per_s"] = parallel_rate(self.system.impl, self.path, next(self.slices), 0,
+                                                        a.time_budget, self.warm, 2)
+        out["shuffled_batch_2w_per_s"] = parallel_rate(self.system.impl, self.path, next(self.slices),
+                                                       a.batch_size, a.time_budget, self.warm, 2)
+        return out
+
+
+def remove_artifact(path: str) -> None:
+    for p in (path, path + "-lock"):
+        if os.path.isdir(p):
+            shutil.rmtree(p)
+        elif os.path.exists(p):
+            os.remove(p)
 
 
 def git_commit() -> str:
@@ -433,10 +457,23 @@ def main(argv=None) -> int:
     os.makedirs(workdir, exist_ok=True)
     rows = []
     try:
-        for name in tqdm(names, desc="systems"):
-            row = bench_system(SYSTEMS[name], cols, workdir, args, rng)
+        for name in tqdm(names, desc="write"):
+            rows.append(write_system(SYSTEMS[name], cols, workdir, args))
+        # Reads interleave the systems, repeat by repeat, so a burst of load on the shared machine
+        # does not land on one system only; each metric keeps its best repeat.
+        states = [ReadState(SYSTEMS[r["impl"]], r["path"], args.records, args, rng) for r in rows]
+        for row in rows:
+            row.update({m: 0.0 for m in READ_METRICS})
+        for _ in tqdm(range(args.repeats), desc="read repeats"):
+            for row, state in zip(rows, states):
+                for m, v in state.measure().items():
+                    row[m] = max(row[m], v)
+        del states
+        for row in rows:
+            path = row.pop("path")
             row.update(meta)
-            rows.append(row)
+            if not args.keep:
+                remove_artifact(path)
             tqdm.write(json.dumps({k: (round(v) if isinstance(v, float) else v) for k, v in row.items()}))
     finally:
         if not args.workdir and not args.keep:

@@ -453,9 +453,12 @@ class PyReader {
     {
       nb::gil_scoped_release release;
       std::vector<uint64_t> at(F, 0);
+      const std::span<const std::byte> file = r_->bytes();
       for (npy_intp b = 0; b < B; ++b) {
-        const store::Record rec = r_->read(idx[size_t(b)]);
-        const uint32_t lid = ix.entry(idx[size_t(b)]).layout_id;
+        const store::RecordEntry e = ix.entry(idx[size_t(b)]);
+        const store::Record rec = store::decode_record(
+            ix, idx[size_t(b)], file.subspan(e.offset, e.stored_length), r_->verify_checksums());
+        const uint32_t lid = e.layout_id;
         for (size_t a = 0; a < F; ++a) {
           const size_t t = size_t(slot[lid][a]);
           const store::Field& f = rec.field(a);

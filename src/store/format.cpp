@@ -1,5 +1,9 @@
 // Header slots, the index block and its validation: the committed state of a file.
+#if defined(__x86_64__)
+#include <xxh_x86dispatch.h>
+#else
 #include <xxhash.h>
+#endif
 
 #include <algorithm>
 #include <cstring>
@@ -63,7 +67,15 @@ Codec parse_codec(std::string_view name, const char* argument) {
 
 namespace detail {
 
-uint64_t checksum(const void* data, size_t n) { return XXH3_64bits(data, n); }
+// The runtime-dispatched XXH3 picks the widest vector unit the CPU has (same value as XXH3_64bits;
+// about twice as fast as the baseline SSE2 build on an AVX2 machine).
+uint64_t checksum(const void* data, size_t n) {
+#if defined(__x86_64__)
+  return XXH3_64bits_dispatch(data, n);
+#else
+  return XXH3_64bits(data, n);
+#endif
+}
 
 void Cursor::need(size_t n, const char* field) const {
   if (n > b_.size() - pos_)

@@ -11,6 +11,7 @@
 #include <numpy/arrayobject.h>
 
 #include <cstring>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -243,38 +244,45 @@ PyArray_Descr* text_descr(char kind, uint64_t width) {
   return d;
 }
 
+// A numpy "U" array (or a str when ndim is 0) from n fixed-width, zero-padded UTF-8 elements.
+PyObject* utf8_object(const char* chars, uint64_t width, int ndim, const npy_intp* dims,
+                      const std::function<std::string()>& where) {
+  uint64_t n = 1;
+  for (int d = 0; d < ndim; ++d) n *= uint64_t(dims[d]);
+  auto decode = [&](uint64_t i) {
+    const char* s = chars + i * width;
+    PyObject* u = PyUnicode_DecodeUTF8(s, Py_ssize_t(strnlen(s, width)), "strict");
+    if (!u) {
+      PyErr_Clear();
+      throw Error(where() + " holds text that is not valid UTF-8");
+    }
+    return u;
+  };
+  if (ndim == 0) return decode(0);
+  PyObject* arr = PyArray_NewFromDescr(&PyArray_Type, text_descr('U', width), ndim,
+                                       const_cast<npy_intp*>(dims), nullptr, nullptr, 0, nullptr);
+  if (!arr) throw nb::python_error();
+  nb::object owner = nb::steal(arr);
+  auto* out = static_cast<Py_UCS4*>(PyArray_DATA(reinterpret_cast<PyArrayObject*>(arr)));
+  std::memset(out, 0, size_t(n * width * 4));
+  for (uint64_t i = 0; i < n; ++i) {
+    PyObject* u = decode(i);
+    PyUnicode_AsUCS4(u, out + i * width, Py_ssize_t(width), 0);
+    Py_DECREF(u);
+  }
+  return owner.release().ptr();
+}
+
 // A numpy object for one field: a read-only view on `data` (owned by `base`), a numpy scalar for
 // a 0-d numeric field, str / a "U" array for utf8 text.
 PyObject* field_object(const store::Field& f, const std::byte* data, PyObject* base,
                        const std::string& source_name, uint64_t record) {
-  if (f.dtype == DType::utf8) {
-    const uint64_t n = f.nbytes / f.itemsize;
-    const auto* chars = reinterpret_cast<const char*>(data);
-    auto decode = [&](uint64_t i) {
-      const char* s = chars + i * f.itemsize;
-      PyObject* u = PyUnicode_DecodeUTF8(s, Py_ssize_t(strnlen(s, f.itemsize)), "strict");
-      if (!u) {
-        PyErr_Clear();
-        throw Error(source_name + ": record " + std::to_string(record) +
-                    " holds text that is not valid UTF-8");
-      }
-      return u;
-    };
-    if (f.ndim == 0) return decode(0);
-    npy_intp dims[store::kMaxFieldDims];
-    for (int d = 0; d < f.ndim; ++d) dims[d] = npy_intp(f.shape[d]);
-    PyObject* arr = PyArray_NewFromDescr(&PyArray_Type, text_descr('U', f.itemsize), f.ndim, dims,
-                                         nullptr, nullptr, 0, nullptr);
-    if (!arr) throw nb::python_error();
-    auto* out = static_cast<Py_UCS4*>(PyArray_DATA(reinterpret_cast<PyArrayObject*>(arr)));
-    std::memset(out, 0, size_t(n) * f.itemsize * 4);
-    for (uint64_t i = 0; i < n; ++i) {
-      PyObject* u = decode(i);
-      PyUnicode_AsUCS4(u, out + i * f.itemsize, Py_ssize_t(f.itemsize), 0);
-      Py_DECREF(u);
-    }
-    return arr;
-  }
+  npy_intp dims[store::kMaxFieldDims];
+  for (int d = 0; d < f.ndim; ++d) dims[d] = npy_intp(f.shape[d]);
+  if (f.dtype == DType::utf8)
+    return utf8_object(reinterpret_cast<const char*>(data), f.itemsize, f.ndim, dims, [&] {
+      return source_name + ": record " + std::to_string(record);
+    });
   PyArray_Descr* descr = f.dtype == DType::bytes ? text_descr('S', f.itemsize)
                                                  : PyArray_DescrFromType(numpy_type(f.dtype));
   if (f.ndim == 0 && f.dtype != DType::bytes) {
@@ -282,8 +290,6 @@ PyObject* field_object(const store::Field& f, const std::byte* data, PyObject* b
     Py_DECREF(descr);
     return s;
   }
-  npy_intp dims[store::kMaxFieldDims];
-  for (int d = 0; d < f.ndim; ++d) dims[d] = npy_intp(f.shape[d]);
   PyObject* arr = PyArray_NewFromDescr(&PyArray_Type, descr, f.ndim, dims, nullptr,
                                        const_cast<std::byte*>(data),
                                        NPY_ARRAY_C_CONTIGUOUS | NPY_ARRAY_ALIGNED, nullptr);
@@ -331,7 +337,8 @@ class PyReader {
 
   // Copies records `indices` into one array per key: 0-d fields become [B]; with stack every field
   // becomes [B, *shape] (shapes must agree); otherwise fields of 1 or more dims are concatenated
-  // along their first axis, with "_len_<key>" (int64 [B]) giving each record's share.
+  // along their first axis, with "_len_<key>" (int64 [B]) giving each record's share. Text fields
+  // take the widest element's width.
   nb::object read_batch(nb::object indices_obj, bool stack) const {
     nb::object idx_arr = nb::steal(PyArray_FromAny(
         indices_obj.ptr(), PyArray_DescrFromType(NPY_INT64), 1, 1,
@@ -355,40 +362,42 @@ class PyReader {
     }
     const store::Index& ix = r_->index();
     if (B == 0) return nb::steal(PyDict_New());
+
     // Plan: the first record's layout fixes the keys; every record must hold the same keys with
-    // the same dtype and trailing dims.
+    // the same dtype and trailing dims. slot[layout][field] is the output a layout's field goes to.
     const store::Layout& first = ix.layout(ix.entry(idx[0]).layout_id);
     const size_t F = first.fields.size();
-    std::vector<uint64_t> rows(F, 0);  // concatenated length of each field's first axis
-    std::vector<std::vector<int64_t>> lengths(F, std::vector<int64_t>(size_t(B)));
-    std::vector<std::vector<int>> slot(ix.layouts().size());  // layout field -> batch field
+    std::vector<uint64_t> rows(F, 0), width(F, 0);
+    std::vector<std::vector<int64_t>> lengths(F, std::vector<int64_t>(static_cast<size_t>(B)));
+    std::vector<std::vector<int>> slot(ix.layouts().size());
     std::vector<char> planned(ix.layouts().size(), 0);
     auto plan_layout = [&](uint32_t lid, uint64_t rec) {
-      const store::Layout& l = ix.layout(lid);
-      std::vector<int>& map = slot[lid];
       if (planned[lid]) return;
       planned[lid] = 1;
+      const store::Layout& l = ix.layout(lid);
       if (l.fields.size() != F)
         throw Error("read_batch: record " + std::to_string(rec) + " has " +
                     std::to_string(l.fields.size()) + " fields, record " + std::to_string(idx[0]) +
                     " has " + std::to_string(F) + "; a batch needs the same keys in every record");
-      map.assign(F, -1);
+      slot[lid].assign(F, -1);
       for (size_t a = 0; a < F; ++a) {
         const store::Field& f = l.fields[a];
-        size_t b = 0;
-        while (b < F && first.fields[b].key_id != f.key_id) ++b;
-        const std::string name = ix.keys()[f.key_id];
-        if (b == F)
+        size_t t = 0;
+        while (t < F && first.fields[t].key_id != f.key_id) ++t;
+        const std::string& name = ix.keys()[f.key_id];
+        if (t == F)
           throw Error("read_batch: record " + std::to_string(rec) + " has key '" + name +
                       "' that record " + std::to_string(idx[0]) + " lacks");
-        const store::Field& g = first.fields[b];
-        bool same = f.dtype == g.dtype && f.itemsize == g.itemsize && f.ndim == g.ndim;
+        const store::Field& g = first.fields[t];
+        const bool text = store::dtype_size(f.dtype) == 0;
+        bool same = f.dtype == g.dtype && (text || f.itemsize == g.itemsize) && f.ndim == g.ndim;
         for (int d = stack ? 0 : 1; same && d < f.ndim; ++d) same = f.shape[d] == g.shape[d];
         if (!same)
           throw Error("read_batch: field '" + name + "' of record " + std::to_string(rec) +
                       " has a different dtype or shape than in record " + std::to_string(idx[0]) +
                       (stack ? " (stack=True needs identical shapes)" : " (beyond the first axis)"));
-        map[a] = int(b);
+        slot[lid][a] = int(t);
+        width[t] = std::max<uint64_t>(width[t], f.itemsize);
       }
     };
     for (npy_intp b = 0; b < B; ++b) {
@@ -396,65 +405,83 @@ class PyReader {
       plan_layout(lid, idx[size_t(b)]);
       const store::Layout& l = ix.layout(lid);
       for (size_t a = 0; a < F; ++a) {
-        const int t = slot[lid][a];
+        const size_t t = size_t(slot[lid][a]);
         const uint64_t d0 = l.fields[a].ndim ? l.fields[a].shape[0] : 1;
-        rows[size_t(t)] += d0;
-        lengths[size_t(t)][size_t(b)] = int64_t(d0);
+        rows[t] += d0;
+        lengths[t][size_t(b)] = int64_t(d0);
       }
     }
-    // Allocate the outputs.
+
+    // Outputs. Text fields are copied element by element into `width`-byte slots (utf8 ones into
+    // a scratch buffer, decoded to "U" afterwards).
     nb::object out = nb::steal(PyDict_New());
     std::vector<std::byte*> dst(F);
-    std::vector<uint64_t> row_bytes(F);
+    std::vector<std::vector<std::byte>> scratch(F);
+    std::vector<std::vector<npy_intp>> out_dims(F);
     for (size_t t = 0; t < F; ++t) {
       const store::Field& g = first.fields[t];
-      if (g.dtype == DType::utf8)
-        throw Error("read_batch: field '" + ix.keys()[g.key_id] +
-                    "' is text; read such records one at a time");
-      npy_intp dims[store::kMaxFieldDims + 1];
-      int nd = 0;
+      std::vector<npy_intp>& dims = out_dims[t];
       const bool concat = !stack && g.ndim > 0;
-      if (concat) {
-        dims[nd++] = npy_intp(rows[t]);
-        for (int d = 1; d < g.ndim; ++d) dims[nd++] = npy_intp(g.shape[d]);
+      dims.push_back(concat ? npy_intp(rows[t]) : B);
+      for (int d = concat ? 1 : 0; d < g.ndim; ++d) dims.push_back(npy_intp(g.shape[d]));
+      uint64_t elements = 1;
+      for (npy_intp d : dims) elements *= uint64_t(d);
+      const std::string& key = ix.keys()[g.key_id];
+      if (g.dtype == DType::utf8) {
+        scratch[t].assign(size_t(elements * width[t]), std::byte{0});
+        dst[t] = scratch[t].data();
       } else {
-        dims[nd++] = B;
-        for (int d = 0; d < g.ndim; ++d) dims[nd++] = npy_intp(g.shape[d]);
+        PyArray_Descr* descr = g.dtype == DType::bytes ? text_descr('S', width[t])
+                                                       : PyArray_DescrFromType(numpy_type(g.dtype));
+        PyObject* arr = PyArray_NewFromDescr(&PyArray_Type, descr, int(dims.size()), dims.data(),
+                                             nullptr, nullptr, 0, nullptr);
+        if (!arr) throw nb::python_error();
+        nb::object holder = nb::steal(arr);
+        dst[t] = static_cast<std::byte*>(PyArray_DATA(reinterpret_cast<PyArrayObject*>(arr)));
+        if (g.dtype == DType::bytes) std::memset(dst[t], 0, size_t(elements * width[t]));
+        if (PyDict_SetItem(out.ptr(), keys_[g.key_id].ptr(), arr) != 0) throw nb::python_error();
       }
-      uint64_t rb = g.itemsize;
-      for (int d = 1; d < g.ndim; ++d) rb *= g.shape[d];
-      row_bytes[t] = concat ? rb : g.nbytes;
-      PyArray_Descr* descr = g.dtype == DType::bytes ? text_descr('S', g.itemsize)
-                                                     : PyArray_DescrFromType(numpy_type(g.dtype));
-      PyObject* arr = PyArray_NewFromDescr(&PyArray_Type, descr, nd, dims, nullptr, nullptr, 0, nullptr);
-      if (!arr) throw nb::python_error();
-      nb::object a = nb::steal(arr);
-      dst[t] = static_cast<std::byte*>(PyArray_DATA(reinterpret_cast<PyArrayObject*>(arr)));
-      if (PyDict_SetItem(out.ptr(), keys_[g.key_id].ptr(), arr) != 0) throw nb::python_error();
       if (concat) {
-        const std::string len_key = "_len_" + ix.keys()[g.key_id];
         npy_intp bd[1] = {B};
         PyObject* la = PyArray_SimpleNew(1, bd, NPY_INT64);
         if (!la) throw nb::python_error();
-        nb::object l = nb::steal(la);
+        nb::object holder = nb::steal(la);
         std::memcpy(PyArray_DATA(reinterpret_cast<PyArrayObject*>(la)), lengths[t].data(),
                     size_t(B) * sizeof(int64_t));
-        if (PyDict_SetItemString(out.ptr(), len_key.c_str(), la) != 0) throw nb::python_error();
+        if (PyDict_SetItemString(out.ptr(), ("_len_" + key).c_str(), la) != 0) throw nb::python_error();
       }
     }
     {
       nb::gil_scoped_release release;
       std::vector<uint64_t> at(F, 0);
+      const std::span<const std::byte> file = r_->bytes();
       for (npy_intp b = 0; b < B; ++b) {
-        const store::Record rec = r_->read(idx[size_t(b)]);
-        const uint32_t lid = ix.entry(idx[size_t(b)]).layout_id;
+        const store::RecordEntry e = ix.entry(idx[size_t(b)]);
+        const store::Record rec = store::decode_record(
+            ix, idx[size_t(b)], file.subspan(e.offset, e.stored_length), r_->verify_checksums());
+        const uint32_t lid = e.layout_id;
         for (size_t a = 0; a < F; ++a) {
           const size_t t = size_t(slot[lid][a]);
-          const uint64_t nbytes = rec.field(a).nbytes;
-          std::memcpy(dst[t] + at[t], rec.data(a), nbytes);
-          at[t] += nbytes;
+          const store::Field& f = rec.field(a);
+          if (store::dtype_size(f.dtype) != 0) {
+            std::memcpy(dst[t] + at[t], rec.data(a), f.nbytes);
+            at[t] += f.nbytes;
+            continue;
+          }
+          const uint64_t count = f.nbytes / f.itemsize;
+          for (uint64_t e = 0; e < count; ++e)
+            std::memcpy(dst[t] + at[t] + e * width[t], rec.data(a) + e * f.itemsize, f.itemsize);
+          at[t] += count * width[t];
         }
       }
+    }
+    for (size_t t = 0; t < F; ++t) {
+      const store::Field& g = first.fields[t];
+      if (g.dtype != DType::utf8) continue;
+      nb::object text = nb::steal(utf8_object(
+          reinterpret_cast<const char*>(scratch[t].data()), width[t], int(out_dims[t].size()),
+          out_dims[t].data(), [&] { return r_->path() + ": read_batch"; }));
+      if (PyDict_SetItem(out.ptr(), keys_[g.key_id].ptr(), text.ptr()) != 0) throw nb::python_error();
     }
     return out;
   }

@@ -67,6 +67,7 @@ class Cursor {
     return s;
   }
   size_t pos() const { return pos_; }
+  size_t remaining() const { return b_.size() - pos_; }
 
  private:
   void need(size_t n, const char* field) const;

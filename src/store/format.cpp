@@ -1,5 +1,9 @@
 // Header slots, the index block and its validation: the committed state of a file.
+#if defined(__x86_64__)
+#include <xxh_x86dispatch.h>
+#else
 #include <xxhash.h>
+#endif
 
 #include <algorithm>
 #include <cstring>
@@ -63,7 +67,15 @@ Codec parse_codec(std::string_view name, const char* argument) {
 
 namespace detail {
 
-uint64_t checksum(const void* data, size_t n) { return XXH3_64bits(data, n); }
+// The runtime-dispatched XXH3 picks the widest vector unit the CPU has (same value as XXH3_64bits;
+// about twice as fast as the baseline SSE2 build on an AVX2 machine).
+uint64_t checksum(const void* data, size_t n) {
+#if defined(__x86_64__)
+  return XXH3_64bits_dispatch(data, n);
+#else
+  return XXH3_64bits(data, n);
+#endif
+}
 
 void Cursor::need(size_t n, const char* field) const {
   if (n > b_.size() - pos_)
@@ -252,7 +264,9 @@ Index Index::from_block(const HeaderSlot& header, std::span<const std::byte> blo
   const uint32_t key_count = c.take<uint32_t>("the key count");
   const uint32_t layout_count = c.take<uint32_t>("the layout count");
   const uint64_t entries_offset = c.take<uint64_t>("the entries offset");
-  if (key_count > block.size() / 2 || layout_count > block.size() / 4)
+  // Each key takes at least 3 bytes and each layout at least 4, so counts beyond that are corrupt
+  // (and must not size an allocation).
+  if (key_count > c.remaining() / 3 || layout_count > c.remaining() / 4)
     throw Error(what + ": key or layout count exceeds the index size");
   ix.keys_.reserve(key_count);
   for (uint32_t k = 0; k < key_count; ++k) {
@@ -264,7 +278,8 @@ Index Index::from_block(const HeaderSlot& header, std::span<const std::byte> blo
   ix.layouts_.reserve(layout_count);
   for (uint32_t l = 0; l < layout_count; ++l) {
     const uint32_t nf = c.take<uint32_t>("a layout's field count");
-    if (nf > block.size()) throw Error(what + ": layout " + std::to_string(l) + " has too many fields");
+    if (nf > c.remaining() / 12)  // a field takes at least 12 bytes
+      throw Error(what + ": layout " + std::to_string(l) + " has more fields than the index holds");
     Layout layout;
     layout.fields.resize(nf);
     for (Field& f : layout.fields) {

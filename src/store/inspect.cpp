@@ -9,6 +9,7 @@
 #include <map>
 #include <sstream>
 
+#include "store/file_source.h"
 #include "tpf/error.h"
 #include "tpf/store.h"
 
@@ -48,30 +49,6 @@ std::string shape_range(const std::vector<std::vector<uint64_t>>& shapes) {
   return s + "]";
 }
 
-class PreadSource final : public ByteSource {
- public:
-  PreadSource(int fd, std::string path, uint64_t size) : fd_(fd), path_(std::move(path)), size_(size) {}
-  uint64_t size() const override { return size_; }
-  void read(uint64_t offset, size_t length, void* dst) const override {
-    if (offset > size_ || length > size_ - offset) throw Error("read past the end of " + path_);
-    auto* p = static_cast<char*>(dst);
-    while (length > 0) {
-      const ssize_t r = ::pread(fd_, p, length, off_t(offset));
-      if (r < 0 && errno == EINTR) continue;
-      if (r <= 0) throw RuntimeError("cannot read " + path_ + ": " + std::strerror(errno));
-      p += r;
-      length -= size_t(r);
-      offset += uint64_t(r);
-    }
-  }
-  std::string name() const override { return path_; }
-
- private:
-  int fd_;
-  std::string path_;
-  uint64_t size_;
-};
-
 }  // namespace
 
 std::string describe(const std::string& path) {
@@ -83,7 +60,7 @@ std::string describe(const std::string& path) {
   struct stat st {};
   ::fstat(fd, &st);
   const uint64_t size = uint64_t(st.st_size);
-  PreadSource src(fd, path, size);
+  detail::FdSource src(fd, path, size);
   std::ostringstream o;
   o << "file        " << path << "\n";
   o << "size        " << human(size) << "\n";

@@ -13,6 +13,7 @@
 
 #include "store/bytes.h"
 #include "store/codec.h"
+#include "store/file_source.h"
 #include "store/format.h"
 #include "tpf/error.h"
 #include "tpf/store.h"
@@ -44,32 +45,6 @@ void pwrite_all(int fd, const void* data, size_t n, uint64_t offset, const std::
 void sync(int fd, const std::string& path) {
   if (::fdatasync(fd) != 0) throw RuntimeError(os_error("cannot sync", path));
 }
-
-// Reads the committed state of an existing file through the same parser every reader uses.
-class FdSource final : public ByteSource {
- public:
-  FdSource(int fd, std::string path, uint64_t size) : fd_(fd), path_(std::move(path)), size_(size) {}
-  uint64_t size() const override { return size_; }
-  void read(uint64_t offset, size_t length, void* dst) const override {
-    if (offset > size_ || length > size_ - offset)
-      throw Error("read past the end of " + path_);
-    auto* p = static_cast<char*>(dst);
-    while (length > 0) {
-      const ssize_t r = ::pread(fd_, p, length, off_t(offset));
-      if (r < 0 && errno == EINTR) continue;
-      if (r <= 0) throw RuntimeError(os_error("cannot read", path_));
-      p += r;
-      length -= size_t(r);
-      offset += uint64_t(r);
-    }
-  }
-  std::string name() const override { return path_; }
-
- private:
-  int fd_;
-  std::string path_;
-  uint64_t size_;
-};
 
 }  // namespace
 
@@ -125,7 +100,7 @@ Writer::Writer(const std::string& path, WriterOptions options) : s_(std::make_un
       commit();  // an empty commit, so the file is a valid store from the start
       return;
     }
-    FdSource src(s.fd, path, uint64_t(st.st_size));
+    detail::FdSource src(s.fd, path, uint64_t(st.st_size));
     const Index ix = open_index(src);
     s.keys = ix.keys();
     for (uint32_t k = 0; k < s.keys.size(); ++k) s.key_ids.emplace(s.keys[k], k);

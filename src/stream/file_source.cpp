@@ -7,6 +7,7 @@
 #include <chrono>
 #include <cstring>
 
+#include "store/file_source.h"
 #include "stream/sources.h"
 #include "tpf/error.h"
 
@@ -14,6 +15,7 @@ namespace tpf::stream {
 
 namespace {
 
+// Owns the descriptor; the reads are the store's pread loop.
 class FileSource final : public CancellableSource {
  public:
   explicit FileSource(std::string path) : path_(std::move(path)) {
@@ -26,37 +28,24 @@ class FileSource final : public CancellableSource {
       ::close(fd_);
       throw RuntimeError("cannot stat '" + path_ + "': " + std::strerror(err));
     }
-    size_ = static_cast<uint64_t>(st.st_size);
+    file_ = std::make_unique<store::detail::FdSource>(fd_, path_, uint64_t(st.st_size));
   }
   ~FileSource() override { ::close(fd_); }
 
-  uint64_t size() const override { return size_; }
+  uint64_t size() const override { return file_->size(); }
   std::string name() const override { return path_; }
 
   void read_cancellable(uint64_t offset, size_t length, void* dst,
                         const CancelToken* cancel) const override {
     check_range(*this, offset, length);
-    auto* out = static_cast<uint8_t*>(dst);
-    size_t done = 0;
-    while (done < length) {
-      if (cancel && cancel->cancelled()) throw RuntimeError("read of '" + path_ + "' cancelled");
-      const ssize_t n = ::pread(fd_, out + done, length - done, static_cast<off_t>(offset + done));
-      if (n < 0) {
-        if (errno == EINTR) continue;
-        throw RuntimeError("read of '" + path_ + "' failed at offset " +
-                           std::to_string(offset + done) + ": " + std::strerror(errno));
-      }
-      if (n == 0)
-        throw RuntimeError("'" + path_ + "' ended at offset " + std::to_string(offset + done) +
-                           " before the " + std::to_string(length) + " bytes asked for");
-      done += static_cast<size_t>(n);
-    }
+    if (cancel && cancel->cancelled()) throw RuntimeError("read of '" + path_ + "' cancelled");
+    file_->read(offset, length, dst);
   }
 
  private:
   std::string path_;
   int fd_ = -1;
-  uint64_t size_ = 0;
+  std::unique_ptr<store::detail::FdSource> file_;
 };
 
 }  // namespace

@@ -17,7 +17,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import numpy as np
 
-from turbopairformer import _C
+from turbopairformer.data import RecordWriter
+from turbopairformer.data.pack import MANIFEST_FORMAT
 
 START_TIMEOUT_S = 20.0
 
@@ -296,17 +297,15 @@ def write_dataset(directory: str, rng: np.random.Generator, shards: int, records
     for s in range(shards):
         name = f"shard-{s:05d}.tpf"
         path = os.path.join(directory, name)
-        w = _C.StoreWriter(path, codecs[s % len(codecs)], 3, True)
-        for _ in range(records_per_shard):
-            n = int(rng.integers(1, max_atoms + 1))
-            rec = {"id": np.int64(len(reference)),
-                   "numbers": rng.integers(1, 90, size=n).astype(np.int32),
-                   "positions": rng.standard_normal((n, 3)).astype(np.float32)}
-            w.append(rec)
-            reference.append(rec)
-        w.commit()
-        w.close()
+        with RecordWriter(path, compression=codecs[s % len(codecs)], overwrite=True) as w:
+            for _ in range(records_per_shard):
+                n = int(rng.integers(1, max_atoms + 1))
+                rec = {"id": np.int64(len(reference)),
+                       "numbers": rng.integers(1, 90, size=n).astype(np.int32),
+                       "positions": rng.standard_normal((n, 3)).astype(np.float32)}
+                w.append(rec)
+                reference.append(rec)
         entries.append({"path": name, "records": records_per_shard, "bytes": os.path.getsize(path)})
     with open(os.path.join(directory, "manifest.json"), "w") as f:
-        json.dump({"format": "turbopairformer-manifest", "version": 1, "shards": entries}, f)
+        json.dump({"format": MANIFEST_FORMAT, "version": 1, "shards": entries}, f)
     return reference

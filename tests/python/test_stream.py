@@ -349,3 +349,31 @@ def test_sampler_bindings_match_the_documented_split(seed):
     assert sorted(order.tolist()) == list(range(n))
     ranks = [_C.stream_rank_slice(order, 0, r, 4, True) for r in range(4)]
     assert np.array_equal(np.stack(ranks, axis=1).reshape(-1), order[: n // 4 * 4])
+
+
+def test_streams_what_tpf_pack_writes(tmp_path, seed):
+    """`tpf pack` output (extxyz through ASE) served by nginx, against the local RecordReader."""
+    import ase
+    import ase.io
+
+    from turbopairformer.data import RecordReader
+    from turbopairformer.data.pack import pack
+
+    rng = np.random.default_rng(seed)
+    sizes = rng.integers(1, 20, size=int(rng.integers(40, 80)))
+    frames = [ase.Atoms(numbers=rng.integers(1, 30, size=n), positions=rng.standard_normal((n, 3)) * 3)
+              for n in sizes]
+    src = tmp_path / "frames.extxyz"
+    ase.io.write(src, frames, format="extxyz")
+    out = tmp_path / "packed"
+    manifest = pack([str(src)], str(out), shard_records=int(rng.integers(7, 30)), progress=False)
+    local = [RecordReader(str(out / s["path"])) for s in manifest["shards"]]
+    expected = [reader[i] for reader in local for i in range(len(reader))]
+    with h.Nginx(str(out), str(tmp_path / "nginx")) as server:
+        ds = StreamingDataset(server.url + "/manifest.json", cache_bytes=64 << 10, shuffle=False)
+        got = list(ds)
+    assert len(got) == len(expected) == len(frames)
+    for g, e in zip(got, expected):
+        assert g.keys() == e.keys()
+        for key in e:
+            np.testing.assert_array_equal(np.asarray(g[key]), np.asarray(e[key]), err_msg=key)

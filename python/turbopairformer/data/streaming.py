@@ -18,8 +18,8 @@ import numpy as np
 import torch
 
 from turbopairformer import _C
+from turbopairformer.data.pack import MANIFEST_FORMAT
 
-MANIFEST_FORMAT = "turbopairformer-manifest"
 STATE_VERSION = 1
 
 

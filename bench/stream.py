@@ -35,7 +35,8 @@ sys.path.insert(0, os.path.join(REPO, "tests", "python"))
 def write_dataset(directory: str, records: int, shard_records: int, seed: int) -> dict:
     from tqdm import tqdm
 
-    from turbopairformer import _C
+    from turbopairformer.data import RecordWriter
+    from turbopairformer.data.pack import MANIFEST_FORMAT
 
     manifest_path = os.path.join(directory, "manifest.json")
     if os.path.exists(manifest_path):
@@ -51,7 +52,7 @@ def write_dataset(directory: str, records: int, shard_records: int, seed: int) -
             count = min(shard_records, records - done)
             name = f"shard-{len(shards):05d}.tpf"
             path = os.path.join(directory, name)
-            w = _C.StoreWriter(path, "none", 3, True)
+            w = RecordWriter(path, compression="none", overwrite=True)
             for start in range(0, count, 10_000):
                 b = min(10_000, count - start)
                 w.append_batch({
@@ -62,13 +63,13 @@ def write_dataset(directory: str, records: int, shard_records: int, seed: int) -
                     "energy": rng.standard_normal(b),
                     "cell": np.tile(np.eye(3, dtype=np.float32) * 12, (b, 1, 1)),
                     "pbc": np.ones((b, 3), dtype=bool),
-                }, b)
+                })
                 bar.update(b)
             w.commit()
             w.close()
             shards.append({"path": name, "records": count, "bytes": os.path.getsize(path)})
             done += count
-    manifest = {"format": "turbopairformer-manifest", "version": 1, "records": records,
+    manifest = {"format": MANIFEST_FORMAT, "version": 1, "records": records,
                 "bytes": sum(s["bytes"] for s in shards), "shards": shards}
     with open(manifest_path, "w") as f:
         json.dump(manifest, f)

@@ -10,8 +10,10 @@ namespace nb = nanobind;
 namespace tpf::py {
 void bind_attention(nb::module_& m);
 void bind_trimul(nb::module_& m);
+#ifdef TPF_WITH_DATA
 void bind_store(nb::module_& m);
 void bind_stream(nb::module_& m);
+#endif
 }
 
 NB_MODULE(_C, m) {
@@ -27,6 +29,15 @@ NB_MODULE(_C, m) {
   m.def("num_threads", &tpf::num_threads);
   tpf::py::bind_attention(m);
   tpf::py::bind_trimul(m);
+#ifdef TPF_WITH_DATA
   tpf::py::bind_store(m);
   tpf::py::bind_stream(m);
+#endif
+  m.attr("with_data") = nb::bool_(
+#ifdef TPF_WITH_DATA
+      true
+#else
+      false
+#endif
+  );
 }

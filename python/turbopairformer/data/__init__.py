@@ -1,5 +1,11 @@
 """Data: the record store (`RecordWriter`, `RecordReader`), ASE conversion, `tpf pack`, and
 streaming shards from files, HTTP(S) or S3 (`StreamingDataset`)."""
+from turbopairformer import _C
+
+if not _C.with_data:
+    raise ImportError("this build of turbopairformer has no record store or FoldPipe (it was built "
+                      "with TPF_WITH_DATA=OFF, without zstd, lz4, xxhash, libcurl and OpenSSL)")
+
 from turbopairformer.data.store import RecordReader, RecordWriter, atoms_to_record, record_to_atoms
 from turbopairformer.data.streaming import StreamingDataset, read_manifest
 

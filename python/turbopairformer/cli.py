@@ -8,6 +8,7 @@ import sys
 # name -> (module, one-line help). Each module defines add_arguments(parser) and run(args) -> int.
 SUBCOMMANDS = {
     "bench": ("turbopairformer.benchmarks.cli", "benchmark an op against its peers"),
+    "train": ("turbopairformer.train.cli", "train a PairFormer trunk on protein distograms"),
 }
 
 

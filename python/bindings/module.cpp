@@ -10,6 +10,7 @@ namespace nb = nanobind;
 namespace tpf::py {
 void bind_attention(nb::module_& m);
 void bind_store(nb::module_& m);
+void bind_stream(nb::module_& m);
 }
 
 NB_MODULE(_C, m) {
@@ -25,4 +26,5 @@ NB_MODULE(_C, m) {
   m.def("num_threads", &tpf::num_threads);
   tpf::py::bind_attention(m);
   tpf::py::bind_store(m);
+  tpf::py::bind_stream(m);
 }

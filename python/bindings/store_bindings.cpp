@@ -15,6 +15,7 @@
 #include <string>
 #include <vector>
 
+#include "store_records.h"
 #include "tpf/error.h"
 #include "tpf/store.h"
 
@@ -245,7 +246,7 @@ PyArray_Descr* text_descr(char kind, uint64_t width) {
 // A numpy object for one field: a read-only view on `data` (owned by `base`), a numpy scalar for
 // a 0-d numeric field, str / a "U" array for utf8 text.
 PyObject* field_object(const store::Field& f, const std::byte* data, PyObject* base,
-                       const store::Reader& reader, uint64_t record) {
+                       const std::string& source_name, uint64_t record) {
   if (f.dtype == DType::utf8) {
     const uint64_t n = f.nbytes / f.itemsize;
     const auto* chars = reinterpret_cast<const char*>(data);
@@ -254,7 +255,7 @@ PyObject* field_object(const store::Field& f, const std::byte* data, PyObject* b
       PyObject* u = PyUnicode_DecodeUTF8(s, Py_ssize_t(strnlen(s, f.itemsize)), "strict");
       if (!u) {
         PyErr_Clear();
-        throw Error(reader.path() + ": record " + std::to_string(record) +
+        throw Error(source_name + ": record " + std::to_string(record) +
                     " holds text that is not valid UTF-8");
       }
       return u;
@@ -322,7 +323,7 @@ class PyReader {
     nb::object d = nb::steal(PyDict_New());
     for (size_t f = 0; f < rec.num_fields(); ++f) {
       const store::Field& field = rec.field(f);
-      nb::object v = nb::steal(field_object(field, rec.data(f), owner.ptr(), *r_, uint64_t(i)));
+      nb::object v = nb::steal(field_object(field, rec.data(f), owner.ptr(), r_->path(), uint64_t(i)));
       if (PyDict_SetItem(d.ptr(), keys_[field.key_id].ptr(), v.ptr()) != 0) throw nb::python_error();
     }
     return d;
@@ -481,6 +482,16 @@ class PyReader {
 };
 
 }  // namespace
+
+nb::object record_to_dict(const store::Record& rec, nb::object owner,
+                          const std::string& source_name, uint64_t record) {
+  nb::object d = nb::steal(PyDict_New());
+  for (size_t f = 0; f < rec.num_fields(); ++f) {
+    nb::object v = nb::steal(field_object(rec.field(f), rec.data(f), owner.ptr(), source_name, record));
+    if (PyDict_SetItemString(d.ptr(), rec.key(f).c_str(), v.ptr()) != 0) throw nb::python_error();
+  }
+  return d;
+}
 
 void bind_store(nb::module_& m) {
   if (_import_array() < 0) throw nb::python_error();

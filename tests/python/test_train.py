@@ -9,7 +9,10 @@ import numpy as np
 import pytest
 import torch
 
+from stream_harness import Nginx
 from turbopairformer.cli import main
+from turbopairformer.data import RecordWriter
+from turbopairformer.data.pack import pack
 from turbopairformer.train.data import CropSampler, load_chains, split_by_entry
 from turbopairformer.train.features import (
     RESIDUE_NAMES,
@@ -26,12 +29,28 @@ SMALL_FILES = ["1UBQ.pdb.gz", "1EJG.pdb.gz", "1A8O.pdb.gz", "1LJO.pdb.gz", "1D4V
 
 
 @pytest.fixture(scope="module")
-def small_data(tmp_path_factory) -> Path:
+def small_structures(tmp_path_factory) -> Path:
     """Five of the shipped entries, so the tests read little."""
     d = tmp_path_factory.mktemp("structures")
     for f in SMALL_FILES:
         (d / f).write_bytes((DATA / f).read_bytes())
     return d
+
+
+@pytest.fixture(scope="module")
+def small_data(small_structures, tmp_path_factory) -> Path:
+    """The five entries packed by tpf pack, one record per chain, as the main job packs them."""
+    out = tmp_path_factory.mktemp("shards")
+    pack([str(p) for p in sorted(small_structures.iterdir())], str(out), per_chain=True,
+         shard_records=3, progress=False)
+    return out
+
+
+def same_chains(a, b) -> None:
+    assert [c.name for c in a] == [c.name for c in b]
+    for x, y in zip(a, b):
+        for field in ("aatype", "residue_index", "positions", "position_mask"):
+            np.testing.assert_array_equal(getattr(x, field), getattr(y, field), err_msg=x.name)
 
 
 def test_chains_from_atoms_pseudo_beta_and_filters():
@@ -63,11 +82,26 @@ def test_shipped_data_reads_as_at_least_50_chains():
     assert 3.0 < steps.min() and steps.max() < 7.5
 
 
+def test_shards_local_and_over_http_give_the_structures_chains(small_structures, small_data,
+                                                                tmp_path):
+    expected = load_chains(str(small_structures), progress=False)
+    assert len(expected) == len(SMALL_FILES)
+    same_chains(load_chains(str(small_data), progress=False), expected)
+    same_chains(load_chains(str(small_data / "shard-00001.tpf"), progress=False), expected[3:])
+    with Nginx(str(small_data), str(tmp_path / "nginx")) as server:
+        same_chains(load_chains(f"{server.url}/manifest.json", progress=False), expected)
+
+
 def test_load_chains_errors(tmp_path):
     with pytest.raises(FileNotFoundError, match="does not exist"):
         load_chains(str(tmp_path / "missing"))
-    with pytest.raises(ValueError, match="holds no .pdb"):
+    with pytest.raises(ValueError, match="holds neither manifest.json nor mmCIF/PDB"):
         load_chains(str(tmp_path))
+    with RecordWriter(tmp_path / "atoms.tpf") as w:
+        w.append({"positions": np.zeros((2, 3)), "atomic_numbers": np.array([1, 8]),
+                  "identifier": "water"})
+    with pytest.raises(ValueError, match="record 'water' has no .*not a protein structure"):
+        load_chains(str(tmp_path / "atoms.tpf"))
 
 
 def test_distogram_targets_match_brute_force():

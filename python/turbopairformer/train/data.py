@@ -7,57 +7,78 @@ from __future__ import annotations
 
 import zlib
 from pathlib import Path
-from typing import Sequence
+from typing import Iterator, Sequence
 
 import numpy as np
 from tqdm import tqdm
 
 from turbopairformer.train.features import ProteinChain, chains_from_atoms, crop_start, make_batch
 
-STRUCTURE_SUFFIXES = (".pdb", ".ent", ".cif", ".mmcif")
+
+def _is_url(source: str) -> bool:
+    return "://" in source and not source.startswith("file://")
 
 
-def _is_structure_file(path: Path) -> bool:
-    name = path.name.lower()
-    name = name[:-3] if name.endswith(".gz") else name
-    return name.endswith(STRUCTURE_SUFFIXES)
+def chains_from_record(record: dict, min_residues: int = 16) -> list[ProteinChain]:
+    """Protein chains of one record-store record (`tpf pack` of an mmCIF/PDB file, whole or per
+    chain). A per-chain record's identifier is "<entry>_<chain>"; its chains are named the same."""
+    identifier = str(record.get("identifier", "record"))
+    missing = [k for k in ("chain_id", "residue_index", "residue_names", "atom_names", "positions")
+               if k not in record]
+    if missing:
+        raise ValueError(f"record {identifier!r} has no {missing}: not a protein structure "
+                         f"(pack mmCIF/PDB files with tpf pack)")
+
+    def text(a):
+        a = np.asarray(a)
+        return np.char.decode(a, "ascii", "replace") if a.dtype.kind == "S" else a.astype(str)
+
+    chain_ids = text(record["chain_id"])
+    entry = identifier
+    if len(chain_ids) and (chain_ids == chain_ids[0]).all() and identifier.endswith("_" + chain_ids[0]):
+        entry = identifier[:-len(chain_ids[0]) - 1]
+    return chains_from_atoms(entry, chain_ids, record["residue_index"], text(record["residue_names"]),
+                             text(record["atom_names"]), np.asarray(record["positions"]), min_residues)
 
 
-def chains_from_structure_file(path: Path, min_residues: int = 16) -> list[ProteinChain]:
-    """Protein chains of the first model of a PDB or mmCIF file (gzipped or not), read by gemmi."""
-    import gemmi
+def iter_records(source: str) -> Iterator[dict]:
+    """The records of a data source, in order:
+    - an http(s):// or s3:// URL of a manifest or shard, streamed through FoldPipe;
+    - a manifest.json, or a directory holding one, or one shard file (read through mmap);
+    - a directory of mmCIF/PDB files (.gz or not), read as `tpf pack` would pack them.
+    """
+    from turbopairformer.data import RecordReader, StreamingDataset, read_manifest
 
-    st = gemmi.read_structure(str(path))
-    st.remove_alternative_conformations()
-    st.remove_hydrogens()
-    chain_ids, numbers, res_names, atom_names, positions = [], [], [], [], []
-    for chain in st[0]:
-        for residue in chain:
-            for atom in residue:
-                chain_ids.append(chain.name)
-                numbers.append(residue.seqid.num)
-                res_names.append(residue.name)
-                atom_names.append(atom.name)
-                positions.append((atom.pos.x, atom.pos.y, atom.pos.z))
-    name = path.name.split(".")[0]
-    return chains_from_atoms(name, chain_ids, numbers, res_names, atom_names,
-                             np.asarray(positions, dtype=np.float32).reshape(-1, 3), min_residues)
+    if _is_url(source):
+        yield from StreamingDataset(source, shuffle=False, world_size=1, rank=0)
+        return
+    path = Path(source.removeprefix("file://"))
+    if not path.exists():
+        raise FileNotFoundError(f"data source {source!r} does not exist")
+    if path.is_dir() and (path / "manifest.json").is_file():
+        path = path / "manifest.json"
+    if path.is_file() and path.suffix == ".json":
+        for shard in read_manifest(str(path))["shards"]:
+            yield from RecordReader(shard["location"])
+    elif path.is_file():
+        yield from RecordReader(path)
+    else:
+        from turbopairformer.data.structures import file_kind, file_records
+
+        files = sorted(p for p in path.rglob("*") if file_kind(p.name) == "structure")
+        if not files:
+            raise ValueError(f"data source {source!r} holds neither manifest.json nor mmCIF/PDB files")
+        for f in files:
+            yield from file_records(str(f))
 
 
 def load_chains(source: str, min_residues: int = 16, progress: bool = True) -> list[ProteinChain]:
-    """All protein chains of a data source: a directory of structure files (PDB/mmCIF, .gz or not)."""
-    path = Path(source)
-    if not path.exists():
-        raise FileNotFoundError(f"data source {source!r} does not exist")
-    if not path.is_dir():
-        raise ValueError(f"data source must be a directory of structure files, got {source!r}")
-    files = sorted(p for p in path.iterdir() if _is_structure_file(p))
-    if not files:
-        raise ValueError(f"data source {source!r} holds no .pdb/.ent/.cif files (gzipped or not)")
+    """All protein chains of a data source (see iter_records), held in memory: pseudo-beta positions
+    and types only, about 30 bytes a residue."""
     chains = []
-    for f in tqdm(files, desc="reading structures", unit="file", disable=not progress,
-                  leave=False):
-        chains.extend(chains_from_structure_file(f, min_residues))
+    for record in tqdm(iter_records(source), desc="reading records", unit="record",
+                       disable=not progress, leave=False):
+        chains.extend(chains_from_record(record, min_residues))
     if not chains:
         raise ValueError(f"data source {source!r} has no protein chain of >= {min_residues} residues")
     return chains

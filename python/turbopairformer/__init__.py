@@ -1,4 +1,8 @@
 """TurboPairFormer: fast, deterministic PairFormer ops, data pipeline and training."""
+# PyTorch first: loading it after the module with the CUDA kernels aborts at import on the GPU
+# machine ("free(): invalid pointer" in PyTorch's own start-up); in this order both load cleanly.
+import torch  # noqa: F401
+
 from turbopairformer import _C
 from turbopairformer.ops.attention import triangle_attention, triangle_attention_rows
 

@@ -94,7 +94,7 @@ void check_output(const TensorView& t, const char* name, const TensorView& like)
 void check_lse(const TensorView& lse, const AttentionDims& d, const TensorView& q) {
   check_shape(lse, "lse", {d.B, d.N, d.H, d.Sq}, "[B, N, H, S]");
   TPF_CHECK(lse.dtype == DType::f32 || lse.dtype == DType::f64,
-            std::string("lse must be float32, got ") + dtype_name(lse.dtype));
+            std::string("lse must be float32 or float64, got ") + dtype_name(lse.dtype));
   check_same_device(lse, q, "lse");
 }
 

@@ -32,7 +32,7 @@ def triangle_attention_torch(
     s = torch.einsum("bnhqd,bnhkd->bnhqk", q, k) * scale + bias[:, None]
     if mask is None:
         return torch.einsum("bnhqk,bnhkd->bnhqd", torch.softmax(s, dim=-1), v)
-    mask = mask.reshape(B, N, 1, 1, S)
+    mask = mask.reshape(B, N, 1, 1, k.shape[3])
     s = s.masked_fill(~mask, torch.finfo(s.dtype).min)
     p = torch.softmax(s, dim=-1) * mask.any(dim=-1, keepdim=True).to(s.dtype)
     return torch.einsum("bnhqk,bnhkd->bnhqd", p, v)

@@ -20,27 +20,19 @@ import datetime
 import gc
 import json
 import statistics
-import subprocess
 import sys
 from pathlib import Path
 
 import torch
 from tqdm import tqdm
 
+from turbopairformer.benchmarks.attention import git_commit
 from turbopairformer.train.data import load_chains
 from turbopairformer.train.loop import Trainer, TrainConfig
 from turbopairformer.train.model import ModelConfig
 
 ROOT = Path(__file__).resolve().parents[1]
 BACKENDS = ("reference", "reference_compile", "turbo")
-
-
-def git_commit() -> str:
-    try:
-        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True,
-                              text=True, check=True).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
 
 
 def gpu_tag(name: str) -> str:

@@ -43,9 +43,9 @@ def gpu_tag(name: str) -> str:
 
 
 def make_trainer(args, backend: str, crop: int, chains, seed: int, steps: int, warmup: int,
-                 schedule: str) -> Trainer:
+                 schedule: str, checkpointing: bool = False) -> Trainer:
     model = ModelConfig(blocks=args.blocks, c_z=args.c_z, heads=args.heads, head_dim=args.head_dim,
-                        transition_n=4)
+                        transition_n=4, checkpoint=checkpointing)
     cfg = TrainConfig(data=args.data, out="", steps=steps, batch_size=1, crop=crop, lr=args.lr,
                       warmup=warmup, schedule=schedule, device=args.device, precision="bf16",
                       seed=seed, val_fraction=0.0, model=model,
@@ -58,39 +58,57 @@ def make_trainer(args, backend: str, crop: int, chains, seed: int, steps: int, w
     return trainer
 
 
-def free(trainer=None) -> None:
-    del trainer
+def release() -> None:
+    """Gives the memory of dropped models back (the caller drops its references first)."""
     gc.collect()
     if torch.cuda.is_available():
         torch.cuda.empty_cache()
 
 
+def time_one(args, backend: str, crop: int, chains, checkpointing: bool) -> dict:
+    """Median step time and peak memory of one backend at one crop."""
+    trainer = None
+    try:
+        trainer = make_trainer(args, backend, crop, chains, args.seed, 10**6, 0, "constant",
+                               checkpointing)
+        warmup = args.compile_warmup if backend == "reference_compile" else args.warmup
+        for _ in range(warmup):
+            trainer.step()
+        on_gpu = trainer.device.type == "cuda"
+        if on_gpu:
+            torch.cuda.synchronize(trainer.device)
+            torch.cuda.reset_peak_memory_stats(trainer.device)
+        times = [trainer.step()["step_ms"] for _ in range(args.repeats)]
+        peak = torch.cuda.max_memory_allocated(trainer.device) / 2**30 if on_gpu else None
+        return {"step_ms": statistics.median(times), "peak_gib": peak}
+    finally:
+        del trainer
+        release()
+
+
 def time_steps(args, chains, meta) -> list[dict]:
+    """One row per crop and backend. A backend that runs out of memory is measured again with
+    activation checkpointing (each block recomputed in the backward); the row says which."""
     rows = []
     for crop in args.crops:
         for backend in args.backends:
-            row = {"backend": backend, "crop": crop, "step_ms": None, "peak_gib": None, **meta}
-            trainer = None
-            try:
-                trainer = make_trainer(args, backend, crop, chains, args.seed, 10**6, 0, "constant")
-                warmup = args.compile_warmup if backend == "reference_compile" else args.warmup
-                for _ in range(warmup):
-                    trainer.step()
-                on_gpu = trainer.device.type == "cuda"
-                if on_gpu:
-                    torch.cuda.synchronize(trainer.device)
-                    torch.cuda.reset_peak_memory_stats(trainer.device)
-                times = [trainer.step()["step_ms"] for _ in range(args.repeats)]
-                row["step_ms"] = statistics.median(times)
-                if on_gpu:
-                    row["peak_gib"] = torch.cuda.max_memory_allocated(trainer.device) / 2**30
-            except torch.OutOfMemoryError:
-                row["error"] = "out of memory"
-            except Exception as e:  # a failing peer is reported in its row, the run goes on
-                row["error"] = f"{type(e).__name__}: {e}"[:300]
-            free(trainer)
+            row = {"backend": backend, "crop": crop, "step_ms": None, "peak_gib": None,
+                   "activation_checkpointing": False, **meta}
+            for checkpointing in (False, True):
+                release()  # what an out-of-memory attempt's traceback held
+                row["activation_checkpointing"] = checkpointing
+                try:
+                    row.update(time_one(args, backend, crop, chains, checkpointing))
+                    row.pop("error", None)
+                    break
+                except torch.OutOfMemoryError:
+                    row["error"] = "out of memory"
+                except Exception as e:  # a failing peer is reported in its row, the run goes on
+                    row["error"] = f"{type(e).__name__}: {e}"[:300]
+                    break
             rows.append(row)
             shown = (f"{row['step_ms']:9.1f} ms {row['peak_gib'] or 0:7.2f} GiB"
+                     f"{' (activation checkpointing)' if checkpointing else ''}"
                      if row["step_ms"] else row["error"])
             print(f"  {backend:<18} crop {crop:4d}: {shown}", flush=True)
     return rows
@@ -123,7 +141,8 @@ def stability(args, chains, meta) -> dict:
     state = {"model": warm.model.state_dict(), "optimizer": warm.optimizer.state_dict(),
              "scheduler": warm.scheduler.state_dict(), "step": warm.step_count}
     state = {k: (v if k == "step" else _cpu_copy(v)) for k, v in state.items()}
-    free(warm)
+    del warm
+    release()
     runs, failed = {}, {}
     plan = [(b, args.seed) for b in args.stability_backends] + [("reference", args.seed + 1)]
     for backend, seed in plan:
@@ -139,7 +158,8 @@ def stability(args, chains, meta) -> dict:
         except Exception as e:  # reported in the result, the other runs go on
             failed[name] = f"{type(e).__name__}: {e}"[:300]
             print(f"  {name}: {failed[name]}", flush=True)
-        free(trainer)
+        del trainer
+        release()
     window = 25
     smooth = {k: trailing_mean(v["losses"], window) for k, v in runs.items()}
 

@@ -9,6 +9,7 @@ namespace nb = nanobind;
 
 namespace tpf::py {
 void bind_attention(nb::module_& m);
+void bind_trimul(nb::module_& m);
 }
 
 NB_MODULE(_C, m) {
@@ -23,4 +24,5 @@ NB_MODULE(_C, m) {
   m.def("cuda_available", &tpf::cuda_available);
   m.def("num_threads", &tpf::num_threads);
   tpf::py::bind_attention(m);
+  tpf::py::bind_trimul(m);
 }

@@ -1,8 +1,14 @@
 """TurboPairFormer: fast, deterministic PairFormer ops, data pipeline and training."""
 from turbopairformer import _C
 from turbopairformer.ops.attention import triangle_attention, triangle_attention_rows
+from turbopairformer.ops.trimul import triangle_multiplicative_update
 
-__all__ = ["triangle_attention", "triangle_attention_rows", "cuda_available"]
+__all__ = [
+    "triangle_attention",
+    "triangle_attention_rows",
+    "triangle_multiplicative_update",
+    "cuda_available",
+]
 __version__ = "0.1.0"
 
 

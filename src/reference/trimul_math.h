@@ -1,5 +1,6 @@
-// Row-level math of the triangle multiplicative update, in the precision T of the caller: double
-// for the FP64 reference, float for the CPU path. Plain loops; every sum runs in index order.
+// Row-level math of the triangle multiplicative update, shared by the FP64 reference and the CPU
+// path, on values of type T (double, or float for the CPU path's stored intermediates). Every sum
+// accumulates in double and runs in index order.
 #pragma once
 #include <algorithm>
 #include <cmath>
@@ -60,18 +61,18 @@ struct Params {
 template <typename T>
 void linear(const T* in, const Vec<T>& w, const Vec<T>& bias, int64_t n_out, int64_t n_in, T* out) {
   for (int64_t o = 0; o < n_out; ++o) {
-    T acc = 0;
+    double acc = 0;
     const T* wo = &w[o * n_in];
-    for (int64_t c = 0; c < n_in; ++c) acc += wo[c] * in[c];
-    out[o] = acc + bias[o];
+    for (int64_t c = 0; c < n_in; ++c) acc += double(wo[c]) * in[c];
+    out[o] = T(acc + bias[o]);
   }
 }
 
-// out[c] += sum_o g[o] w[o][c]: the input gradient of linear().
+// out[c] += sum_o g[o] w[o][c]: the input gradient of linear(), accumulated in double.
 template <typename T>
-void linear_backward(const T* g, const Vec<T>& w, int64_t n_out, int64_t n_in, T* out) {
+void linear_backward(const T* g, const Vec<T>& w, int64_t n_out, int64_t n_in, double* out) {
   for (int64_t o = 0; o < n_out; ++o) {
-    const T gv = g[o];
+    const double gv = g[o];
     const T* wo = &w[o * n_in];
     for (int64_t c = 0; c < n_in; ++c) out[c] += gv * wo[c];
   }
@@ -79,40 +80,42 @@ void linear_backward(const T* g, const Vec<T>& w, int64_t n_out, int64_t n_in, T
 
 // LayerNorm of one row without its affine part: xhat = (x - mean) / sigma; returns 1 / sigma.
 template <typename T>
-T layer_norm(const T* x, int64_t D, T eps, T* xhat) {
-  T mean = 0, var = 0;
+T layer_norm(const T* x, int64_t D, double eps, T* xhat) {
+  double mean = 0, var = 0;
   for (int64_t c = 0; c < D; ++c) mean += x[c];
-  mean /= T(D);
+  mean /= double(D);
   for (int64_t c = 0; c < D; ++c) var += (x[c] - mean) * (x[c] - mean);
-  const T rstd = T(1) / std::sqrt(var / T(D) + eps);
-  for (int64_t c = 0; c < D; ++c) xhat[c] = (x[c] - mean) * rstd;
-  return rstd;
+  const double rstd = 1.0 / std::sqrt(var / double(D) + eps);
+  for (int64_t c = 0; c < D; ++c) xhat[c] = T((x[c] - mean) * rstd);
+  return T(rstd);
 }
 
 // dx of y = xhat * w + b from dy: dx = rstd (g - mean(g) - xhat mean(g xhat)), g = dy * w.
 template <typename T>
-void layer_norm_backward(const T* dy, const T* xhat, const Vec<T>& w, T rstd, int64_t D, T* dx) {
-  T s1 = 0, s2 = 0;
+void layer_norm_backward(const double* dy, const T* xhat, const Vec<T>& w, T rstd, int64_t D,
+                         T* dx) {
+  double s1 = 0, s2 = 0;
   for (int64_t c = 0; c < D; ++c) {
     s1 += dy[c] * w[c];
     s2 += dy[c] * w[c] * xhat[c];
   }
-  s1 /= T(D);
-  s2 /= T(D);
-  for (int64_t c = 0; c < D; ++c) dx[c] = rstd * (dy[c] * w[c] - s1 - xhat[c] * s2);
+  s1 /= double(D);
+  s2 /= double(D);
+  for (int64_t c = 0; c < D; ++c) dx[c] = T(rstd * (dy[c] * w[c] - s1 - xhat[c] * s2));
 }
 
 // Z = L R for S x S row-major matrices.
 template <typename T>
 void matmul(const T* L, const T* R, int64_t S, T* Z) {
+  std::vector<double> zi(S);
   for (int64_t i = 0; i < S; ++i) {
-    T* zi = Z + i * S;
-    std::fill(zi, zi + S, T(0));
+    std::fill(zi.begin(), zi.end(), 0.0);
     for (int64_t k = 0; k < S; ++k) {
-      const T l = L[i * S + k];
+      const double l = L[i * S + k];
       const T* rk = R + k * S;
       for (int64_t j = 0; j < S; ++j) zi[j] += l * rk[j];
     }
+    for (int64_t j = 0; j < S; ++j) Z[i * S + j] = T(zi[j]);
   }
 }
 

@@ -36,3 +36,58 @@ def triangle_attention_torch(
     s = s.masked_fill(~mask, torch.finfo(s.dtype).min)
     p = torch.softmax(s, dim=-1) * mask.any(dim=-1, keepdim=True).to(s.dtype)
     return torch.einsum("bnhqk,bnhkd->bnhqd", p, v)
+
+
+def triangle_multiplicative_update_torch(
+    x: torch.Tensor,
+    direction: str = "outgoing",
+    mask: Optional[torch.Tensor] = None,
+    norm_in_weight: Optional[torch.Tensor] = None,
+    norm_in_bias: Optional[torch.Tensor] = None,
+    p_in_weight: Optional[torch.Tensor] = None,
+    p_in_bias: Optional[torch.Tensor] = None,
+    g_in_weight: Optional[torch.Tensor] = None,
+    g_in_bias: Optional[torch.Tensor] = None,
+    norm_out_weight: Optional[torch.Tensor] = None,
+    norm_out_bias: Optional[torch.Tensor] = None,
+    p_out_weight: Optional[torch.Tensor] = None,
+    p_out_bias: Optional[torch.Tensor] = None,
+    g_out_weight: Optional[torch.Tensor] = None,
+    g_out_bias: Optional[torch.Tensor] = None,
+    eps: float = 1e-5,
+) -> torch.Tensor:
+    """The triangle multiplicative update in x's precision, as cuEquivariance's PyTorch fallback
+    computes it: LayerNorms in (at least) float32, projections and the einsum contraction in x's
+    dtype.
+    Shapes as turbopairformer.triangle_multiplicative_update; projection weights are required.
+    """
+    dtype = x.dtype
+    F = torch.nn.functional
+
+    def cast(t: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
+        return None if t is None else t.to(dtype)
+
+    norm_dtype = torch.promote_types(dtype, torch.float32)
+
+    def norm(t: torch.Tensor, w: Optional[torch.Tensor], b: Optional[torch.Tensor]) -> torch.Tensor:
+        w = None if w is None else w.to(norm_dtype)
+        b = None if b is None else b.to(norm_dtype)
+        return F.layer_norm(t.to(norm_dtype), t.shape[-1:], w, b, eps).to(dtype)
+
+    for name, w in (("p_in_weight", p_in_weight), ("g_in_weight", g_in_weight),
+                    ("p_out_weight", p_out_weight), ("g_out_weight", g_out_weight)):
+        if w is None:
+            raise ValueError(f"{name} is required by the PyTorch implementation")
+    x_in = norm(x, norm_in_weight, norm_in_bias)
+    ab = F.linear(x_in, cast(p_in_weight), cast(p_in_bias)) * torch.sigmoid(
+        F.linear(x_in, cast(g_in_weight), cast(g_in_bias)))
+    if mask is not None:
+        ab = ab * mask.to(dtype).unsqueeze(-1)
+    a, b = torch.chunk(ab, 2, dim=-1)
+    if direction == "outgoing":
+        z = torch.einsum("...ikd,...jkd->...ijd", a, b)
+    else:
+        z = torch.einsum("...kid,...kjd->...ijd", a, b)
+    return F.linear(norm(z, norm_out_weight, norm_out_bias), cast(p_out_weight),
+                    cast(p_out_bias)) * torch.sigmoid(
+        F.linear(x_in, cast(g_out_weight), cast(g_out_bias)))

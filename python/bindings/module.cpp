@@ -11,6 +11,7 @@ namespace tpf::py {
 void bind_attention(nb::module_& m);
 void bind_store(nb::module_& m);
 void bind_stream(nb::module_& m);
+void bind_trimul(nb::module_& m);
 }
 
 NB_MODULE(_C, m) {
@@ -27,4 +28,5 @@ NB_MODULE(_C, m) {
   tpf::py::bind_attention(m);
   tpf::py::bind_store(m);
   tpf::py::bind_stream(m);
+  tpf::py::bind_trimul(m);
 }

@@ -5,8 +5,14 @@ import torch  # noqa: F401
 
 from turbopairformer import _C
 from turbopairformer.ops.attention import triangle_attention, triangle_attention_rows
+from turbopairformer.ops.trimul import triangle_multiplicative_update
 
-__all__ = ["triangle_attention", "triangle_attention_rows", "cuda_available"]
+__all__ = [
+    "triangle_attention",
+    "triangle_attention_rows",
+    "triangle_multiplicative_update",
+    "cuda_available",
+]
 __version__ = "0.1.0"
 
 

@@ -26,11 +26,11 @@ PRECISIONS = ("fp32", "bf16")
 class TrainConfig:
     data: str = "data/structures"
     out: str = "runs/main"
-    steps: int = 300
-    batch_size: int = 2
+    steps: int = 400
+    batch_size: int = 4
     crop: int = 48
     lr: float = 1.8e-3
-    warmup: int = 30
+    warmup: int = 40
     schedule: str = "cosine"
     min_lr_ratio: float = 0.1
     grad_clip: float = 10.0

@@ -109,13 +109,21 @@ DTYPES = [torch.float32, torch.bfloat16]
 SIZES = [1, 7, 33]
 
 
+PAIR_MODULES = {  # the modules that map z [B, S, S, 16] to an update of z
+    "tri_att_start": lambda: TriangleAttention(16, 8, 3, starting=True),
+    "tri_att_end": lambda: TriangleAttention(16, 8, 3, starting=False),
+    "tri_mul_out": lambda: TriangleMultiplication(16, outgoing=True),
+    "tri_mul_in": lambda: TriangleMultiplication(16, outgoing=False),
+}
+
+
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("S", SIZES)
-@pytest.mark.parametrize("starting", [True, False], ids=["starting", "ending"])
-def test_triangle_attention_backends_agree(starting, S, dtype):
-    seed = 1000 + S + 7 * starting
+@pytest.mark.parametrize("name", PAIR_MODULES)
+def test_pair_module_backends_agree(name, S, dtype):
+    seed = 1000 + 100 * list(PAIR_MODULES).index(name) + S
     gen = torch.Generator().manual_seed(seed)
-    module = randomize(TriangleAttention(16, 8, 3, starting=starting).double(), gen)
+    module = randomize(PAIR_MODULES[name]().double(), gen)
     z = torch.randn(2, S, S, 16, generator=gen, dtype=torch.float64)
     _, pair_mask = masks(2, S, gen)
     check_backends_agree(module, [z, pair_mask], lambda m, z, pm: m(z, pm), dtype, seed)
@@ -131,18 +139,6 @@ def test_attention_pair_bias_backends_agree(S, dtype):
     z = torch.randn(2, S, S, 16, generator=gen, dtype=torch.float64)
     token_mask, _ = masks(2, S, gen)
     check_backends_agree(module, [s, z, token_mask], lambda m, s, z, tm: m(s, z, tm), dtype, seed)
-
-
-@pytest.mark.parametrize("dtype", DTYPES, ids=str)
-@pytest.mark.parametrize("S", SIZES)
-@pytest.mark.parametrize("outgoing", [True, False], ids=["outgoing", "incoming"])
-def test_triangle_multiplication_backends_agree(outgoing, S, dtype):
-    seed = 2500 + S + 7 * outgoing
-    gen = torch.Generator().manual_seed(seed)
-    module = randomize(TriangleMultiplication(16, outgoing=outgoing).double(), gen)
-    z = torch.randn(2, S, S, 16, generator=gen, dtype=torch.float64)
-    _, pair_mask = masks(2, S, gen)
-    check_backends_agree(module, [z, pair_mask], lambda m, z, pm: m(z, pm), dtype, seed)
 
 
 def trimul_by_loops(x, w, outgoing: bool, mask):

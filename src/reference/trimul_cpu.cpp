@@ -86,18 +86,11 @@ double mask_value(const OptionalTensor& mask, int64_t b, int64_t i, int64_t j) {
   return m;
 }
 
-// dw[o][c] = sum_r gy[r][o] * in[r][c] over all rows in order; one task per o.
+// dw = gy^T in over all positions (trimul_math.h), stored in dw's dtype.
 void linear_weight_grad(const F& gy, const F& in, int64_t rows, int64_t n_out, int64_t n_in,
                         const TensorView& dw) {
   V out(n_out * n_in, 0.0);
-  parallel_for(n_out, [&](int64_t o) {
-    double* wo = &out[o * n_in];
-    for (int64_t r = 0; r < rows; ++r) {
-      const double gv = gy[r * n_out + o];
-      const float* ir = &in[r * n_in];
-      for (int64_t c = 0; c < n_in; ++c) wo[c] += gv * ir[c];
-    }
-  });
+  accumulate_linear_grads(gy, in, rows, n_out, n_in, out.data(), nullptr);
   store_param(dw, out.data());
 }
 
@@ -141,10 +134,10 @@ void trimul_forward_cpu(const TrimulForwardArgs& a) {
     for (int64_t r = 0; r < n; ++r) {
       input_norm(a.x, w, a.eps, b, i, j0 + r, D, xhat.data(), xln.data());
       const double m = mask_value(a.mask, b, i, j0 + r);
-      linear(xln.data(), w.wp_in, w.bp_in, 2 * D, D, p.data());
-      linear(xln.data(), w.wg_in, w.bg_in, 2 * D, D, g.data());
+      linear(xln.data(), w.wp_in_t, w.bp_in, 2 * D, D, p.data());
+      linear(xln.data(), w.wg_in_t, w.bg_in, 2 * D, D, g.data());
       for (int64_t c = 0; c < 2 * D; ++c) ab[c * n + r] = sigmoid(g[c]) * p[c] * m;
-      linear(xln.data(), w.wg_out, w.bg_out, D, D, go.data());
+      linear(xln.data(), w.wg_out_t, w.bg_out, D, D, go.data());
       store_row(s.go, offset_of(s.go, b, i, j0 + r, 0), D, go.data());
     }
     for (int64_t c = 0; c < D; ++c) {
@@ -169,7 +162,7 @@ void trimul_forward_cpu(const TrimulForwardArgs& a) {
     load_channel_major_tile(s.z, b, i, j0, n, D, z.data());
     for (int64_t r = 0; r < n; ++r) {
       output_norm(&z[r * D], w, a.eps, D, zhat.data(), zln.data());
-      linear(zln.data(), w.wp_out, w.bp_out, D, D, po.data());
+      linear(zln.data(), w.wp_out_t, w.bp_out, D, D, po.data());
       load_row(s.go, offset_of(s.go, b, i, j0 + r, 0), D, go.data());
       for (int64_t c = 0; c < D; ++c) y[c] = sigmoid(go[c]) * po[c];
       store_row(a.y, offset_of(a.y, b, i, j0 + r, 0), D, y.data());
@@ -199,7 +192,7 @@ void trimul_backward_cpu(const TrimulBackwardArgs& a) {
     for (int64_t r = 0; r < n; ++r) {
       const int64_t row = tiles.row(b, i, j0 + r);
       const double rstd = output_norm(&z[r * D], w, a.eps, D, zhat.data(), zl.data());
-      linear(zl.data(), w.wp_out, w.bp_out, D, D, po.data());
+      linear(zl.data(), w.wp_out_t, w.bp_out, D, D, po.data());
       load_row(s.go, offset_of(s.go, b, i, j0 + r, 0), D, go.data());
       load_row(a.dy, offset_of(a.dy, b, i, j0 + r, 0), D, dy.data());
       for (int64_t c = 0; c < D; ++c) {
@@ -247,8 +240,8 @@ void trimul_backward_cpu(const TrimulBackwardArgs& a) {
       const int64_t row = tiles.row(b, i, j0 + r);
       const double rstd = input_norm(a.x, w, a.eps, b, i, j0 + r, D, xhat.data(), xl.data());
       const double m = mask_value(a.mask, b, i, j0 + r);
-      linear(xl.data(), w.wp_in, w.bp_in, 2 * D, D, p.data());
-      linear(xl.data(), w.wg_in, w.bg_in, 2 * D, D, g.data());
+      linear(xl.data(), w.wp_in_t, w.bp_in, 2 * D, D, p.data());
+      linear(xl.data(), w.wg_in_t, w.bg_in, 2 * D, D, g.data());
       const int64_t pos = i * S + j0 + r;
       for (int64_t c = 0; c < 2 * D; ++c) {
         const double dab = c < D ? da[(b * D + c) * SS + pos] : db[(b * D + c - D) * SS + pos];

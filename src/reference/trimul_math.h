@@ -9,6 +9,7 @@
 
 #include "core/indexing.h"
 #include "core/numeric.h"
+#include "core/parallel.h"
 #include "tpf/trimul.h"
 
 namespace tpf::trimul_math {
@@ -43,29 +44,42 @@ Vec<T> load_optional(const OptionalTensor& t, int64_t n) {
   return t.present ? load_param<T>(t.view) : Vec<T>(n, T(0));
 }
 
-// The weights in T; absent biases are zeros.
+template <typename T>
+Vec<T> transposed(const Vec<T>& w, int64_t rows, int64_t cols) {
+  Vec<T> t(w.size());
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t c = 0; c < cols; ++c) t[c * rows + r] = w[r * cols + c];
+  return t;
+}
+
+// The weights in T; absent biases are zeros. The projections also transposed ([in, out]) so that
+// linear() runs over contiguous memory.
 template <typename T>
 struct Params {
   Vec<T> ln_in_w, ln_in_b, wp_in, wg_in, bp_in, bg_in, ln_out_w, ln_out_b, wp_out, wg_out, bp_out,
       bg_out;
+  Vec<T> wp_in_t, wg_in_t, wp_out_t, wg_out_t;
   Params(const TrimulWeights& w, int64_t D)
       : ln_in_w(load_param<T>(w.norm_in_weight)), ln_in_b(load_param<T>(w.norm_in_bias)),
         wp_in(load_param<T>(w.p_in_weight)), wg_in(load_param<T>(w.g_in_weight)),
         bp_in(load_optional<T>(w.p_in_bias, 2 * D)), bg_in(load_optional<T>(w.g_in_bias, 2 * D)),
         ln_out_w(load_param<T>(w.norm_out_weight)), ln_out_b(load_param<T>(w.norm_out_bias)),
         wp_out(load_param<T>(w.p_out_weight)), wg_out(load_param<T>(w.g_out_weight)),
-        bp_out(load_optional<T>(w.p_out_bias, D)), bg_out(load_optional<T>(w.g_out_bias, D)) {}
+        bp_out(load_optional<T>(w.p_out_bias, D)), bg_out(load_optional<T>(w.g_out_bias, D)),
+        wp_in_t(transposed(wp_in, 2 * D, D)), wg_in_t(transposed(wg_in, 2 * D, D)),
+        wp_out_t(transposed(wp_out, D, D)), wg_out_t(transposed(wg_out, D, D)) {}
 };
 
-// out[o] = sum_c w[o][c] in[c] + bias[o], w [n_out, n_in] (nn.Linear's layout).
-template <typename T>
-void linear(const T* in, const Vec<T>& w, const Vec<T>& bias, int64_t n_out, int64_t n_in, T* out) {
-  for (int64_t o = 0; o < n_out; ++o) {
-    double acc = 0;
-    const T* wo = &w[o * n_in];
-    for (int64_t c = 0; c < n_in; ++c) acc += double(wo[c]) * in[c];
-    out[o] = T(acc + bias[o]);
+// out[o] = sum_c w[o][c] in[c] + bias[o] (nn.Linear), from w_t = w^T [n_in, n_out]; sums in c order.
+inline void linear(const double* in, const Vec<double>& w_t, const Vec<double>& bias, int64_t n_out,
+                   int64_t n_in, double* out) {
+  for (int64_t o = 0; o < n_out; ++o) out[o] = 0.0;
+  for (int64_t c = 0; c < n_in; ++c) {
+    const double v = in[c];
+    const double* wc = &w_t[c * n_out];
+    for (int64_t o = 0; o < n_out; ++o) out[o] += wc[o] * v;
   }
+  for (int64_t o = 0; o < n_out; ++o) out[o] += bias[o];
 }
 
 // out[c] += sum_o g[o] w[o][c]: the input gradient of linear(), accumulated in double.
@@ -102,6 +116,27 @@ void layer_norm_backward(const double* dy, const T* xhat, const Vec<T>& w, T rst
   s1 /= double(D);
   s2 /= double(D);
   for (int64_t c = 0; c < D; ++c) dx[c] = T(rstd * (dy[c] * w[c] - s1 - xhat[c] * s2));
+}
+
+// dw[o][c] += sum_r gy[r][o] in[r][c] (and db[o] += sum_r gy[r][o] when db is given), r in order:
+// the weight gradient of linear() over `rows` positions. One task per block of kRowsPerTask weight
+// rows, so that `in` streams through once per block.
+template <typename T>
+void accumulate_linear_grads(const Vec<T>& gy, const Vec<T>& in, int64_t rows, int64_t n_out,
+                             int64_t n_in, double* dw, double* db) {
+  constexpr int64_t kRowsPerTask = 16;
+  parallel_for((n_out + kRowsPerTask - 1) / kRowsPerTask, [&](int64_t task) {
+    const int64_t o0 = task * kRowsPerTask, o1 = std::min(n_out, o0 + kRowsPerTask);
+    for (int64_t r = 0; r < rows; ++r) {
+      const T* ir = &in[r * n_in];
+      for (int64_t o = o0; o < o1; ++o) {
+        const double gv = gy[r * n_out + o];
+        if (db) db[o] += gv;
+        double* wo = &dw[o * n_in];
+        for (int64_t c = 0; c < n_in; ++c) wo[c] += gv * ir[c];
+      }
+    }
+  });
 }
 
 // Z = L R for S x S row-major matrices.

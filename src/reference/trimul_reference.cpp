@@ -45,13 +45,13 @@ void run_forward(const TensorView& x, const OptionalTensor& mask, const Params<d
       if (mask.present) load_row(mask.view, offset_of(mask.view, bidx, i, j), 1, &f.m[r]);
       double* p = &f.p[r * 2 * D];
       double* g = &f.g[r * 2 * D];
-      linear(xln, w.wp_in, w.bp_in, 2 * D, D, p);
-      linear(xln, w.wg_in, w.bg_in, 2 * D, D, g);
+      linear(xln, w.wp_in_t, w.bp_in, 2 * D, D, p);
+      linear(xln, w.wg_in_t, w.bg_in, 2 * D, D, g);
       for (int64_t c = 0; c < 2 * D; ++c) {
         const double v = sigmoid(g[c]) * p[c] * f.m[r];
         (c < D ? f.a[c * SS + r] : f.b[(c - D) * SS + r]) = v;
       }
-      linear(xln, w.wg_out, w.bg_out, D, D, &f.go[r * D]);
+      linear(xln, w.wg_out_t, w.bg_out, D, D, &f.go[r * D]);
     }
   });
   f.z.resize(D * SS);
@@ -70,19 +70,7 @@ void run_forward(const TensorView& x, const OptionalTensor& mask, const Params<d
       f.rstd_out[r] = layer_norm(row.data(), D, eps, &f.zhat[r * D]);
       double* zln = &f.zln[r * D];
       for (int64_t c = 0; c < D; ++c) zln[c] = f.zhat[r * D + c] * w.ln_out_w[c] + w.ln_out_b[c];
-      linear(zln, w.wp_out, w.bp_out, D, D, &f.po[r * D]);
-    }
-  });
-}
-
-// dw[o][c] += sum_r gy[r][o] in[r][c] and db[o] += sum_r gy[r][o], r in order; one task per o.
-void accumulate_linear_grads(const V& gy, const V& in, int64_t rows, int64_t n_out, int64_t n_in,
-                             V& dw, V& db) {
-  parallel_for(n_out, [&](int64_t o) {
-    for (int64_t r = 0; r < rows; ++r) {
-      const double gv = gy[r * n_out + o];
-      db[o] += gv;
-      for (int64_t c = 0; c < n_in; ++c) dw[o * n_in + c] += gv * in[r * n_in + c];
+      linear(zln, w.wp_out_t, w.bp_out, D, D, &f.po[r * D]);
     }
   });
 }
@@ -177,10 +165,10 @@ void trimul_backward_f64(const TrimulBackwardArgs& a) {
         store_row(a.dx, offset_of(a.dx, bidx, i, j, 0), D, dx.data());
       }
     });
-    accumulate_linear_grads(dpo, f.zln, SS, D, D, d_wp_out, d_bp_out);
-    accumulate_linear_grads(dgo, f.xln, SS, D, D, d_wg_out, d_bg_out);
-    accumulate_linear_grads(dp, f.xln, SS, 2 * D, D, d_wp_in, d_bp_in);
-    accumulate_linear_grads(dg, f.xln, SS, 2 * D, D, d_wg_in, d_bg_in);
+    accumulate_linear_grads(dpo, f.zln, SS, D, D, d_wp_out.data(), d_bp_out.data());
+    accumulate_linear_grads(dgo, f.xln, SS, D, D, d_wg_out.data(), d_bg_out.data());
+    accumulate_linear_grads(dp, f.xln, SS, 2 * D, D, d_wp_in.data(), d_bp_in.data());
+    accumulate_linear_grads(dg, f.xln, SS, 2 * D, D, d_wg_in.data(), d_bg_in.data());
     accumulate_norm_grads(dzln, f.zhat, SS, D, d_ln_out_w, d_ln_out_b);
     accumulate_norm_grads(dxln, f.xhat, SS, D, d_ln_in_w, d_ln_in_b);
   }

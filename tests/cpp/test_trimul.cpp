@@ -1,4 +1,4 @@
-// Triangle multiplicative update on the CPU: the FP32 path against the FP64 reference, the
+// Triangle multiplicative update on the CPU: the CPU path against the FP64 reference, the
 // reference's gradients against finite differences, determinism, and argument errors.
 #include <gtest/gtest.h>
 
@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "test_util.h"
 #include "tpf/error.h"
 #include "tpf/trimul.h"
 
@@ -138,16 +139,6 @@ void run(Problem& p, Outputs<T>& out, bool reference) {
   }
 }
 
-double max_rel_err(const std::vector<float>& got, const std::vector<double>& want) {
-  double err = 0, scale = 1e-30;
-  for (size_t i = 0; i < got.size(); ++i) {
-    EXPECT_TRUE(std::isfinite(got[i])) << "element " << i << " is not finite (unwritten?)";
-    err = std::max(err, std::abs(double(got[i]) - want[i]));
-    scale = std::max(scale, std::abs(want[i]));
-  }
-  return err / scale;
-}
-
 const char* kParamNames[12] = {"norm_in_weight", "norm_in_bias", "p_in_weight", "g_in_weight",
                                "p_in_bias", "g_in_bias", "norm_out_weight", "norm_out_bias",
                                "p_out_weight", "g_out_weight", "p_out_bias", "g_out_bias"};
@@ -211,19 +202,8 @@ TEST_P(TrimulReferenceGradients, MatchFiniteDifferences) {
     for (size_t i = 0; i < o.y.size(); ++i) l += o.y[i] * p.dy[i];
     return l;
   };
-  // float inputs: perturb by an exactly representable step.
-  const float h = 1.0f / 256;
   auto check = [&](std::vector<float>& v, const std::vector<double>& grad, const std::string& name) {
-    for (size_t i = 0; i < v.size(); i += 7) {
-      const float saved = v[i];
-      v[i] = saved + h;
-      const double up = loss();
-      v[i] = saved - h;
-      const double down = loss();
-      v[i] = saved;
-      const double fd = (up - down) / (2.0 * h);
-      EXPECT_NEAR(fd, grad[i], 2e-3 * (1 + std::abs(grad[i]))) << name << "[" << i << "]";
-    }
+    expect_matches_finite_differences(v, grad, name, loss, 7, 2e-3);
   };
   check(p.x, g.dx, "dx");
   for (int k = 0; k < 12; ++k) check(p.params[k], g.dparams[k], kParamNames[k]);

@@ -6,6 +6,7 @@ import importlib
 
 BENCHES = {
     "attention": "turbopairformer.benchmarks.attention",
+    "trimul": "turbopairformer.benchmarks.trimul",
 }
 
 

@@ -12,6 +12,12 @@ constexpr int kWarpRows = 16;           // rows of one warp's MMA tile
 constexpr int kForwardWarps = kTileQ / kWarpRows;
 constexpr int kPad = 8;                 // elements (16 bytes) of padding per shared-memory row
 
+// Forward: each of a block's four warps owns MT row tiles of 16 queries. Measured on an H200 with
+// MT = 1: sharing bias tiles between slices (two or four slices per block) was slower than one
+// slice per block at S = 768 (D = 32: 2.95 / 3.21 / 4.55 ms): the bias reads hit L2, and fewer,
+// larger blocks wait longer at their barriers. TPF_ATTENTION_FWD_ROW_TILES=2 selects MT = 2.
+constexpr int kForwardRowTiles = 1;
+
 // Backward: two groups of four warps ("quads"); each quad owns the 64-key tile in kSlicesPerQuad
 // slices, keeping their dK and dV in registers (D fp32 registers per slice per thread, so at most
 // 64 registers). The block's 2 * kSlicesPerQuad slices share one bias tile and sum their dbias on

@@ -18,7 +18,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     d, m = TrainConfig(), ModelConfig()
     data = parser.add_argument_group("data")
     data.add_argument("--data", default=d.data,
-                      help="directory of PDB/mmCIF structure files, .gz or not (default: %(default)s)")
+                      help="record-store shards (a directory with manifest.json, a manifest, or a "
+                           "shard file), an http(s):// or s3:// URL of a manifest streamed through "
+                           "FoldPipe, or a directory of mmCIF/PDB files (default: %(default)s)")
     data.add_argument("--crop", type=int, default=d.crop, help="residues per crop (default: %(default)s)")
     data.add_argument("--batch-size", type=int, default=d.batch_size, help="(default: %(default)s)")
     data.add_argument("--val-fraction", type=float, default=d.val_fraction,

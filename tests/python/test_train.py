@@ -197,3 +197,16 @@ def test_cli_train_prints_final_loss_and_plot(small_data, tmp_path, capsys):
     assert json.loads((tmp_path / "s.json").read_text())["steps"] == 3
     rc = main(["train", "--data", str(small_data), "--crop", "0", "--out", str(out)])
     assert rc == 2 and "crop must be >= 1" in capsys.readouterr().err
+
+
+def test_chains_round_trip_through_npz(tmp_path):
+    """The .npz that carries the training chains to machines without the record store."""
+    from turbopairformer.train.data import load_chains, save_chains
+
+    chains = load_chains(str(DATA), progress=False)
+    save_chains(chains, str(tmp_path / "chains.npz"))
+    again = load_chains(str(tmp_path / "chains.npz"))
+    assert [c.name for c in again] == [c.name for c in chains]
+    for a, b in zip(chains, again):
+        for field in ("aatype", "residue_index", "positions", "position_mask"):
+            assert np.array_equal(getattr(a, field), getattr(b, field)), (a.name, field)

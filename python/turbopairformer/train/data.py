@@ -72,9 +72,32 @@ def iter_records(source: str) -> Iterator[dict]:
             yield from file_records(str(f))
 
 
+def save_chains(chains: Sequence[ProteinChain], path: str) -> None:
+    """The chains' training features in one .npz (for machines whose build has no record store:
+    `python -m turbopairformer.train.data SOURCE OUT.npz`)."""
+    arrays = {}
+    for i, c in enumerate(chains):
+        arrays.update({f"{i}/name": np.array(c.name), f"{i}/aatype": c.aatype,
+                       f"{i}/residue_index": c.residue_index, f"{i}/positions": c.positions,
+                       f"{i}/position_mask": c.position_mask})
+    np.savez_compressed(path, count=np.array(len(chains)), **arrays)
+
+
+def _load_chains_npz(path: Path) -> list[ProteinChain]:
+    with np.load(path) as f:
+        return [ProteinChain(str(f[f"{i}/name"]), f[f"{i}/aatype"], f[f"{i}/residue_index"],
+                             f[f"{i}/positions"], f[f"{i}/position_mask"])
+                for i in range(int(f["count"]))]
+
+
 def load_chains(source: str, min_residues: int = 16, progress: bool = True) -> list[ProteinChain]:
-    """All protein chains of a data source (see iter_records), held in memory: pseudo-beta positions
-    and types only, about 30 bytes a residue."""
+    """All protein chains of a data source (see iter_records, or a .npz from save_chains), held in
+    memory: pseudo-beta positions and types only, about 30 bytes a residue."""
+    if source.endswith(".npz"):
+        chains = [c for c in _load_chains_npz(Path(source)) if len(c) >= min_residues]
+        if not chains:
+            raise ValueError(f"data source {source!r} has no protein chain of >= {min_residues} residues")
+        return chains
     chains = []
     for record in tqdm(iter_records(source), desc="reading records", unit="record",
                        disable=not progress, leave=False):
@@ -124,3 +147,11 @@ def fixed_batches(chains: Sequence[ProteinChain], batch_size: int, crop_size: in
     return [make_batch(chains[i:i + batch_size], starts[i:i + batch_size], crop_size)
             for i in range(0, len(chains), batch_size)]
 
+
+
+if __name__ == "__main__":
+    import sys
+
+    if len(sys.argv) != 3:
+        sys.exit("usage: python -m turbopairformer.train.data SOURCE OUT.npz")
+    save_chains(load_chains(sys.argv[1]), sys.argv[2])

@@ -1,0 +1,15 @@
+"""Context parallelism: the pair representation sharded by rows over the ranks of a process group.
+
+Memory per rank is O(N^2 / P). Built on torch.distributed (NCCL on GPUs, gloo on CPUs):
+- RowSharding: which rows each rank holds (N padded to a multiple of P), sharding and gathering;
+- transpose_pair: rows of z -> rows of z^T (the ending-node attention runs on z^T);
+- ring_triangle_attention: starting-node triangle attention with the bias rows passed around a ring;
+- sharded_triangle_contraction: the triangle multiplication's contraction through channel sharding.
+"""
+from turbopairformer.distributed.attention import ring_triangle_attention
+from turbopairformer.distributed.collectives import transpose_pair
+from turbopairformer.distributed.sharding import RowSharding
+from turbopairformer.distributed.trimul import sharded_triangle_contraction
+
+__all__ = ["RowSharding", "transpose_pair", "ring_triangle_attention",
+           "sharded_triangle_contraction"]

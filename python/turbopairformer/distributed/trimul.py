@@ -1,0 +1,110 @@
+"""The triangle multiplication's contraction on row-sharded a, b: through channel sharding.
+
+outgoing x[i, j, c] = sum_k a[i, k, c] b[j, k, c];  incoming x[i, j, c] = sum_k a[k, i, c] b[k, j, c].
+Each channel is an independent N x N matrix product, so an all-to-all hands every rank all rows of
+its C/P channels, it multiplies them locally, and an all-to-all brings the rows back. The channels
+go in `chunks` groups: the exchange of the next group runs while the current group multiplies (and
+the return of the previous group), in the forward and in the backward.
+"""
+from __future__ import annotations
+
+import torch
+
+from turbopairformer.distributed.collectives import (
+    channels_to_rows_async,
+    rows_to_channels_async,
+)
+from turbopairformer.distributed.sharding import RowSharding
+
+__all__ = ["sharded_triangle_contraction"]
+
+DIRECTIONS = ("outgoing", "incoming")
+
+
+def _channel_pieces(channels: int, chunks: int,
+                    sharding: RowSharding) -> list[list[tuple[int, int]]]:
+    """pieces[c][r]: the [start, stop) channels of rank r's chunk c."""
+    pieces = [[] for _ in range(chunks)]
+    for start, stop in sharding.channel_ranges(channels):
+        width = stop - start
+        for c in range(chunks):
+            pieces[c].append((start + width * c // chunks, start + width * (c + 1) // chunks))
+    return pieces
+
+
+def _gather_rows(received, index: int) -> torch.Tensor:
+    """Tensor `index` of every source rank's blocks, stacked along the rows: [B, c, N, N]."""
+    return torch.cat([blocks[index] for blocks in received], dim=2)
+
+
+def _scatter_channels(outs, received, pieces) -> None:
+    """Writes the returned blocks [B, c, n, N] of every rank's chunk into the rows [B, n, N, C]."""
+    for (lo, hi), blocks in zip(pieces, received):
+        for out, block in zip(outs, blocks):
+            out[..., lo:hi] = block.permute(0, 2, 3, 1)
+
+
+def _contract(a: torch.Tensor, b: torch.Tensor, outgoing: bool) -> torch.Tensor:
+    return a @ b.transpose(-1, -2) if outgoing else a.transpose(-1, -2) @ b
+
+
+class _ShardedContraction(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, a, b, outgoing, chunks, sharding):
+        pieces = _channel_pieces(a.shape[-1], chunks, sharding)
+        arriving = [rows_to_channels_async((a, b), p, sharding) for p in pieces]
+        returning, saved = [], []
+        for c, p in enumerate(pieces):
+            received = arriving[c].wait()
+            a_c, b_c = _gather_rows(received, 0), _gather_rows(received, 1)
+            saved += [a_c, b_c]
+            returning.append(channels_to_rows_async((_contract(a_c, b_c, outgoing),), p, sharding))
+        x = a.new_empty(a.shape)
+        for c, p in enumerate(pieces):
+            _scatter_channels((x,), returning[c].wait(), p)
+        ctx.save_for_backward(*saved)
+        ctx.outgoing, ctx.pieces, ctx.sharding = outgoing, pieces, sharding
+        return x
+
+    @staticmethod
+    def backward(ctx, grad_x):
+        saved, pieces, sharding = ctx.saved_tensors, ctx.pieces, ctx.sharding
+        arriving = [rows_to_channels_async((grad_x,), p, sharding) for p in pieces]
+        returning = []
+        for c, p in enumerate(pieces):
+            a_c, b_c = saved[2 * c], saved[2 * c + 1]
+            dx = _gather_rows(arriving[c].wait(), 0)
+            if ctx.outgoing:
+                da, db = dx @ b_c, dx.transpose(-1, -2) @ a_c
+            else:
+                da, db = b_c @ dx.transpose(-1, -2), a_c @ dx
+            returning.append(channels_to_rows_async((da, db), p, sharding))
+        da = grad_x.new_empty(grad_x.shape)
+        db = grad_x.new_empty(grad_x.shape)
+        for c, p in enumerate(pieces):
+            _scatter_channels((da, db), returning[c].wait(), p)
+        return da, db, None, None, None
+
+
+def sharded_triangle_contraction(a: torch.Tensor, b: torch.Tensor, direction: str,
+                                 sharding: RowSharding, chunks: int = 2) -> torch.Tensor:
+    """The triangle multiplication's contraction of row-sharded a, b [B, n_local, n_padded, C].
+
+    Returns this rank's rows of x [B, n_local, n_padded, C], x[i, j] = sum_k a[i, k] * b[j, k]
+    ("outgoing") or sum_k a[k, i] * b[k, j] ("incoming"), channel by channel, over the full
+    tensors. Autograd for a and b; collective over sharding.group. `chunks`: channel groups
+    pipelined so that communication overlaps the products (at most C // P are used)."""
+    if direction not in DIRECTIONS:
+        raise ValueError(f"direction must be 'outgoing' or 'incoming', got {direction!r}")
+    sharding._check_local(a, "a")
+    if a.dim() != 4:
+        raise ValueError(f"a must have shape [B, n_local, n_padded, C], got {list(a.shape)}")
+    if tuple(b.shape) != tuple(a.shape):
+        raise ValueError(f"b must have a's shape {list(a.shape)}, got {list(b.shape)}")
+    if b.dtype != a.dtype or b.device != a.device:
+        raise ValueError(f"b must have a's dtype {a.dtype} and device {a.device}, "
+                         f"got {b.dtype} on {b.device}")
+    if chunks < 1:
+        raise ValueError(f"chunks must be at least 1, got {chunks}")
+    chunks = max(1, min(chunks, a.shape[-1] // sharding.world))
+    return _ShardedContraction.apply(a, b, direction == "outgoing", chunks, sharding)

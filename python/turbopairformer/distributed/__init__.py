@@ -4,12 +4,14 @@ Memory per rank is O(N^2 / P). Built on torch.distributed (NCCL on GPUs, gloo on
 - RowSharding: which rows each rank holds (N padded to a multiple of P), sharding and gathering;
 - transpose_pair: rows of z -> rows of z^T (the ending-node attention runs on z^T);
 - ring_triangle_attention: starting-node triangle attention with the bias rows passed around a ring;
-- sharded_triangle_contraction: the triangle multiplication's contraction through channel sharding.
+- sharded_triangle_contraction: the triangle multiplication's contraction through channel sharding;
+- ContextParallel: a PairFormer run on those pieces, each rank feeding its rows.
 """
 from turbopairformer.distributed.attention import ring_triangle_attention
-from turbopairformer.distributed.collectives import transpose_pair
+from turbopairformer.distributed.collectives import gather_rows, transpose_pair
+from turbopairformer.distributed.context_parallel import ContextParallel
 from turbopairformer.distributed.sharding import RowSharding
 from turbopairformer.distributed.trimul import sharded_triangle_contraction
 
-__all__ = ["RowSharding", "transpose_pair", "ring_triangle_attention",
-           "sharded_triangle_contraction"]
+__all__ = ["ContextParallel", "RowSharding", "transpose_pair", "gather_rows",
+           "ring_triangle_attention", "sharded_triangle_contraction"]

@@ -4,6 +4,8 @@
   own inverse, and so is its backward.
 - `rows_to_channels_async` / `channels_to_rows_async`: row sharding <-> channel sharding (each rank
   all rows of its channels), the layout of the triangle multiplication's contraction.
+- `gather_rows`: blocks of rows from every rank, for results that every rank uses alike (the single
+  track's attention output); its backward sums the ranks' gradients.
 - `Ring`: the neighbour exchange of the bias ring (async isend/irecv, so a transfer runs while the
   caller computes).
 
@@ -20,8 +22,8 @@ import torch.distributed as dist
 
 from turbopairformer.distributed.sharding import RowSharding
 
-__all__ = ["transpose_pair", "rows_to_channels_async", "channels_to_rows_async", "Ring",
-           "all_to_all_async"]
+__all__ = ["transpose_pair", "gather_rows", "rows_to_channels_async", "channels_to_rows_async",
+           "Ring", "all_to_all_async"]
 
 
 class Pending:
@@ -122,6 +124,37 @@ def channels_to_rows_async(tensors: Sequence[torch.Tensor], ranges: Sequence[tup
     B, n, N = tensors[0].shape[0], sharding.n_local, sharding.n_padded
     parts = [[t[:, :, sharding.rows(r)] for t in tensors] for r in range(sharding.world)]
     return all_to_all_async(parts, [[(B, b - a, n, N)] * len(tensors) for a, b in ranges], sharding)
+
+
+class _GatherRows(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, dim, sharding):
+        ctx.dim, ctx.sharding = dim, sharding
+        parts = [torch.empty_like(x) for _ in range(sharding.world)]
+        dist.all_gather(parts, x.contiguous(), group=sharding.group)
+        return torch.cat(parts, dim=dim)
+
+    @staticmethod
+    def backward(ctx, grad):
+        sharding, dim = ctx.sharding, ctx.dim
+        parts = [[grad.narrow(dim, r * sharding.n_local, sharding.n_local)]
+                 for r in range(sharding.world)]
+        received = all_to_all_async(parts, [[parts[0][0].shape]] * sharding.world, sharding).wait()
+        total = received[0][0].clone()
+        for r in range(1, sharding.world):
+            total += received[r][0]
+        return total, None, None
+
+
+def gather_rows(x: torch.Tensor, dim: int, sharding: RowSharding) -> torch.Tensor:
+    """Every rank's block of n_local rows along `dim`, concatenated in rank order (n_padded rows).
+
+    For a result every rank then uses alike: in the backward each rank's share of the gradient
+    of its block is summed over the ranks, in rank order."""
+    if x.shape[dim] != sharding.n_local:
+        raise ValueError(f"x must have n_local = {sharding.n_local} rows in dimension {dim}, "
+                         f"got {list(x.shape)}")
+    return _GatherRows.apply(x, dim, sharding)
 
 
 class Ring:

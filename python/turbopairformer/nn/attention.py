@@ -46,13 +46,16 @@ class GatedAttention(nn.Module):
             return t.view(B, N, S, H, D).transpose(2, 3)
 
         q, k, v = heads(self.linear_q(x)), heads(self.linear_k(x)), heads(self.linear_v(x))
-        bias = bias.to(q.dtype)
-        if self.backend == "turbo":
-            o = triangle_attention(q, k, v, bias, mask)
-        else:
-            o = triangle_attention_torch(q, k, v, bias, mask)
+        o = self.attention(q, k, v, bias.to(q.dtype), mask)
         o = o.transpose(2, 3).reshape(B, N, S, H * D)
         return self.linear_o(torch.sigmoid(self.linear_g(x)) * o)
+
+    def attention(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Tensor,
+                  mask: Optional[torch.Tensor]) -> torch.Tensor:
+        """The attention core on [B, N, H, S, D] heads (context parallelism replaces it)."""
+        if self.backend == "turbo":
+            return triangle_attention(q, k, v, bias, mask)
+        return triangle_attention_torch(q, k, v, bias, mask)
 
 
 class TriangleAttention(nn.Module):
@@ -77,12 +80,16 @@ class TriangleAttention(nn.Module):
     def forward(self, z: torch.Tensor, mask: Optional[torch.Tensor] = None) -> torch.Tensor:
         """z [B, I, J, C]; mask bool [B, I, J] (True = valid pair)."""
         if not self.starting:
-            z = z.transpose(1, 2)
-            mask = None if mask is None else mask.transpose(1, 2)
+            z = self.transpose(z)
+            mask = None if mask is None else self.transpose(mask)
         x = self.layer_norm(z)
         bias = self.linear_z(x).permute(0, 3, 1, 2)  # [B, H, I, J]
         out = self.mha(x, bias, mask)
-        return out if self.starting else out.transpose(1, 2)
+        return out if self.starting else self.transpose(out)
+
+    def transpose(self, z: torch.Tensor) -> torch.Tensor:
+        """z [B, I, J, ...] -> [B, J, I, ...] (context parallelism replaces it with an all-to-all)."""
+        return z.transpose(1, 2)
 
 
 class AttentionPairBias(nn.Module):

@@ -43,15 +43,23 @@ class TriangleMultiplication(nn.Module):
         self.linear_z = linear(c_z, c_z, init="final")
         self.linear_g = linear(c_z, c_z, init="gating")
 
-    def forward(self, z: torch.Tensor, mask: Optional[torch.Tensor] = None) -> torch.Tensor:
-        """z [B, S, S, c_z]; mask bool [B, S, S] (True = valid pair)."""
-        weights = dict(
+    @property
+    def direction(self) -> str:
+        return "outgoing" if self.outgoing else "incoming"
+
+    def op_weights(self) -> dict[str, torch.Tensor]:
+        """The weights as triangle_multiplicative_update's keyword arguments."""
+        return dict(
             norm_in_weight=self.layer_norm_in.weight, norm_in_bias=self.layer_norm_in.bias,
             p_in_weight=torch.cat([self.linear_a_p.weight, self.linear_b_p.weight]),
             g_in_weight=torch.cat([self.linear_a_g.weight, self.linear_b_g.weight]),
             norm_out_weight=self.layer_norm_out.weight, norm_out_bias=self.layer_norm_out.bias,
             p_out_weight=self.linear_z.weight, g_out_weight=self.linear_g.weight)
-        direction = "outgoing" if self.outgoing else "incoming"
+
+    def forward(self, z: torch.Tensor, mask: Optional[torch.Tensor] = None) -> torch.Tensor:
+        """z [B, S, S, c_z]; mask bool [B, S, S] (True = valid pair)."""
+        weights = self.op_weights()
+        direction = self.direction
         if self.backend == "reference":
             return triangle_multiplicative_update_torch(z, direction, mask, **weights)
         # A custom op is invisible to autocast: give it the autocast dtype explicitly, so under

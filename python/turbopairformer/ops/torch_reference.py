@@ -6,7 +6,7 @@ They are the `reference` backend of the nn modules, the same-precision baseline 
 from __future__ import annotations
 
 import math
-from typing import Optional
+from typing import Callable, Optional
 
 import torch
 
@@ -55,12 +55,15 @@ def triangle_multiplicative_update_torch(
     g_out_weight: Optional[torch.Tensor] = None,
     g_out_bias: Optional[torch.Tensor] = None,
     eps: float = 1e-5,
+    *,
+    contract: Optional[Callable[[torch.Tensor, torch.Tensor, str], torch.Tensor]] = None,
 ) -> torch.Tensor:
     """AlphaFold3 algorithms 12 (outgoing) and 13 (incoming) in the inputs' precision.
 
     Arguments, shapes and weight layout as cuequivariance_torch.triangle_multiplicative_update:
     x [B, S, S, D], mask [B, S, S], p_in_weight and g_in_weight [2D, D] (rows of a, then of b),
-    p_out_weight and g_out_weight [D, D]; biases may be None.
+    p_out_weight and g_out_weight [D, D]; biases may be None. contract(a, b, direction) replaces
+    the einsums (context parallelism passes its sharded contraction; the rest is row-local).
     """
     if direction not in ("outgoing", "incoming"):
         raise ValueError(f"direction must be 'outgoing' or 'incoming', got {direction!r}")
@@ -71,7 +74,9 @@ def triangle_multiplicative_update_torch(
     if mask is not None:
         ab = ab * mask.unsqueeze(-1).to(ab.dtype)
     a, b = ab[..., :D], ab[..., D:]
-    if direction == "outgoing":
+    if contract is not None:
+        z = contract(a, b, direction)
+    elif direction == "outgoing":
         z = torch.einsum("bikc,bjkc->bijc", a, b)
     else:
         z = torch.einsum("bkic,bkjc->bijc", a, b)

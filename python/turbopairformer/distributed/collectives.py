@@ -4,13 +4,14 @@
   own inverse, and so is its backward.
 - `rows_to_channels_async` / `channels_to_rows_async`: row sharding <-> channel sharding (each rank
   all rows of its channels), the layout of the triangle multiplication's contraction.
-- `gather_rows`: blocks of rows from every rank, for results that every rank uses alike (the single
-  track's attention output); its backward sums the ranks' gradients.
+- `gather_rows` / `sum_gradients`: into and out of a replicated computation (the single track's
+  attention: every rank holds s, runs its own queries and gathers the outputs).
 - `Ring`: the neighbour exchange of the bias ring (async isend/irecv, so a transfer runs while the
   caller computes).
 
 All of them work on any backend torch.distributed offers (NCCL on GPUs, gloo on CPUs). Every
-exchange is a fixed permutation of data, so results are bitwise deterministic.
+exchange but sum_gradients' all-reduce is a fixed permutation of data, and an all-reduce gives the
+same bits on every rank and in every run of a fixed group, so results are deterministic.
 """
 from __future__ import annotations
 
@@ -22,7 +23,7 @@ import torch.distributed as dist
 
 from turbopairformer.distributed.sharding import RowSharding
 
-__all__ = ["transpose_pair", "gather_rows", "rows_to_channels_async", "channels_to_rows_async",
+__all__ = ["transpose_pair", "gather_rows", "sum_gradients", "rows_to_channels_async", "channels_to_rows_async",
            "Ring", "all_to_all_async"]
 
 
@@ -136,25 +137,41 @@ class _GatherRows(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad):
-        sharding, dim = ctx.sharding, ctx.dim
-        parts = [[grad.narrow(dim, r * sharding.n_local, sharding.n_local)]
-                 for r in range(sharding.world)]
-        received = all_to_all_async(parts, [[parts[0][0].shape]] * sharding.world, sharding).wait()
-        total = received[0][0].clone()
-        for r in range(1, sharding.world):
-            total += received[r][0]
-        return total, None, None
+        sharding = ctx.sharding
+        return grad.narrow(ctx.dim, sharding.rank * sharding.n_local, sharding.n_local), None, None
 
 
 def gather_rows(x: torch.Tensor, dim: int, sharding: RowSharding) -> torch.Tensor:
     """Every rank's block of n_local rows along `dim`, concatenated in rank order (n_padded rows).
 
-    For a result every rank then uses alike: in the backward each rank's share of the gradient
-    of its block is summed over the ranks, in rank order."""
+    The result is replicated: every rank computes the same thing from it and so holds the same
+    gradient, of which the backward keeps this rank's rows."""
     if x.shape[dim] != sharding.n_local:
         raise ValueError(f"x must have n_local = {sharding.n_local} rows in dimension {dim}, "
                          f"got {list(x.shape)}")
     return _GatherRows.apply(x, dim, sharding)
+
+
+class _SumGradients(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, sharding, *xs):
+        ctx.sharding = sharding
+        return tuple(x.view_as(x) for x in xs)
+
+    @staticmethod
+    def backward(ctx, *grads):
+        grads = [g.contiguous() for g in grads]
+        for g in grads:
+            dist.all_reduce(g, group=ctx.sharding.group)
+        return (None, *grads)
+
+
+def sum_gradients(sharding: RowSharding, *xs: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """xs unchanged; in the backward their gradients are summed over the ranks.
+
+    For replicated tensors (the same on every rank) that each rank uses for its own part of a
+    computation, so that each rank's gradient is partial."""
+    return _SumGradients.apply(sharding, *xs)
 
 
 class Ring:

@@ -9,10 +9,11 @@ that reach across rows are swapped for sharded ones:
   rows it holds, and the outputs are gathered.
 LayerNorms, projections and transitions are row-local and run unchanged.
 
-Gradients follow one rule: the training loss is the sum of the ranks' losses. A pair loss term of
-this rank's rows goes into this rank's loss; the single output s is the same on every rank, and its
-gradient is divided by P so that each rank may add the same single-track loss. After backward,
-all_reduce_gradients() sums the parameters' gradients over the ranks.
+Gradients: the training loss is the sum of the ranks' pair-loss terms (each over its own rows)
+plus a single-track loss that every rank computes alike from s, which is replicated (the same bits
+on every rank, with the same gradient). Replicated tensors and the single track's parameters thus
+get their full gradients on every rank; a parameter applied to rows of z gets this rank's part,
+and all_reduce_gradients() sums those over the ranks after backward.
 """
 from __future__ import annotations
 
@@ -25,11 +26,11 @@ import torch.distributed as dist
 from torch import nn
 
 from turbopairformer.distributed.attention import ring_triangle_attention
-from turbopairformer.distributed.collectives import gather_rows, transpose_pair
+from turbopairformer.distributed.collectives import gather_rows, sum_gradients, transpose_pair
 from turbopairformer.distributed.sharding import RowSharding
 from turbopairformer.distributed.trimul import sharded_triangle_contraction
 from turbopairformer.nn.attention import AttentionPairBias, GatedAttention, TriangleAttention
-from turbopairformer.nn.pairformer import PairFormer, PairFormerBlock
+from turbopairformer.nn.pairformer import PairFormer, PairFormerBlock, PairStack
 from turbopairformer.nn.trimul import TriangleMultiplication
 from turbopairformer.ops.attention import triangle_attention_rows
 from turbopairformer.ops.torch_reference import triangle_multiplicative_update_torch
@@ -74,10 +75,14 @@ class _RingAttentionCore(GatedAttention):
 
 
 class _QueryShardedAttentionCore(GatedAttention):
-    """The single track's core: q, k, v on every rank, the bias rows of this rank's queries only."""
+    """The single track's core: q, k, v on every rank, the bias rows of this rank's queries only.
+
+    Each rank runs its queries, the outputs are gathered, and the gradients of q, k, v (each
+    rank's part) are summed, so that the single track stays replicated."""
 
     def attention(self, q, k, v, bias, mask):
         sharding = self.cp_context.sharding(q.shape[3])
+        q, k, v = sum_gradients(sharding, q, k, v)
         o = triangle_attention_rows(q[:, :, :, sharding.local_rows], k, v, bias, mask)
         return gather_rows(o, 3, sharding)
 
@@ -107,15 +112,17 @@ def _sharded_copy(module: nn.Module, context: _Context, parent: Optional[type] =
     return clone
 
 
-class _ScaleGradient(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, x, scale):
-        ctx.scale = scale
-        return x.view_as(x)
-
-    @staticmethod
-    def backward(ctx, grad):
-        return grad * ctx.scale, None
+def _row_parameters(module: nn.Module) -> list[nn.Parameter]:
+    """The parameters applied to rows of z (the pair track, and the single track's bias from z),
+    in module order: on each rank their gradients are sums over its own rows only."""
+    found: dict[int, nn.Parameter] = {}
+    for m in module.modules():
+        if isinstance(m, PairStack):
+            found.update((id(p), p) for p in m.parameters())
+        elif isinstance(m, AttentionPairBias):
+            found.update((id(p), p) for part in (m.layer_norm_z, m.linear_z)
+                         for p in part.parameters())
+    return list(found.values())
 
 
 class ContextParallel(nn.Module):
@@ -144,6 +151,7 @@ class ContextParallel(nn.Module):
         self.context = _Context(group, dist.get_world_size(group), dist.get_rank(group),
                                 trimul_chunks)
         self.module = _sharded_copy(model, self.context)
+        self._row_parameters = _row_parameters(self.module)
 
     def sharding(self, n: int) -> RowSharding:
         """The row sharding of n tokens over this wrapper's group."""
@@ -177,10 +185,7 @@ class ContextParallel(nn.Module):
                 pair_mask: Optional[torch.Tensor] = None):
         sharding = self.context.sharding(z.shape[2])
         sharding._check_local(z, "z")
-        s, z = self.module(s, z, single_mask, pair_mask)
-        if s is not None and self.context.world > 1:
-            s = _ScaleGradient.apply(s, 1.0 / self.context.world)
-        return s, z
+        return self.module(s, z, single_mask, pair_mask)
 
     def gather(self, s: Optional[torch.Tensor], z: torch.Tensor, n: int):
         """Full, unpadded outputs on every rank: s [B, n, c_s] (or None), z [B, n, n, c_z].
@@ -189,9 +194,10 @@ class ContextParallel(nn.Module):
         return (None if s is None else s[:, :n].detach()), self.sharding(n).gather_pair(z)
 
     def all_reduce_gradients(self) -> None:
-        """Sums the parameters' gradients over the ranks (one all-reduce per dtype, in a fixed order)."""
+        """Sums the gradients of the parameters applied to rows of z over the ranks (one
+        all-reduce per dtype); the single track's are whole on every rank already."""
         by_dtype: dict[torch.dtype, list[nn.Parameter]] = {}
-        for p in self.parameters():
+        for p in self._row_parameters:
             if p.requires_grad:
                 if p.grad is None:
                     p.grad = torch.zeros_like(p)

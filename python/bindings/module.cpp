@@ -9,6 +9,9 @@ namespace nb = nanobind;
 
 namespace tpf::py {
 void bind_attention(nb::module_& m);
+void bind_store(nb::module_& m);
+void bind_stream(nb::module_& m);
+void bind_trimul(nb::module_& m);
 }
 
 NB_MODULE(_C, m) {
@@ -23,4 +26,7 @@ NB_MODULE(_C, m) {
   m.def("cuda_available", &tpf::cuda_available);
   m.def("num_threads", &tpf::num_threads);
   tpf::py::bind_attention(m);
+  tpf::py::bind_store(m);
+  tpf::py::bind_stream(m);
+  tpf::py::bind_trimul(m);
 }

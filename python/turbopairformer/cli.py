@@ -8,6 +8,9 @@ import sys
 # name -> (module, one-line help). Each module defines add_arguments(parser) and run(args) -> int.
 SUBCOMMANDS = {
     "bench": ("turbopairformer.benchmarks.cli", "benchmark an op against its peers"),
+    "pack": ("turbopairformer.data.pack", "pack mmCIF/PDB/extxyz files into store shards"),
+    "inspect": ("turbopairformer.data.inspect", "describe a store file"),
+    "train": ("turbopairformer.train.cli", "train a PairFormer trunk on protein distograms"),
 }
 
 

@@ -32,7 +32,7 @@ def triangle_attention_torch(
     s = torch.einsum("bnhqd,bnhkd->bnhqk", q, k) * scale + bias[:, None]
     if mask is None:
         return torch.einsum("bnhqk,bnhkd->bnhqd", torch.softmax(s, dim=-1), v)
-    mask = mask.reshape(B, N, 1, 1, S)
+    mask = mask.reshape(B, N, 1, 1, k.shape[3])
     s = s.masked_fill(~mask, torch.finfo(s.dtype).min)
     p = torch.softmax(s, dim=-1) * mask.any(dim=-1, keepdim=True).to(s.dtype)
     return torch.einsum("bnhqk,bnhkd->bnhqd", p, v)
@@ -58,28 +58,42 @@ def triangle_multiplicative_update_torch(
     *,
     contract: Optional[Callable[[torch.Tensor, torch.Tensor, str], torch.Tensor]] = None,
 ) -> torch.Tensor:
-    """AlphaFold3 algorithms 12 (outgoing) and 13 (incoming) in the inputs' precision.
-
-    Arguments, shapes and weight layout as cuequivariance_torch.triangle_multiplicative_update:
-    x [B, S, S, D], mask [B, S, S], p_in_weight and g_in_weight [2D, D] (rows of a, then of b),
-    p_out_weight and g_out_weight [D, D]; biases may be None. contract(a, b, direction) replaces
-    the einsums (context parallelism passes its sharded contraction; the rest is row-local).
+    """The triangle multiplicative update in x's precision, as cuEquivariance's PyTorch fallback
+    computes it: LayerNorms in (at least) float32, projections and the einsum contraction in x's
+    dtype.
+    Shapes as turbopairformer.triangle_multiplicative_update; projection weights are required.
+    contract(a, b, direction) replaces the einsums (context parallelism passes its sharded
+    contraction; the rest is row-local).
     """
-    if direction not in ("outgoing", "incoming"):
-        raise ValueError(f"direction must be 'outgoing' or 'incoming', got {direction!r}")
-    D = x.shape[-1]
-    x_ln = torch.nn.functional.layer_norm(x, (D,), norm_in_weight, norm_in_bias, eps)
-    ab = torch.sigmoid(torch.nn.functional.linear(x_ln, g_in_weight, g_in_bias)) * \
-        torch.nn.functional.linear(x_ln, p_in_weight, p_in_bias)
+    dtype = x.dtype
+    F = torch.nn.functional
+
+    def cast(t: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
+        return None if t is None else t.to(dtype)
+
+    norm_dtype = torch.promote_types(dtype, torch.float32)
+
+    def norm(t: torch.Tensor, w: Optional[torch.Tensor], b: Optional[torch.Tensor]) -> torch.Tensor:
+        w = None if w is None else w.to(norm_dtype)
+        b = None if b is None else b.to(norm_dtype)
+        return F.layer_norm(t.to(norm_dtype), t.shape[-1:], w, b, eps).to(dtype)
+
+    for name, w in (("p_in_weight", p_in_weight), ("g_in_weight", g_in_weight),
+                    ("p_out_weight", p_out_weight), ("g_out_weight", g_out_weight)):
+        if w is None:
+            raise ValueError(f"{name} is required by the PyTorch implementation")
+    x_in = norm(x, norm_in_weight, norm_in_bias)
+    ab = F.linear(x_in, cast(p_in_weight), cast(p_in_bias)) * torch.sigmoid(
+        F.linear(x_in, cast(g_in_weight), cast(g_in_bias)))
     if mask is not None:
-        ab = ab * mask.unsqueeze(-1).to(ab.dtype)
-    a, b = ab[..., :D], ab[..., D:]
+        ab = ab * mask.to(dtype).unsqueeze(-1)
+    a, b = torch.chunk(ab, 2, dim=-1)
     if contract is not None:
         z = contract(a, b, direction)
     elif direction == "outgoing":
-        z = torch.einsum("bikc,bjkc->bijc", a, b)
+        z = torch.einsum("...ikd,...jkd->...ijd", a, b)
     else:
-        z = torch.einsum("bkic,bkjc->bijc", a, b)
-    z = torch.nn.functional.layer_norm(z, (D,), norm_out_weight, norm_out_bias, eps)
-    gate = torch.sigmoid(torch.nn.functional.linear(x_ln, g_out_weight, g_out_bias))
-    return gate * torch.nn.functional.linear(z, p_out_weight, p_out_bias)
+        z = torch.einsum("...kid,...kjd->...ijd", a, b)
+    return F.linear(norm(z, norm_out_weight, norm_out_bias), cast(p_out_weight),
+                    cast(p_out_bias)) * torch.sigmoid(
+        F.linear(x_in, cast(g_out_weight), cast(g_out_bias)))

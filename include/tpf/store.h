@@ -1,0 +1,264 @@
+// The record store: append-only shard files of complete records, an immutable index committed
+// atomically through two alternating headers, and read paths over mmap or any tpf::ByteSource.
+// FORMAT.md (repository root) is the byte-level specification; this header is the C++ contract.
+//
+// Errors: every function below throws tpf::Error for bad input (a malformed, truncated, corrupt or
+// newer-version file, a bad argument) and tpf::RuntimeError for a failure of the machine (open, mmap,
+// write, fsync, lock). Messages name the file or the argument and what was expected.
+//
+// Threads: Index, Reader and Record are immutable once built; every const member may be called from
+// many threads at once, and a Reader stays valid in a child created by fork(). A Writer is used by
+// one thread at a time.
+#pragma once
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "tpf/source.h"
+
+namespace tpf::store {
+
+inline constexpr uint32_t kFormatVersion = 1;
+inline constexpr size_t kHeaderRegionBytes = 128;  // two 64-byte header slots at offsets 0 and 64
+inline constexpr int kMaxFieldDims = 8;
+
+// Element types of stored arrays (values are the on-disk codes of FORMAT.md). `bytes` is a
+// fixed-width, zero-padded byte string per element (numpy "S<itemsize>"), for ASCII names; `utf8`
+// is the same for text that reads back as str (numpy "U"), for identifiers.
+enum class DType : uint8_t {
+  boolean = 1, u8 = 2, i8 = 3, u16 = 4, i16 = 5, u32 = 6, i32 = 7, u64 = 8, i64 = 9,
+  f16 = 10, f32 = 11, f64 = 12, bytes = 13, utf8 = 14,
+};
+const char* dtype_name(DType d);
+// Bytes per element; 0 for `bytes` and `utf8`, whose width is per field.
+uint32_t dtype_size(DType d);
+
+enum class Codec : uint8_t { none = 0, zstd = 1, lz4 = 2 };
+const char* codec_name(Codec c);
+// "none", "zstd", "lz4"; throws tpf::Error naming `argument` otherwise.
+Codec parse_codec(std::string_view name, const char* argument = "compression");
+
+// ---------------------------------------------------------------------------------------------
+// Records as the writer takes them: named, typed, C-contiguous N-d arrays (a 0-d array is a scalar).
+struct ArrayRef {
+  std::string_view key;
+  DType dtype = DType::f32;
+  uint32_t itemsize = 0;  // bytes per element; must equal dtype_size(dtype) unless dtype is `bytes`
+  int ndim = 0;
+  uint64_t shape[kMaxFieldDims] = {};
+  const void* data = nullptr;  // itemsize * prod(shape) bytes, little-endian elements
+};
+
+// ---------------------------------------------------------------------------------------------
+// Decoded committed state. Byte-level helpers first (for a reader over any ByteSource), then the
+// Index that ties them together.
+
+// One header slot, decoded. `valid` is false when the slot is torn, zeroed or corrupt; `problem`
+// then says why (wrong magic, checksum mismatch, ...).
+struct HeaderSlot {
+  bool valid = false;
+  std::string problem;
+  uint32_t version = 0;
+  uint64_t generation = 0;
+  uint64_t record_count = 0;
+  uint64_t index_offset = 0;
+  uint64_t index_length = 0;
+  uint64_t index_checksum = 0;
+};
+
+// Decodes both header slots from the first kHeaderRegionBytes of a file and returns the index of
+// the slot to use (the valid one with the higher generation). Throws tpf::Error when the region is
+// short, neither slot is valid, or a slot declares a newer format version; `name` labels messages.
+struct Headers {
+  HeaderSlot slot[2];
+  int current = -1;
+};
+Headers parse_headers(std::span<const std::byte> region, uint64_t file_size, const std::string& name);
+
+// One field of a layout: where its bytes sit inside a decoded (uncompressed) record.
+struct Field {
+  uint32_t key_id = 0;
+  DType dtype = DType::f32;
+  uint32_t itemsize = 0;
+  int ndim = 0;
+  uint64_t shape[kMaxFieldDims] = {};
+  uint64_t offset = 0;  // from the start of the decoded record; aligned to min(itemsize, 8)
+  uint64_t nbytes = 0;
+};
+
+// A layout is the ordered field list shared by every record of the same keys, dtypes and shapes.
+struct Layout {
+  std::vector<Field> fields;
+  uint64_t raw_size = 0;  // decoded record size in bytes
+};
+
+// Where a record's stored bytes are and how to decode them.
+struct RecordEntry {
+  uint64_t offset = 0;  // file offset of the stored bytes (8-byte aligned)
+  uint32_t stored_length = 0;
+  uint32_t layout_id = 0;
+  Codec codec = Codec::none;
+  uint64_t checksum = 0;  // XXH3-64 (seed 0) of the stored bytes
+};
+
+// The committed index of one file: keys, layouts and record entries. Holds (or shares) the index
+// bytes it was built from; every lookup is O(1).
+class Index {
+ public:
+  // Validates an index block (already read from the file) against its header slot: checksum,
+  // magic, counts, every key, layout and entry (ranges inside [kHeaderRegionBytes, index_offset)).
+  // `owner` keeps `block` alive (a vector, a mapping); `name` labels messages.
+  static Index from_block(const HeaderSlot& header, std::span<const std::byte> block,
+                          std::shared_ptr<const void> owner, uint64_t file_size,
+                          const std::string& name);
+
+  uint64_t size() const { return record_count_; }
+  uint64_t generation() const { return header_.generation; }
+  const HeaderSlot& header() const { return header_; }
+  // Entry i; throws tpf::Error naming `index` when i >= size().
+  RecordEntry entry(uint64_t i) const;
+  const std::vector<std::string>& keys() const { return keys_; }
+  const std::vector<Layout>& layouts() const { return layouts_; }
+  const Layout& layout(uint32_t id) const { return layouts_.at(id); }
+  const std::string& name() const { return name_; }
+
+ private:
+  HeaderSlot header_;
+  std::string name_;
+  uint64_t record_count_ = 0;
+  std::vector<std::string> keys_;
+  std::vector<Layout> layouts_;
+  const std::byte* entries_ = nullptr;  // record_count_ entries of kEntryBytes, inside block
+  std::shared_ptr<const void> owner_;
+};
+
+// (1) Reads the header region and the committed index through `source` (two reads) and validates
+// them. The returned Index is independent of `source`.
+Index open_index(const ByteSource& source);
+
+// (2) The byte range of record i is index.entry(i).offset, .stored_length.
+
+// (3) A decoded record. For an uncompressed record its arrays point into the caller's `stored`
+// bytes (valid while those bytes are); for a compressed one into a buffer the Record owns.
+class Record {
+ public:
+  size_t num_fields() const { return layout_->fields.size(); }
+  const Field& field(size_t i) const { return layout_->fields[i]; }
+  const std::string& key(size_t i) const { return (*keys_)[field(i).key_id]; }
+  const std::byte* data(size_t i) const { return base_ + field(i).offset; }
+  // Position of `key`, or -1.
+  int find(std::string_view key) const;
+  bool owns_data() const { return owned_ != nullptr; }
+  // The decoded record's bytes: shared ownership for zero-copy consumers of compressed records
+  // (null for an uncompressed record, whose bytes the caller owns).
+  std::shared_ptr<const std::byte[]> owned() const { return owned_; }
+
+ private:
+  friend Record decode_record(const Index&, uint64_t, std::span<const std::byte>, bool);
+  const Layout* layout_ = nullptr;
+  const std::vector<std::string>* keys_ = nullptr;
+  const std::byte* base_ = nullptr;
+  std::shared_ptr<const std::byte[]> owned_;
+};
+
+// Decodes record i from its stored bytes (exactly entry(i).stored_length of them). With
+// `verify_checksum` the XXH3-64 of the stored bytes must match the entry. Throws tpf::Error naming
+// the record on a checksum mismatch or a record that does not decompress to its layout's size.
+// The Record refers to `index` (keep it alive).
+Record decode_record(const Index& index, uint64_t i, std::span<const std::byte> stored,
+                     bool verify_checksum = true);
+
+// ---------------------------------------------------------------------------------------------
+// Memory-mapped reader of a local file.
+struct ReaderOptions {
+  bool verify_checksums = true;
+};
+
+class Reader {
+ public:
+  // Maps `path` read-only and opens its last commit. Throws tpf::Error for a file that is not a
+  // valid store, tpf::RuntimeError when it cannot be opened or mapped.
+  static std::shared_ptr<const Reader> open(const std::string& path, ReaderOptions options = {});
+  ~Reader();
+  Reader(const Reader&) = delete;
+  Reader& operator=(const Reader&) = delete;
+
+  uint64_t size() const { return index_.size(); }
+  const Index& index() const { return index_; }
+  const std::string& path() const { return path_; }
+  uint64_t file_size() const { return map_size_; }
+  bool verify_checksums() const { return options_.verify_checksums; }
+  // Record i. Arrays of an uncompressed record point into the mapping and stay valid while this
+  // Reader lives; keep the shared_ptr alongside any view handed out.
+  Record read(uint64_t i) const;
+  // The mapped file's bytes (for zero-copy consumers).
+  std::span<const std::byte> bytes() const { return {map_, map_size_}; }
+  // Both header slots as found at open: a slot that is invalid but not all zero (a torn or
+  // corrupted newer commit) means an older generation is being read.
+  const Headers& headers() const { return headers_; }
+
+ private:
+  Reader() = default;
+  std::string path_;
+  ReaderOptions options_;
+  Headers headers_;
+  const std::byte* map_ = nullptr;
+  size_t map_size_ = 0;
+  Index index_;
+};
+
+// ---------------------------------------------------------------------------------------------
+// Writer. One process at a time may write a file (an exclusive advisory lock, taken at open; a
+// second writer gets tpf::RuntimeError naming the file). Appended records become visible to readers
+// only at commit(); a crash at any point leaves the last commit intact and readable.
+struct WriterOptions {
+  Codec codec = Codec::none;
+  int level = 3;               // zstd level (1..19); ignored by lz4 and none
+  bool overwrite = false;      // start an empty file even if `path` exists
+  // Test hook: called at each step of commit() (see CommitStep) so crash tests can kill the
+  // process at a chosen point. Unset in normal use.
+  std::function<void(int step)> on_commit_step;
+};
+
+// The steps of commit(), in order; on_commit_step(step) runs before each.
+enum CommitStep : int { kWriteIndex = 0, kSyncIndex = 1, kWriteHeader = 2, kSyncHeader = 3 };
+
+class Writer {
+ public:
+  // Creates `path`, or opens an existing store to append after its last commit (anything written
+  // after that commit, e.g. by a crashed writer, is discarded).
+  Writer(const std::string& path, WriterOptions options = {});
+  ~Writer();  // does not commit: uncommitted records are dropped
+  Writer(const Writer&) = delete;
+  Writer& operator=(const Writer&) = delete;
+
+  // Appends one record. Throws tpf::Error naming the field for an empty or duplicate key, a key
+  // starting with '_' (reserved), a bad itemsize, more than kMaxFieldDims dims or a record of
+  // 4 GiB or more.
+  void append(std::span<const ArrayRef> fields);
+  // Makes every record appended so far visible atomically and durably (fdatasync).
+  void commit();
+  // Records appended, committed or not.
+  uint64_t size() const;
+  uint64_t committed_size() const;
+  uint64_t generation() const;
+  const std::string& path() const;
+  void close();  // releases the file and the lock; uncommitted records are dropped
+
+ private:
+  struct State;
+  std::unique_ptr<State> s_;
+};
+
+// ---------------------------------------------------------------------------------------------
+// Inspector: a human-readable description of a file (both header slots, generation, record count,
+// keys, layouts, sizes by codec). Works on a file that fails to open as far as it can, then says
+// what is wrong.
+std::string describe(const std::string& path);
+
+}  // namespace tpf::store

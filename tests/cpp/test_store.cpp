@@ -1,0 +1,485 @@
+// The record store: round trips through the mmap reader and the ByteSource path, one test per
+// failure mode (LevelDB's log_test style), and crash tests that SIGKILL a writer process in the
+// middle of appends and at each step of a commit.
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdlib>
+#include <filesystem>
+#include <random>
+#include <thread>
+
+#include "store/format.h"
+#include "store_test_util.h"
+
+namespace tpf::store {
+namespace {
+
+using testing::MemorySource;
+using testing::TempDir;
+using testing::TestRecord;
+
+uint64_t test_seed() {
+  if (const char* s = std::getenv("TPF_TEST_SEED")) return std::strtoull(s, nullptr, 10);
+  return std::random_device{}();
+}
+
+void write_records(const std::string& path, uint64_t seed, uint64_t begin, uint64_t end,
+                   WriterOptions o = {}) {
+  Writer w(path, o);
+  for (uint64_t i = begin; i < end; ++i) w.append(testing::record_for(seed, i).view());
+  w.commit();
+}
+
+void expect_records(const Reader& r, uint64_t seed, uint64_t count) {
+  ASSERT_EQ(r.size(), count);
+  for (uint64_t i = 0; i < count; ++i) {
+    std::string why;
+    ASSERT_TRUE(testing::same_record(r.read(i), testing::record_for(seed, i), &why))
+        << "record " << i << ": " << why;
+  }
+}
+
+void flip_byte(const std::string& path, uint64_t offset) {
+  auto bytes = testing::read_file(path);
+  bytes.at(offset) ^= std::byte{0x5a};
+  testing::write_file(path, bytes);
+}
+
+template <typename Fn>
+std::string error_of(Fn fn) {
+  try {
+    fn();
+  } catch (const Error& e) {
+    return e.what();
+  } catch (const RuntimeError& e) {
+    return std::string("RuntimeError: ") + e.what();
+  }
+  return "no error";
+}
+
+// ---- round trips --------------------------------------------------------------------------------
+
+TEST(Store, RoundTripEveryCodecThroughMmapAndByteSource) {
+  const uint64_t seed = test_seed();
+  SCOPED_TRACE("seed=" + std::to_string(seed));
+  TempDir dir;
+  for (Codec codec : {Codec::none, Codec::zstd, Codec::lz4}) {
+    const std::string path = dir.file(std::string("rt-") + codec_name(codec) + ".tpf");
+    WriterOptions o;
+    o.codec = codec;
+    {
+      Writer w(path, o);
+      for (uint64_t i = 0; i < 150; ++i) w.append(testing::record_for(seed, i).view());
+      w.commit();
+      for (uint64_t i = 150; i < 301; ++i) w.append(testing::record_for(seed, i).view());
+      w.commit();
+      EXPECT_EQ(w.generation(), 3u);
+    }
+    auto r = Reader::open(path);
+    expect_records(*r, seed, 301);
+    MemorySource src(testing::read_file(path), path);
+    const Index ix = open_index(src);
+    ASSERT_EQ(ix.size(), 301u);
+    for (uint64_t i = 0; i < ix.size(); ++i) {
+      const RecordEntry e = ix.entry(i);
+      std::vector<std::byte> stored(e.stored_length);
+      src.read(e.offset, e.stored_length, stored.data());
+      std::string why;
+      ASSERT_TRUE(testing::same_record(decode_record(ix, i, stored), testing::record_for(seed, i), &why))
+          << codec_name(codec) << " record " << i << ": " << why;
+    }
+  }
+}
+
+TEST(Store, CompressionShrinksCompressibleRecordsAndKeepsIncompressibleOnesRaw) {
+  TempDir dir;
+  std::vector<float> zeros(3000, 0.f);
+  std::vector<std::byte> noise(4000);
+  std::mt19937_64 rng(7);
+  for (auto& b : noise) b = std::byte(rng());
+  ArrayRef a{"x", DType::f32, 4, 1, {3000}, zeros.data()};
+  ArrayRef b{"y", DType::u8, 1, 1, {4000}, noise.data()};
+  WriterOptions o;
+  o.codec = Codec::zstd;
+  {
+    Writer w(dir.file("c.tpf"), o);
+    w.append(std::span(&a, 1));
+    w.append(std::span(&b, 1));
+    w.commit();
+  }
+  auto r = Reader::open(dir.file("c.tpf"));
+  EXPECT_EQ(r->index().entry(0).codec, Codec::zstd);
+  EXPECT_LT(r->index().entry(0).stored_length, 12000u / 10);
+  EXPECT_EQ(r->index().entry(1).codec, Codec::none);
+  EXPECT_EQ(std::memcmp(r->read(1).data(0), noise.data(), noise.size()), 0);
+}
+
+TEST(Store, EmptyRecordsZeroAtomsAndEveryDtype) {
+  const uint64_t seed = test_seed();
+  SCOPED_TRACE("seed=" + std::to_string(seed));
+  std::mt19937_64 rng(seed);
+  TempDir dir;
+  TestRecord empty, zero_atoms, all;
+  zero_atoms.add("positions", DType::f32, 4, {0, 3}, rng);
+  const DType types[] = {DType::boolean, DType::u8, DType::i8, DType::u16, DType::i16, DType::u32,
+                         DType::i32, DType::u64, DType::i64, DType::f16, DType::f32, DType::f64};
+  for (DType t : types) all.add(std::string("a_") + dtype_name(t), t, dtype_size(t), {5, 3}, rng);
+  all.add("text", DType::bytes, 7, {2}, rng);
+  all.add("utf", DType::utf8, 3, {}, rng);
+  all.add("scalar", DType::f64, 8, {}, rng);
+  for (int d = 0; d <= kMaxFieldDims; ++d) {
+    std::vector<uint64_t> shape(size_t(d), 2);
+    all.add("dims" + std::to_string(d), DType::i16, 2, shape, rng);
+  }
+  {
+    Writer w(dir.file("e.tpf"));
+    w.append(empty.view());
+    w.append(zero_atoms.view());
+    w.append(all.view());
+    w.commit();
+  }
+  auto r = Reader::open(dir.file("e.tpf"));
+  std::string why;
+  EXPECT_TRUE(testing::same_record(r->read(0), empty, &why)) << why;
+  EXPECT_TRUE(testing::same_record(r->read(1), zero_atoms, &why)) << why;
+  const Record rec = r->read(2);
+  EXPECT_TRUE(testing::same_record(rec, all, &why)) << why;
+  for (size_t f = 0; f < rec.num_fields(); ++f)
+    EXPECT_EQ(reinterpret_cast<uintptr_t>(rec.data(f)) % detail::field_alignment(rec.field(f).itemsize), 0u)
+        << rec.key(f) << " is not naturally aligned";
+}
+
+TEST(Store, UncommittedRecordsAreInvisibleAndDroppedOnReopen) {
+  const uint64_t seed = test_seed();
+  SCOPED_TRACE("seed=" + std::to_string(seed));
+  TempDir dir;
+  const std::string path = dir.file("u.tpf");
+  {
+    Writer w(path);
+    for (uint64_t i = 0; i < 10; ++i) w.append(testing::record_for(seed, i).view());
+    w.commit();
+    for (uint64_t i = 10; i < 20; ++i) w.append(testing::record_for(seed, 1000 + i).view());
+    // A reader opened now sees the last commit only.
+    expect_records(*Reader::open(path), seed, 10);
+  }  // destroyed without commit
+  {
+    Writer w(path);
+    EXPECT_EQ(w.size(), 10u);
+    for (uint64_t i = 10; i < 25; ++i) w.append(testing::record_for(seed, i).view());
+    w.commit();
+  }
+  expect_records(*Reader::open(path), seed, 25);
+}
+
+TEST(Store, ReaderIsSafeFromManyThreads) {
+  const uint64_t seed = test_seed();
+  SCOPED_TRACE("seed=" + std::to_string(seed));
+  TempDir dir;
+  const std::string path = dir.file("t.tpf");
+  WriterOptions o;
+  o.codec = Codec::lz4;
+  write_records(path, seed, 0, 200, o);
+  auto r = Reader::open(path);
+  std::vector<std::thread> threads;
+  std::atomic<int> bad{0};
+  for (int t = 0; t < 4; ++t)
+    threads.emplace_back([&, t] {
+      std::mt19937_64 rng(seed + uint64_t(t));
+      for (int k = 0; k < 400; ++k) {
+        const uint64_t i = rng() % 200;
+        std::string why;
+        if (!testing::same_record(r->read(i), testing::record_for(seed, i), &why)) ++bad;
+      }
+    });
+  for (auto& t : threads) t.join();
+  EXPECT_EQ(bad.load(), 0);
+}
+
+TEST(Store, WriterRejectsBadRecords) {
+  TempDir dir;
+  Writer w(dir.file("bad.tpf"));
+  float x[3] = {};
+  ArrayRef dup[2] = {{"x", DType::f32, 4, 1, {3}, x}, {"x", DType::f32, 4, 1, {3}, x}};
+  EXPECT_NE(error_of([&] { w.append(dup); }).find("appears twice"), std::string::npos);
+  ArrayRef reserved{"_x", DType::f32, 4, 1, {3}, x};
+  EXPECT_NE(error_of([&] { w.append(std::span(&reserved, 1)); }).find("reserved"), std::string::npos);
+  ArrayRef itemsize{"x", DType::f32, 8, 1, {3}, x};
+  EXPECT_NE(error_of([&] { w.append(std::span(&itemsize, 1)); }).find("itemsize"), std::string::npos);
+  ArrayRef empty_key{"", DType::f32, 4, 1, {3}, x};
+  EXPECT_NE(error_of([&] { w.append(std::span(&empty_key, 1)); }).find("empty key"), std::string::npos);
+  ArrayRef huge{"x", DType::f64, 8, 2, {1u << 20, 1u << 20}, x};
+  EXPECT_NE(error_of([&] { w.append(std::span(&huge, 1)); }).find("4 GiB"), std::string::npos);
+  EXPECT_EQ(w.size(), 0u);
+  EXPECT_NE(error_of([] { parse_codec("gzip"); }).find("'none', 'zstd' or 'lz4'"), std::string::npos);
+}
+
+// ---- failure modes: one test each -----------------------------------------------------------
+
+class StoreFailure : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    seed_ = test_seed();
+    path_ = dir_.file("f.tpf");
+    write_records(path_, seed_, 0, 20);
+    {
+      Writer w(path_);
+      for (uint64_t i = 20; i < 30; ++i) w.append(testing::record_for(seed_, i).view());
+      w.commit();  // generation 3 in slot 0 after generations 1 (slot 0) and 2 (slot 1)
+    }
+    auto r = Reader::open(path_);
+    generation_ = r->index().generation();
+    current_ = r->headers().current;
+    index_offset_ = r->index().header().index_offset;
+    record5_ = r->index().entry(5);
+  }
+  TempDir dir_;
+  uint64_t seed_ = 0;
+  std::string path_;
+  uint64_t generation_ = 0;
+  int current_ = 0;
+  uint64_t index_offset_ = 0;
+  RecordEntry record5_;
+};
+
+TEST_F(StoreFailure, EmptyFile) {
+  testing::write_file(path_, {});
+  EXPECT_NE(error_of([&] { Reader::open(path_); }).find("is empty (0 bytes)"), std::string::npos);
+}
+
+TEST_F(StoreFailure, TruncatedFile) {
+  auto bytes = testing::read_file(path_);
+  for (uint64_t keep : {uint64_t(10), uint64_t(100), record5_.offset + 3, index_offset_ + 40,
+                        uint64_t(bytes.size() - 1)}) {
+    std::vector<std::byte> cut = bytes;
+    cut.resize(keep);
+    testing::write_file(path_, cut);
+    EXPECT_NE(error_of([&] { Reader::open(path_); }).find("is truncated"), std::string::npos)
+        << "kept " << keep << " bytes";
+  }
+}
+
+TEST_F(StoreFailure, FlippedByteInRecord) {
+  SCOPED_TRACE("seed=" + std::to_string(seed_));
+  flip_byte(path_, record5_.offset + record5_.stored_length / 2);
+  auto r = Reader::open(path_);
+  EXPECT_NE(error_of([&] { r->read(5); }).find("record 5 is corrupt (checksum mismatch)"), std::string::npos);
+  std::string why;
+  EXPECT_TRUE(testing::same_record(r->read(4), testing::record_for(seed_, 4), &why)) << why;
+  EXPECT_TRUE(testing::same_record(r->read(6), testing::record_for(seed_, 6), &why)) << why;
+  ReaderOptions fast;
+  fast.verify_checksums = false;
+  EXPECT_NO_THROW(Reader::open(path_, fast)->read(5));  // unchecked: returns the bytes as stored
+}
+
+TEST_F(StoreFailure, FlippedByteInCompressedRecordWithoutChecksumIsAnErrorNotACrash) {
+  WriterOptions o;
+  o.codec = Codec::zstd;
+  std::vector<float> zeros(500, 0.f);
+  ArrayRef a{"x", DType::f32, 4, 1, {500}, zeros.data()};
+  const std::string path = dir_.file("z.tpf");
+  {
+    Writer w(path, o);
+    w.append(std::span(&a, 1));
+    w.commit();
+  }
+  ReaderOptions fast;
+  fast.verify_checksums = false;
+  const RecordEntry e = Reader::open(path)->index().entry(0);
+  ASSERT_EQ(e.codec, Codec::zstd);
+  for (uint32_t at = 0; at < e.stored_length; ++at) {
+    flip_byte(path, e.offset + at);
+    auto r = Reader::open(path, fast);
+    const std::string err = error_of([&] { r->read(0); });
+    EXPECT_TRUE(err == "no error" || err.find("does not decompress") != std::string::npos) << err;
+    flip_byte(path, e.offset + at);
+  }
+}
+
+TEST_F(StoreFailure, FlippedByteInIndex) {
+  flip_byte(path_, index_offset_ + 40);
+  EXPECT_NE(error_of([&] { Reader::open(path_); }).find("index checksum mismatch"), std::string::npos);
+}
+
+TEST_F(StoreFailure, FlippedByteInCurrentHeaderFallsBackToThePreviousCommit) {
+  SCOPED_TRACE("seed=" + std::to_string(seed_));
+  flip_byte(path_, uint64_t(current_) * 64 + 20);
+  auto r = Reader::open(path_);
+  EXPECT_EQ(r->index().generation(), generation_ - 1);
+  EXPECT_NE(r->headers().slot[current_].problem.find("checksum mismatch"), std::string::npos);
+  expect_records(*r, seed_, 20);
+}
+
+TEST_F(StoreFailure, FlippedBytesInBothHeaders) {
+  flip_byte(path_, 20);
+  flip_byte(path_, 64 + 20);
+  EXPECT_NE(error_of([&] { Reader::open(path_); }).find("has no intact header"), std::string::npos);
+}
+
+TEST_F(StoreFailure, WrongMagic) {
+  auto bytes = testing::read_file(path_);
+  std::memcpy(bytes.data(), "NOTASTOR", 8);
+  std::memcpy(bytes.data() + 64, "NOTASTOR", 8);
+  testing::write_file(path_, bytes);
+  EXPECT_NE(error_of([&] { Reader::open(path_); }).find("is not a TurboPairFormer store"), std::string::npos);
+}
+
+TEST_F(StoreFailure, NewerFormatVersion) {
+  auto bytes = testing::read_file(path_);
+  HeaderSlot h = Reader::open(path_)->index().header();
+  h.version = kFormatVersion + 1;
+  detail::encode_header_slot(h, std::span<std::byte, 64>(bytes.data() + current_ * 64, 64));
+  testing::write_file(path_, bytes);
+  EXPECT_NE(error_of([&] { Reader::open(path_); }).find("newer than this reader's version"), std::string::npos);
+}
+
+TEST_F(StoreFailure, SecondWriterOnTheSameFile) {
+  Writer first(path_);
+  EXPECT_NE(error_of([&] { Writer second(path_); }).find("locked by another writer"), std::string::npos);
+  first.close();
+  EXPECT_NO_THROW(Writer third(path_));
+}
+
+TEST_F(StoreFailure, NotAStoreOpenedForWriting) {
+  testing::write_file(path_, std::vector<std::byte>(300, std::byte{'x'}));
+  EXPECT_NE(error_of([&] { Writer w(path_); }).find("is not a TurboPairFormer store"), std::string::npos);
+}
+
+TEST_F(StoreFailure, MissingFile) {
+  EXPECT_NE(error_of([&] { Reader::open(dir_.file("nope.tpf")); }).find("does not exist"), std::string::npos);
+}
+
+TEST_F(StoreFailure, IndexOutOfRange) {
+  auto r = Reader::open(path_);
+  EXPECT_NE(error_of([&] { r->read(30); }).find("out of range"), std::string::npos);
+}
+
+// ---- crash tests: a real writer process, killed with SIGKILL -------------------------------------
+
+// Runs `child` in a forked process and waits for it; true when it died of SIGKILL.
+template <typename Fn>
+bool killed_in_child(Fn child) {
+  const pid_t pid = fork();
+  if (pid == 0) {
+    try {
+      child();
+    } catch (...) {
+      _exit(3);
+    }
+    _exit(0);
+  }
+  int status = 0;
+  waitpid(pid, &status, 0);
+  return WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL;
+}
+
+TEST(StoreCrash, KillAtEveryStepOfACommit) {
+  const uint64_t seed = test_seed();
+  SCOPED_TRACE("seed=" + std::to_string(seed));
+  TempDir dir;
+  for (int step = kWriteIndex; step <= kSyncHeader; ++step) {
+    SCOPED_TRACE("commit step " + std::to_string(step));
+    const std::string path = dir.file("crash-" + std::to_string(step) + ".tpf");
+    write_records(path, seed, 0, 40);
+    ASSERT_TRUE(killed_in_child([&] {
+      WriterOptions o;
+      o.codec = Codec::lz4;
+      o.on_commit_step = [step](int s) {
+        if (s == step) raise(SIGKILL);
+      };
+      Writer w(path, o);
+      for (uint64_t i = 40; i < 90; ++i) w.append(testing::record_for(seed, i).view());
+      w.commit();
+    }));
+    auto r = Reader::open(path);
+    // Until the header is written the old commit is the visible one; once written (even unsynced,
+    // it is in the page cache) the new one is, complete.
+    if (step < kSyncHeader) {
+      expect_records(*r, seed, 40);
+    } else {
+      expect_records(*r, seed, r->size());
+      EXPECT_TRUE(r->size() == 40 || r->size() == 90) << r->size();
+    }
+    const uint64_t have = r->size();
+    {  // a new writer continues after the surviving commit
+      Writer w(path);
+      for (uint64_t i = have; i < have + 15; ++i) w.append(testing::record_for(seed, i).view());
+      w.commit();
+    }
+    expect_records(*Reader::open(path), seed, have + 15);
+  }
+}
+
+TEST(StoreCrash, TornHeaderWriteFallsBackToThePreviousCommit) {
+  const uint64_t seed = test_seed();
+  SCOPED_TRACE("seed=" + std::to_string(seed));
+  TempDir dir;
+  const std::string path = dir.file("torn.tpf");
+  write_records(path, seed, 0, 12);
+  const auto before = testing::read_file(path);
+  {
+    Writer w(path);
+    for (uint64_t i = 12; i < 30; ++i) w.append(testing::record_for(seed, i).view());
+    w.commit();
+  }
+  // Keep the new slot's first half and the old bytes after it: what a torn 64-byte write leaves.
+  auto after = testing::read_file(path);
+  const int slot = Reader::open(path)->headers().current;
+  std::memcpy(after.data() + slot * 64 + 32, before.data() + slot * 64 + 32, 32);
+  testing::write_file(path, after);
+  expect_records(*Reader::open(path), seed, 12);
+}
+
+TEST(StoreCrash, KillDuringAppendsKeepsEveryCommittedRecord) {
+  const uint64_t seed = test_seed();
+  SCOPED_TRACE("seed=" + std::to_string(seed));
+  TempDir dir;
+  std::mt19937_64 rng(seed);
+  constexpr uint64_t kCommitEvery = 25;
+  for (int trial = 0; trial < 4; ++trial) {
+    const std::string path = dir.file("append-" + std::to_string(trial) + ".tpf");
+    int fds[2];
+    ASSERT_EQ(pipe(fds), 0);
+    const pid_t pid = fork();
+    if (pid == 0) {
+      ::close(fds[0]);
+      try {
+        WriterOptions o;
+        o.codec = trial % 2 ? Codec::zstd : Codec::none;
+        Writer w(path, o);
+        for (uint64_t i = 0;; ++i) {
+          w.append(testing::record_for(seed, i).view());
+          if ((i + 1) % kCommitEvery == 0) {
+            w.commit();
+            const uint64_t n = i + 1;
+            if (write(fds[1], &n, sizeof n) != sizeof n) _exit(4);
+          }
+        }
+      } catch (...) {
+        _exit(3);
+      }
+    }
+    ::close(fds[1]);
+    // Let it commit a few times, then kill it wherever it is.
+    uint64_t committed = 0, n = 0;
+    const int commits_before_kill = 2 + int(rng() % 6);
+    for (int c = 0; c < commits_before_kill && read(fds[0], &n, sizeof n) == sizeof n; ++c) committed = n;
+    std::this_thread::sleep_for(std::chrono::microseconds(rng() % 20000));
+    kill(pid, SIGKILL);
+    int status = 0;
+    waitpid(pid, &status, 0);
+    while (read(fds[0], &n, sizeof n) == sizeof n) committed = n;
+    ::close(fds[0]);
+    ASSERT_TRUE(WIFSIGNALED(status)) << "writer exited with status " << status;
+    auto r = Reader::open(path);
+    EXPECT_GE(r->size(), committed);
+    EXPECT_EQ(r->size() % kCommitEvery, 0u);
+    expect_records(*r, seed, r->size());
+  }
+}
+
+}  // namespace
+}  // namespace tpf::store

@@ -136,22 +136,28 @@ def check_transpose(c: Checker, env) -> None:
                 local.detach())
 
 
-def check_gather_rows(c: Checker, env) -> None:
-    from turbopairformer.distributed import RowSharding, gather_rows
+def check_replication(c: Checker, env) -> None:
+    """gather_rows into a replicated tensor (same gradient on every rank: each keeps its rows) and
+    sum_gradients out of one (each rank's partial gradient: summed)."""
+    from turbopairformer.distributed import RowSharding, gather_rows, sum_gradients
     s = env.sizes
     n = token_counts(env.world, env.device.type)[0]
     sh = RowSharding.of(n)
     full = randn(env.gen, s["B"], s["H"], sh.n_padded, s["D"], dtype=env.dtype, device=env.device)
-    grads = [randn(env.gen, *full.shape, dtype=env.dtype, device=env.device)
-             for _ in range(env.world)]
+    grad = randn(env.gen, *full.shape, dtype=env.dtype, device=env.device)
     local = full[:, :, sh.local_rows].clone().requires_grad_()
     out = gather_rows(local, 2, sh)
-    out.backward(grads[env.rank])
+    out.backward(grad)
     c.equal("gather_rows", out.detach(), full)
-    expected = grads[0][:, :, sh.local_rows].clone()
-    for g in grads[1:]:
-        expected += g[:, :, sh.local_rows]
-    c.equal("gather_rows backward (the ranks' gradients summed in rank order)", local.grad, expected)
+    c.equal("gather_rows backward", local.grad, grad[:, :, sh.local_rows])
+
+    parts = [randn(env.gen, *full.shape, dtype=env.dtype, device=env.device)
+             for _ in range(env.world)]
+    replicated = full.clone().requires_grad_()
+    (same,) = sum_gradients(sh, replicated)
+    c.equal("sum_gradients forward", same.detach(), full)
+    same.backward(parts[env.rank])
+    c.fa3("sum_gradients backward", replicated.grad, sum(parts), sum(p.double() for p in parts))
 
 
 def check_contraction(c: Checker, env) -> None:

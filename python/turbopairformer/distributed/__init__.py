@@ -8,10 +8,10 @@ Memory per rank is O(N^2 / P). Built on torch.distributed (NCCL on GPUs, gloo on
 - ContextParallel: a PairFormer run on those pieces, each rank feeding its rows.
 """
 from turbopairformer.distributed.attention import ring_triangle_attention
-from turbopairformer.distributed.collectives import gather_rows, transpose_pair
+from turbopairformer.distributed.collectives import gather_rows, sum_gradients, transpose_pair
 from turbopairformer.distributed.context_parallel import ContextParallel
 from turbopairformer.distributed.sharding import RowSharding
 from turbopairformer.distributed.trimul import sharded_triangle_contraction
 
-__all__ = ["ContextParallel", "RowSharding", "transpose_pair", "gather_rows",
+__all__ = ["ContextParallel", "RowSharding", "transpose_pair", "gather_rows", "sum_gradients",
            "ring_triangle_attention", "sharded_triangle_contraction"]

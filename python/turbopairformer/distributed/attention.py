@@ -45,24 +45,21 @@ class _RingAttention(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q, k, v, bias, mask, scale, keep_residual, sharding):
         ring = Ring(sharding)
-        o = torch.empty_like(q)
-        lse = q.new_empty(q.shape[:4], dtype=torch.float32)
-        residual = None
+        outputs = None  # o, lse, residual of all query rows, shaped and typed as the op's
         block = bias.contiguous()
         for step in range(sharding.world):
             rows = sharding.rows((sharding.rank - step) % sharding.world)
             incoming = ring.shift(block, _BIAS_TAG) if step + 1 < sharding.world else None
-            o_r, lse_r, residual_r = _attention_fwd(
-                _query_rows(q, rows), k, v, block, mask, scale, keep_residual)
-            if residual is None:
-                residual = (q.new_empty(q.shape, dtype=residual_r.dtype) if residual_r.numel()
-                            else residual_r)
-            o[:, :, :, rows] = o_r
-            lse[:, :, :, rows] = lse_r
-            if residual.numel():
-                residual[:, :, :, rows] = residual_r
+            blocks = _attention_fwd(_query_rows(q, rows), k, v, block, mask, scale, keep_residual)
+            if outputs is None:
+                outputs = [x.new_empty(x.shape[:3] + q.shape[3:4] + x.shape[4:]) if x.numel()
+                           else x for x in blocks]
+            for full, part in zip(outputs, blocks):
+                if part.numel():
+                    full[:, :, :, rows] = part
             if incoming is not None:
                 block = incoming.wait()
+        o, lse, residual = outputs
         save_named(ctx, q=q, k=k, v=v, bias=bias, mask=mask, o=o, lse=lse, residual=residual)
         ctx.scale, ctx.sharding = scale, sharding
         return o

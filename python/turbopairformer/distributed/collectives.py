@@ -160,7 +160,7 @@ class _SumGradients(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, *grads):
-        grads = [g.contiguous() for g in grads]
+        grads = [g.clone(memory_format=torch.contiguous_format) for g in grads]  # never in place
         for g in grads:
             dist.all_reduce(g, group=ctx.sharding.group)
         return (None, *grads)

@@ -11,7 +11,11 @@ from turbopairformer.distributed.attention import ring_triangle_attention
 from turbopairformer.distributed.collectives import gather_rows, sum_gradients, transpose_pair
 from turbopairformer.distributed.context_parallel import ContextParallel
 from turbopairformer.distributed.sharding import RowSharding
-from turbopairformer.distributed.trimul import sharded_triangle_contraction
+from turbopairformer.distributed.trimul import (
+    sharded_triangle_contraction,
+    sharded_triangle_multiplicative_update,
+)
 
 __all__ = ["ContextParallel", "RowSharding", "transpose_pair", "gather_rows", "sum_gradients",
-           "ring_triangle_attention", "sharded_triangle_contraction"]
+           "ring_triangle_attention", "sharded_triangle_contraction",
+           "sharded_triangle_multiplicative_update"]

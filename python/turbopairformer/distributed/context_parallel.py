@@ -3,7 +3,8 @@
 The wrapper runs the model's own forward code on this rank's rows. Its module tree is a copy of the
 model's that shares every parameter (same Parameter objects, same state-dict keys); only the parts
 that reach across rows are swapped for sharded ones:
-- triangle multiplication: the contraction goes through channel sharding (sharded_triangle_contraction);
+- triangle multiplication: the contraction goes through channel sharding, and the row-local stages
+  are recomputed in the backward (sharded_triangle_multiplicative_update);
 - triangle attention: the core runs the bias ring, and the ending node's transposes are all-to-alls;
 - the single track's attention pair bias: s is on every rank, each rank runs the queries whose bias
   rows it holds, and the outputs are gathered.
@@ -28,12 +29,11 @@ from torch import nn
 from turbopairformer.distributed.attention import ring_triangle_attention
 from turbopairformer.distributed.collectives import gather_rows, sum_gradients, transpose_pair
 from turbopairformer.distributed.sharding import RowSharding
-from turbopairformer.distributed.trimul import sharded_triangle_contraction
+from turbopairformer.distributed.trimul import sharded_triangle_multiplicative_update
 from turbopairformer.nn.attention import AttentionPairBias, GatedAttention, TriangleAttention
 from turbopairformer.nn.pairformer import PairFormer, PairFormerBlock, PairStack
 from turbopairformer.nn.trimul import TriangleMultiplication
 from turbopairformer.ops.attention import triangle_attention_rows
-from turbopairformer.ops.torch_reference import triangle_multiplicative_update_torch
 
 __all__ = ["ContextParallel"]
 
@@ -52,14 +52,9 @@ class _Context:
 
 class _ShardedTriangleMultiplication(TriangleMultiplication):
     def forward(self, z: torch.Tensor, mask: Optional[torch.Tensor] = None) -> torch.Tensor:
-        sharding = self.cp_context.sharding(z.shape[2])
-        chunks = self.cp_context.trimul_chunks
-
-        def contract(a, b, direction):
-            return sharded_triangle_contraction(a, b, direction, sharding, chunks)
-
-        return triangle_multiplicative_update_torch(z, self.direction, mask, **self.op_weights(),
-                                                    contract=contract)
+        return sharded_triangle_multiplicative_update(
+            z, self.direction, mask, self.cp_context.sharding(z.shape[2]),
+            self.cp_context.trimul_chunks, **self.op_weights())
 
 
 class _ShardedTriangleAttention(TriangleAttention):

@@ -16,6 +16,8 @@ import copy
 import datetime
 import json
 import os
+import random
+import subprocess
 import sys
 import traceback
 from pathlib import Path
@@ -398,6 +400,31 @@ def worker(rank: int, world: int, args) -> None:
         dist.barrier()
     Path(args.out, f"rank{rank}.json").write_text(json.dumps(results, indent=1))
     dist.destroy_process_group()
+
+
+def run_ranks(world: int, out: Path, backend: str = "gloo", dtype: str = "float32"):
+    """Runs every check on `world` ranks in a fresh process tree; returns the seed and
+    {check: [result of each rank]}. TPF_SEED fixes the seed."""
+    seed = int(os.environ.get("TPF_SEED", random.SystemRandom().randrange(2**31)))
+    env = dict(os.environ, NCCL_NVLS_ENABLE="0", TORCH_SYMM_MEM_DISABLE_MULTICAST="1")
+    cmd = [sys.executable, __file__, "--world", str(world), "--out", str(out), "--seed", str(seed),
+           "--backend", backend, "--dtype", dtype]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900, env=env)
+    if proc.returncode != 0:
+        raise RuntimeError(f"{world} ranks exited with {proc.returncode} (reproduce with "
+                           f"TPF_SEED={seed}):\n{proc.stdout[-4000:]}\n{proc.stderr[-4000:]}")
+    per_rank = [json.loads((out / f"rank{r}.json").read_text()) for r in range(world)]
+    return seed, {name: [results[name] for results in per_rank] for name in per_rank[0]}
+
+
+def failures_of(check: str, world: int, seed: int, results: dict) -> str:
+    """The failure report of one check over all ranks ("" when it passed everywhere)."""
+    if check not in results:
+        return f"check {check} did not run on {world} ranks (TPF_SEED={seed})"
+    lines = [f"rank {r}: {res['detail']}" for r, res in enumerate(results[check]) if not res["ok"]]
+    if not lines:
+        return ""
+    return f"{check} on {world} ranks (reproduce with TPF_SEED={seed}):\n" + "\n".join(lines)
 
 
 def main(argv=None) -> int:

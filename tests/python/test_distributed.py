@@ -5,36 +5,13 @@ check is reported as its own test. The row-sharding arithmetic is tested in this
 """
 from __future__ import annotations
 
-import json
-import os
-import random
-import subprocess
-import sys
-from pathlib import Path
-
 import pytest
 import torch
 
+from distributed_checks import CHECKS, failures_of, run_ranks
 from turbopairformer.distributed import RowSharding
 
-CHECKS_SCRIPT = Path(__file__).with_name("distributed_checks.py")
-sys.path.insert(0, str(CHECKS_SCRIPT.parent))
-from distributed_checks import CHECKS  # noqa: E402
-
 WORLDS = (2, 3)
-
-
-def run_ranks(world: int, out: Path, extra=()) -> tuple[int, dict]:
-    """Runs every check on `world` ranks; returns the seed and {check: [per-rank result]}."""
-    seed = int(os.environ.get("TPF_SEED", random.SystemRandom().randrange(2**31)))
-    cmd = [sys.executable, str(CHECKS_SCRIPT), "--world", str(world), "--out", str(out),
-           "--seed", str(seed), *extra]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
-    if proc.returncode != 0:
-        pytest.fail(f"{world} ranks exited with {proc.returncode} (reproduce with TPF_SEED={seed}):\n"
-                    f"{proc.stdout[-4000:]}\n{proc.stderr[-4000:]}")
-    per_rank = [json.loads((out / f"rank{r}.json").read_text()) for r in range(world)]
-    return seed, {name: [results[name] for results in per_rank] for name in per_rank[0]}
 
 
 @pytest.fixture(scope="module", params=WORLDS, ids=lambda w: f"{w}ranks")
@@ -44,11 +21,8 @@ def rank_results(request, tmp_path_factory):
 
 @pytest.mark.parametrize("check", sorted(CHECKS))
 def test_multi_rank(rank_results, check):
-    world, seed, results = rank_results
-    assert check in results, f"check {check} did not run on {world} ranks (seed {seed})"
-    failures = [f"rank {r}: {res['detail']}" for r, res in enumerate(results[check]) if not res["ok"]]
-    assert not failures, (f"{check} on {world} ranks (reproduce with TPF_SEED={seed}):\n" +
-                          "\n".join(failures))
+    failures = failures_of(check, *rank_results[:2], rank_results[2])
+    assert not failures, failures
 
 
 @pytest.mark.parametrize("n,world", [(1, 1), (7, 2), (9, 3), (12, 3), (2, 3), (128, 8)])

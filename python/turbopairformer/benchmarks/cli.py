@@ -6,6 +6,7 @@ import importlib
 
 BENCHES = {
     "attention": "turbopairformer.benchmarks.attention",
+    "context-parallel": "turbopairformer.benchmarks.context_parallel",
 }
 
 

@@ -75,7 +75,8 @@ class Checker:
                 self.failures.append(f"{name}: message {str(e)!r} does not name {words!r}")
             return
         except Exception as e:  # noqa: BLE001 - a wrong exception type is the failure reported
-            self.failures.append(f"{name}: raised {type(e).__name__} ({e}), expected {kind.__name__}")
+            self.failures.append(
+                f"{name}: raised {type(e).__name__} ({e}), expected {kind.__name__}")
             return
         self.failures.append(f"{name}: did not raise {kind.__name__}")
 
@@ -132,8 +133,8 @@ def check_transpose(c: Checker, env) -> None:
         out.backward(sh.shard_pair(grad.transpose(1, 2)))
         c.equal(f"transpose N={n}", sh.gather_pair(out.detach()), z.transpose(1, 2))
         c.equal(f"transpose backward N={n}", sh.gather_pair(local.grad), grad)
-        c.equal(f"mask transpose N={n}", sh.gather_pair(transpose_pair(sh.shard_mask(mask, s["B"]), sh)),
-                mask.transpose(1, 2))
+        mask_t = transpose_pair(sh.shard_mask(mask, s["B"]), sh)
+        c.equal(f"mask transpose N={n}", sh.gather_pair(mask_t), mask.transpose(1, 2))
         c.equal(f"transpose twice N={n}", transpose_pair(transpose_pair(local.detach(), sh), sh),
                 local.detach())
 
@@ -235,7 +236,8 @@ def make_pairformer(env, checkpoint=False):
     with torch.no_grad():
         for p in model.parameters():
             p.add_(0.05 * torch.randn_like(p))
-    # The single-process baseline runs what the sharded model runs: the attention op, PyTorch trimul.
+    # The single-process baseline runs what the sharded model runs: the attention op, and the
+    # PyTorch triangle multiplication.
     set_backend(model, "turbo")
     for m in model.modules():
         if isinstance(m, TriangleMultiplication):
@@ -352,7 +354,8 @@ def check_errors(c: Checker, env) -> None:
     c.raises("bias shape", ValueError, "bias",
              lambda: ring_triangle_attention(q, q, q, torch.zeros(1, 2, N, N), None, sh))
     c.raises("q shape", ValueError, "q",
-             lambda: ring_triangle_attention(q[:, :, :, :1], q, q, torch.zeros(1, 2, n, N), None, sh))
+             lambda: ring_triangle_attention(q[:, :, :, :1], q, q, torch.zeros(1, 2, n, N), None,
+                                             sh))
     c.raises("mask dtype", TypeError, "mask",
              lambda: ring_triangle_attention(q, q, q, q.new_zeros(1, 2, n, N),
                                              q.new_zeros(1, n, N), sh))

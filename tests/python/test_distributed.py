@@ -40,7 +40,8 @@ def test_row_sharding_layout(n, world, seed):
     assert torch.equal(joined[:, :n, :n], z)
     assert not joined[:, n:].any() and not joined[:, :, n:].any(), "padding must be zeros"
     masks = torch.cat([s.shard_mask(mask, 2) for s in shards], dim=1)
-    assert torch.equal(masks[:, :n, :n], mask) and not masks[:, n:].any() and not masks[:, :, n:].any()
+    assert torch.equal(masks[:, :n, :n], mask)
+    assert not masks[:, n:].any() and not masks[:, :, n:].any()
     assert torch.equal(torch.cat([s.unpad_pair(t) for s, t in zip(shards, local)], dim=1), z)
     all_real = torch.cat([s.shard_mask(None, 2) for s in shards], dim=1)
     assert all_real[:, :n, :n].all() and all_real.sum() == 2 * n * n

@@ -51,7 +51,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float16", "float32"))
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--trimul-chunks", type=int, default=2)
-    parser.add_argument("--n-step", type=int, default=128, help="resolution of the largest-N search")
+    parser.add_argument("--n-step", type=int, default=128,
+                        help="resolution of the largest-N search")
     parser.add_argument("--no-search", action="store_true", help="skip the largest-N search")
     parser.add_argument("--device", default="cuda", choices=("cuda", "cpu"))
     parser.add_argument("--job-timeout", type=float, default=300,
@@ -388,7 +389,8 @@ def run(args: argparse.Namespace) -> int:
     for line in _summary(rows, largest):
         print(line)
     tag = _machine_tag(gpu, args)
-    json_path = Path(args.json or Path(args.out_dir) / f"context_parallel-{tag}-{meta['date']}.json")
+    default_name = f"context_parallel-{tag}-{meta['date']}.json"
+    json_path = Path(args.json or Path(args.out_dir) / default_name)
     json_path.parent.mkdir(parents=True, exist_ok=True)
     json_path.write_text(json.dumps(out_rows, indent=1))
     plot_path = Path(args.plot) if args.plot else json_path.with_suffix(".png")

@@ -110,9 +110,10 @@ def ring_triangle_attention(
 
     q, k, v: [B, n_local, H, n_padded, D], this rank's slices (rows of z) over all tokens;
     bias: [B, H, n_local, n_padded], the bias rows of this rank's tokens (rows of z as queries);
-    mask: bool [B, n_local, n_padded] (True = attend) or None. Returns o [B, n_local, H, n_padded, D],
-    this rank's slices of triangle_attention(q, k, v, bias, mask) over the full tensors. Autograd
-    for q, k, v and bias; collective: every rank of sharding.group must call it together.
+    mask: bool [B, n_local, n_padded] (True = attend) or None.
+    Returns o [B, n_local, H, n_padded, D]: this rank's slices of triangle_attention(q, k, v,
+    bias, mask) over the full tensors. Autograd for q, k, v and bias; collective: every rank of
+    sharding.group must call it together.
     """
     B, n, N = q.shape[0] if q.dim() == 5 else -1, sharding.n_local, sharding.n_padded
     if q.dim() != 5 or q.shape[1] != n or q.shape[3] != N:

@@ -23,8 +23,8 @@ import torch.distributed as dist
 
 from turbopairformer.distributed.sharding import RowSharding
 
-__all__ = ["transpose_pair", "gather_rows", "sum_gradients", "rows_to_channels_async", "channels_to_rows_async",
-           "Ring", "all_to_all_async"]
+__all__ = ["transpose_pair", "gather_rows", "sum_gradients", "rows_to_channels_async",
+           "channels_to_rows_async", "Ring", "all_to_all_async"]
 
 
 class Pending:
@@ -76,7 +76,8 @@ def all_to_all_async(parts: Sequence[Sequence[torch.Tensor]],
 def _transpose_blocks(x: torch.Tensor, sharding: RowSharding) -> torch.Tensor:
     """Row-sharded x -> row-sharded x^T (dims 1 and 2 swapped globally), no autograd."""
     parts = [x[:, :, sharding.rows(r)].transpose(1, 2) for r in range(sharding.world)]
-    # The block from rank p is x[rows I_p, columns I_mine], transposed by p: [B, n (mine), n (p's), ...].
+    # The block from rank p is x[rows I_p, columns I_mine], transposed by p:
+    # [B, n (mine), n (p's), ...].
     received = all_to_all_async([[p] for p in parts], [[parts[0].shape]] * sharding.world,
                                 sharding).wait()
     return torch.cat([r[0] for r in received], dim=2)
@@ -94,7 +95,7 @@ class _TransposePair(torch.autograd.Function):
 
 
 def transpose_pair(x: torch.Tensor, sharding: RowSharding) -> torch.Tensor:
-    """Rows of x^T from rows of x: [B, n_local, n_padded, ...] -> the same shape, x[:, i, j] -> x[:, j, i].
+    """Rows of x^T from rows of x: [B, n_local, n_padded, ...] -> same shape, x[i, j] -> x[j, i].
 
     Bool tensors (masks) work too; gradients flow back through the same exchange."""
     sharding._check_local(x, "x")

@@ -92,7 +92,7 @@ _SHARDED = {
 
 
 def _sharded_copy(module: nn.Module, context: _Context, parent: Optional[type] = None) -> nn.Module:
-    """A copy of the module tree sharing every parameter and buffer, with sharded classes swapped in."""
+    """A copy of the module tree sharing every parameter and buffer, sharded classes swapped in."""
     for (kind, parent_kind), sharded in _SHARDED.items():
         if isinstance(module, kind) and parent_kind in (None, parent) and type(module) is not kind:
             raise TypeError(f"ContextParallel supports {kind.__name__} itself, not the subclass "

@@ -28,7 +28,7 @@ class RowSharding:
 
     @classmethod
     def of(cls, n: int, group: Optional[dist.ProcessGroup] = None) -> "RowSharding":
-        """The sharding of n tokens over `group` (the default group when None), seen from this rank."""
+        """The sharding of n tokens over `group` (None: the default group), seen from this rank."""
         if not dist.is_initialized():
             raise RuntimeError("torch.distributed must be initialized (init_process_group) first")
         return cls(n, dist.get_world_size(group), dist.get_rank(group), group)
@@ -70,7 +70,8 @@ class RowSharding:
     # Moving whole tensors in and out of the sharded layout.
 
     def shard_pair(self, z: torch.Tensor) -> torch.Tensor:
-        """This rank's rows of a full pair tensor [B, N, N, ...], padded: [B, n_local, n_padded, ...]."""
+        """This rank's rows of a full pair tensor [B, N, N, ...], padded with zeros (False for
+        bool): [B, n_local, n_padded, ...]."""
         self._check_pair(z, "z")
         rows = self.local_rows
         z = z[:, rows.start:min(rows.stop, self.n)]

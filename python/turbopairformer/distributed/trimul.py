@@ -1,10 +1,11 @@
-"""The triangle multiplication's contraction on row-sharded a, b: through channel sharding.
+"""The triangle multiplicative update on row-sharded x: its contraction through channel sharding.
 
-outgoing x[i, j, c] = sum_k a[i, k, c] b[j, k, c];  incoming x[i, j, c] = sum_k a[k, i, c] b[k, j, c].
+Outgoing x[i, j, c] = sum_k a[i, k, c] b[j, k, c]; incoming x[i, j, c] = sum_k a[k, i, c] b[k, j, c]
 Each channel is an independent N x N matrix product, so an all-to-all hands every rank all rows of
 its C/P channels, it multiplies them locally, and an all-to-all brings the rows back. The channels
 go in `chunks` groups: the exchange of the next group runs while the current group multiplies (and
-the return of the previous group), in the forward and in the backward.
+the return of the previous group), in the forward and in the backward. The rest of the update
+(LayerNorms, projections, gates) is row-local.
 """
 from __future__ import annotations
 
@@ -151,7 +152,8 @@ class _ShardedTrimul(torch.autograd.Function):
                                                  contract=contract)
         ctx.save_for_backward(x, mask, done["x"], *done["saved"], *weights)
         ctx.n_saved = len(done["saved"])
-        ctx.direction, ctx.pieces, ctx.sharding, ctx.names = direction, done["pieces"], sharding, names
+        ctx.direction, ctx.pieces, ctx.names = direction, done["pieces"], names
+        ctx.sharding = sharding
         ctx.autocast = _autocast_state(x)
         return y
 

@@ -298,7 +298,7 @@ def check_pairformer(c: Checker, env) -> None:
         label = f"PairFormer N={n}{' checkpointed' if checkpoint else ''}"
         runs = []
         for _ in range(1 if checkpoint else 2):
-            cp = ContextParallel(model, trimul_chunks=2)
+            cp = ContextParallel(model, trimul_chunks=3)
             sh = cp.sharding(n)
             local = cp.shard(z, pair_mask, single, single_mask)
             local_grads = (torch.nn.functional.pad(grad_s, (0, 0, 0, sh.n_padded - n)),

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import gc
 import json
 import math
 import os
@@ -50,7 +51,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="single-track channels (0: the pair track alone)")
     parser.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float16", "float32"))
     parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--trimul-chunks", type=int, default=2)
+    parser.add_argument("--trimul-chunks", type=int, default=4,
+                        help="channel groups of the sharded contraction (overlap)")
     parser.add_argument("--n-step", type=int, default=128,
                         help="resolution of the largest-N search")
     parser.add_argument("--no-search", action="store_true", help="skip the largest-N search")
@@ -155,6 +157,7 @@ def _measure(spec: dict, n: int, device: torch.device, world: int) -> dict:
     except Exception as e:  # noqa: BLE001 - reported in the row; the configuration stops there
         fits, error = False, f"{type(e).__name__}: {e}"
     del model, runner, args, grads
+    gc.collect()
     if on_gpu:
         torch.cuda.empty_cache()
     if world > 1:  # the slowest rank, the fullest GPU; a size fits only where it fits on all

@@ -133,7 +133,7 @@ class ContextParallel(nn.Module):
     """
 
     def __init__(self, model: nn.Module, group: Optional[dist.ProcessGroup] = None, *,
-                 trimul_chunks: int = 2):
+                 trimul_chunks: int = 4):
         super().__init__()
         if not isinstance(model, (PairFormer, PairFormerBlock)):
             raise TypeError(f"model must be a turbopairformer.nn PairFormer or PairFormerBlock, "

@@ -121,7 +121,7 @@ def _check_contraction(a, b, direction, sharding, chunks) -> list[list[tuple[int
 
 
 def sharded_triangle_contraction(a: torch.Tensor, b: torch.Tensor, direction: str,
-                                 sharding: RowSharding, chunks: int = 2) -> torch.Tensor:
+                                 sharding: RowSharding, chunks: int = 4) -> torch.Tensor:
     """The triangle multiplication's contraction of row-sharded a, b [B, n_local, n_padded, C].
 
     Returns this rank's rows of x [B, n_local, n_padded, C], x[i, j] = sum_k a[i, k] * b[j, k]
@@ -185,7 +185,7 @@ def _autocast_state(x: torch.Tensor) -> dict:
 
 def sharded_triangle_multiplicative_update(x: torch.Tensor, direction: str,
                                            mask: Optional[torch.Tensor], sharding: RowSharding,
-                                           chunks: int = 2,
+                                           chunks: int = 4,
                                            **weights: torch.Tensor) -> torch.Tensor:
     """triangle_multiplicative_update (cuEquivariance's arguments) on this rank's rows of x
     [B, n_local, n_padded, D], mask [B, n_local, n_padded]; returns this rank's rows of y.

@@ -347,7 +347,7 @@ def check_errors(c: Checker, env) -> None:
         sharded_triangle_contraction,
         transpose_pair,
     )
-    from turbopairformer.nn import TriangleAttention
+    from turbopairformer.nn import PairFormer, TriangleAttention
     sh = RowSharding.of(5)
     n, N = sh.n_local, sh.n_padded
     q = torch.zeros(1, n, 2, N, 4, device=env.device, dtype=env.dtype)
@@ -367,6 +367,11 @@ def check_errors(c: Checker, env) -> None:
     c.raises("b shape", ValueError, "b",
              lambda: sharded_triangle_contraction(a, a[:, :, :, :2], "outgoing", sh))
     c.raises("model type", TypeError, "model", lambda: ContextParallel(TriangleAttention(4, 2, 2)))
+    cp = ContextParallel(PairFormer(1, 4, c_hidden_pair_att=2, no_heads_pair=2))
+    z = torch.zeros(1, n, N, 4, device=env.device)
+    c.raises("missing pair mask", ValueError, "pair_mask", lambda: cp(None, z, None, None))
+    c.raises("pair mask shape", ValueError, "pair_mask",
+             lambda: cp(None, z, None, torch.ones(1, N, N, dtype=torch.bool, device=env.device)))
     c.raises("token count", ValueError, "tokens", lambda: RowSharding.of(0))
 
 

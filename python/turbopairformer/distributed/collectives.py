@@ -98,7 +98,7 @@ def transpose_pair(x: torch.Tensor, sharding: RowSharding) -> torch.Tensor:
     """Rows of x^T from rows of x: [B, n_local, n_padded, ...] -> same shape, x[i, j] -> x[j, i].
 
     Bool tensors (masks) work too; gradients flow back through the same exchange."""
-    sharding._check_local(x, "x")
+    sharding.check_local(x, "x")
     if x.requires_grad:
         return _TransposePair.apply(x, sharding)
     return _transpose_blocks(x, sharding)

@@ -163,9 +163,11 @@ class ContextParallel(nn.Module):
         pad = sharding.n_padded - N
         if single_mask is None:
             single_mask = torch.ones((B, N), dtype=torch.bool, device=z.device)
-        if single_mask.dtype != torch.bool or tuple(single_mask.shape) != (B, N):
-            raise ValueError(f"single_mask must be a bool tensor of shape [B, N] = {[B, N]}, "
-                             f"got {single_mask.dtype} {list(single_mask.shape)}")
+        if single_mask.dtype != torch.bool:
+            raise TypeError(f"single_mask must be a bool tensor, got {single_mask.dtype}")
+        if tuple(single_mask.shape) != (B, N):
+            raise ValueError(f"single_mask must have shape [B, N] = {[B, N]}, "
+                             f"got {list(single_mask.shape)}")
         single_mask = nn.functional.pad(single_mask, (0, pad), value=False)
         if s is not None:
             if s.dim() != 3 or tuple(s.shape[:2]) != (B, N):
@@ -178,8 +180,16 @@ class ContextParallel(nn.Module):
     def forward(self, s: Optional[torch.Tensor], z: torch.Tensor,
                 single_mask: Optional[torch.Tensor] = None,
                 pair_mask: Optional[torch.Tensor] = None):
-        sharding = self.context.sharding(z.shape[2])
-        sharding._check_local(z, "z")
+        """Masks are required: they are what keeps the padding out of every real token."""
+        self.context.sharding(z.shape[2]).check_local(z, "z")
+        if pair_mask is None or (s is not None and single_mask is None):
+            raise ValueError("pair_mask (and single_mask with s) must be given: they mask the "
+                             "padding up to a multiple of the rank count (shard() makes them)")
+        if pair_mask.dtype != torch.bool:
+            raise TypeError(f"pair_mask must be a bool tensor, got {pair_mask.dtype}")
+        if tuple(pair_mask.shape) != tuple(z.shape[:3]):
+            raise ValueError(f"pair_mask must have z's shape without channels {list(z.shape[:3])}, "
+                             f"got {list(pair_mask.shape)}")
         return self.module(s, z, single_mask, pair_mask)
 
     def gather(self, s: Optional[torch.Tensor], z: torch.Tensor, n: int):

@@ -97,7 +97,7 @@ class RowSharding:
         """Every rank's rows put together, padding removed: [B, N, N, ...] on every rank.
 
         For reading results (tests, inference); it carries no gradient."""
-        self._check_local(z_local, "z_local")
+        self.check_local(z_local, "z_local")
         with torch.no_grad():
             parts = [torch.empty_like(z_local) for _ in range(self.world)]
             dist.all_gather(parts, z_local.contiguous(), group=self.group)
@@ -108,7 +108,7 @@ class RowSharding:
             raise ValueError(f"{name} must have shape [B, N, N, ...] with N = {self.n}, "
                              f"got {list(z.shape)}")
 
-    def _check_local(self, z: torch.Tensor, name: str) -> None:
+    def check_local(self, z: torch.Tensor, name: str) -> None:
         if z.dim() < 3 or z.shape[1] != self.n_local or z.shape[2] != self.n_padded:
             raise ValueError(f"{name} must have shape [B, n_local, n_padded, ...] = "
                              f"[B, {self.n_local}, {self.n_padded}, ...], got {list(z.shape)}")

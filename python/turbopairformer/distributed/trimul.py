@@ -106,7 +106,7 @@ class _ShardedContraction(torch.autograd.Function):
 def _check_contraction(a, b, direction, sharding, chunks) -> list[list[tuple[int, int]]]:
     if direction not in DIRECTIONS:
         raise ValueError(f"direction must be 'outgoing' or 'incoming', got {direction!r}")
-    sharding._check_local(a, "a")
+    sharding.check_local(a, "a")
     if a.dim() != 4:
         raise ValueError(f"a must have shape [B, n_local, n_padded, C], got {list(a.shape)}")
     if tuple(b.shape) != tuple(a.shape):
@@ -194,6 +194,6 @@ def sharded_triangle_multiplicative_update(x: torch.Tensor, direction: str,
     recomputes the row-local stages. Collective over sharding.group."""
     if direction not in DIRECTIONS:
         raise ValueError(f"direction must be 'outgoing' or 'incoming', got {direction!r}")
-    sharding._check_local(x, "x")
+    sharding.check_local(x, "x")
     names = tuple(weights)
     return _ShardedTrimul.apply(x, mask, direction, chunks, sharding, names, *weights.values())

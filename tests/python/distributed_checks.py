@@ -224,7 +224,7 @@ def check_ring_attention(c: Checker, env) -> None:
             c.fa3(f"{name} dbias", gather_bias(dbias, sh), base_grads[3], ref_grads[3])
 
 
-def make_pairformer(env, checkpoint=False):
+def make_pairformer(env):
     """A 2-block PairFormer with a single track and every weight perturbed (the zero "final"
     initializations would leave whole branches untested). Same weights on every rank."""
     from turbopairformer.nn import PairFormer, TriangleMultiplication, set_backend
@@ -232,7 +232,7 @@ def make_pairformer(env, checkpoint=False):
     torch.manual_seed(env.seed)
     model = PairFormer(2, s["c_z"], c_s=s["c_s"], c_hidden_pair_att=s["pair_dim"],
                        no_heads_pair=s["pair_heads"], c_hidden_pair_bias=s["bias_dim"],
-                       no_heads_pair_bias=s["bias_heads"], transition_n=2, checkpoint=checkpoint)
+                       no_heads_pair_bias=s["bias_heads"], transition_n=2)
     with torch.no_grad():
         for p in model.parameters():
             p.add_(0.05 * torch.randn_like(p))
@@ -293,12 +293,14 @@ def check_pairformer(c: Checker, env) -> None:
                           {name: p.grad.clone() for name, p in model.named_parameters()}])
     base_s, base_z, base_ds, base_dz, base_params = (list(t) for t in zip(*baselines))
 
-    for checkpoint in (False, True):
-        model.checkpoint = checkpoint
-        label = f"PairFormer N={n}{' checkpointed' if checkpoint else ''}"
+    # Default, then the PairFormer's own checkpointing, then the trimul's activations kept.
+    for variant in ("", "checkpointed", "trimul activations kept"):
+        model.checkpoint = variant == "checkpointed"
+        label = f"PairFormer N={n} {variant}".strip()
         runs = []
-        for _ in range(1 if checkpoint else 2):
-            cp = ContextParallel(model, trimul_chunks=3)
+        for _ in range(1 if variant else 2):
+            cp = ContextParallel(model, trimul_chunks=3,
+                                 trimul_recompute=not variant.startswith("trimul"))
             sh = cp.sharding(n)
             local = cp.shard(z, pair_mask, single, single_mask)
             local_grads = (torch.nn.functional.pad(grad_s, (0, 0, 0, sh.n_padded - n)),

@@ -53,6 +53,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--trimul-chunks", type=int, default=4,
                         help="channel groups of the sharded contraction (overlap)")
+    parser.add_argument("--no-trimul-recompute", action="store_true",
+                        help="keep the sharded trimul's row-local activations (more memory)")
     parser.add_argument("--n-step", type=int, default=128,
                         help="resolution of the largest-N search")
     parser.add_argument("--no-search", action="store_true", help="skip the largest-N search")
@@ -90,7 +92,8 @@ def _inputs(spec: dict, n: int, model, device: torch.device):
         single_mask = torch.ones((1, n), dtype=torch.bool, device=device)
         pair_mask = torch.ones((1, n, n), dtype=torch.bool, device=device)
     else:
-        runner = ContextParallel(model, trimul_chunks=spec["trimul_chunks"])
+        runner = ContextParallel(model, trimul_chunks=spec["trimul_chunks"],
+                                 trimul_recompute=spec["trimul_recompute"])
         sharding = runner.sharding(n)
         rows, cols = sharding.n_local, sharding.n_padded
         single_mask = torch.arange(cols, device=device)[None] < n
@@ -110,8 +113,9 @@ def _intervals_length(intervals) -> float:
     return total
 
 
-def _exposed_comm_ms(step) -> float:
-    """GPU time in NCCL kernels that no other kernel overlaps, over one profiled step."""
+def _comm_ms(step) -> tuple[float, float]:
+    """(exposed, total) GPU time of NCCL kernels over one profiled step; exposed: the time when an
+    NCCL kernel runs and no other kernel does."""
     from torch.autograd import DeviceType
     from torch.profiler import ProfilerActivity, profile
     with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
@@ -123,13 +127,14 @@ def _exposed_comm_ms(step) -> float:
             (comm if "nccl" in e.name.lower() else compute).append(
                 (e.time_range.start, e.time_range.end))
     # |comm minus compute| = |comm or compute| - |compute|
-    return (_intervals_length(comm + compute) - _intervals_length(compute)) / 1e3
+    exposed = _intervals_length(comm + compute) - _intervals_length(compute)
+    return exposed / 1e3, _intervals_length(comm) / 1e3
 
 
 def _measure(spec: dict, n: int, device: torch.device, world: int) -> dict:
     on_gpu = device.type == "cuda"
     model = runner = args = grads = None
-    fits, error, step_ms, peak, reserved, exposed = True, None, None, None, None, None
+    fits, error, step_ms, peak, reserved, exposed, comm = True, None, None, None, None, None, None
     try:
         model = _model(spec, device)
         runner, args, grads = _inputs(spec, n, model, device)
@@ -151,7 +156,8 @@ def _measure(spec: dict, n: int, device: torch.device, world: int) -> dict:
         if on_gpu:
             peak = torch.cuda.max_memory_allocated(device) / 2**30
             reserved = torch.cuda.max_memory_reserved(device) / 2**30
-            exposed = _exposed_comm_ms(step) if spec["impl"] == "context_parallel" else 0.0
+            exposed, comm = (_comm_ms(step) if spec["impl"] == "context_parallel"
+                             else (0.0, 0.0))
     except torch.OutOfMemoryError:
         fits, error = False, OUT_OF_MEMORY
     except Exception as e:  # noqa: BLE001 - reported in the row; the configuration stops there
@@ -162,18 +168,19 @@ def _measure(spec: dict, n: int, device: torch.device, world: int) -> dict:
         torch.cuda.empty_cache()
     if world > 1:  # the slowest rank, the fullest GPU; a size fits only where it fits on all
         vals = torch.tensor([step_ms or 0.0, peak or 0.0, reserved or 0.0, exposed or 0.0,
-                             0.0 if fits else 1.0], dtype=torch.float64, device=device)
+                             comm or 0.0, 0.0 if fits else 1.0], dtype=torch.float64,
+                            device=device)
         dist.all_reduce(vals, op=dist.ReduceOp.MAX)
-        fits = vals[4].item() == 0.0
+        fits = vals[5].item() == 0.0
         if fits:
             step_ms = vals[0].item()
             if on_gpu:
-                peak, reserved, exposed = (v.item() for v in vals[1:4])
+                peak, reserved, exposed, comm = (v.item() for v in vals[1:5])
     if not fits:
-        step_ms = peak = reserved = exposed = None
+        step_ms = peak = reserved = exposed = comm = None
     return dict(impl=spec["impl"], gpus=world, N=n, fits=fits, step_ms=step_ms,
                 peak_gib_per_gpu=peak, peak_reserved_gib_per_gpu=reserved,
-                exposed_comm_ms=exposed, error=error)
+                exposed_comm_ms=exposed, comm_kernel_ms=comm, error=error)
 
 
 def _worker(rank: int, world: int, spec: dict, rows_path: str) -> None:
@@ -217,7 +224,8 @@ class Runner:
         rows_path = self.workdir / f"rows{self.jobs}.jsonl"
         spec = dict(impl=impl, sizes=sorted(set(sizes)), c_z=a.c_z, c_s=a.c_s, heads=a.heads,
                     head_dim=a.head_dim, dtype=a.dtype, repeats=a.repeats,
-                    trimul_chunks=a.trimul_chunks, device=a.device, timeout=a.job_timeout,
+                    trimul_chunks=a.trimul_chunks, trimul_recompute=not a.no_trimul_recompute,
+                    device=a.device, timeout=a.job_timeout,
                     stop_at_failure=stop_at_failure,
                     rendezvous=str(self.workdir / f"rendezvous{self.jobs}"))
         ctx = mp.start_processes(_worker, args=(world, spec, str(rows_path)), nprocs=world,
@@ -240,7 +248,7 @@ class Runner:
         if crashed and missing and (not rows or rows[-1]["fits"]):
             rows.append(dict(impl=impl, gpus=world, N=missing[0], fits=False, step_ms=None,
                              peak_gib_per_gpu=None, peak_reserved_gib_per_gpu=None,
-                             exposed_comm_ms=None, gpu=None,
+                             exposed_comm_ms=None, comm_kernel_ms=None, gpu=None,
                              error=CRASHED))
         self.rows += rows
         return rows
@@ -337,7 +345,8 @@ def _summary(rows: list[dict], largest: dict) -> list[str]:
         if one and cp:
             mem = (f"memory x{cp['peak_gib_per_gpu'] / one['peak_gib_per_gpu']:.3f}"
                    if one["peak_gib_per_gpu"] else "memory n/a")
-            exposed = (f", exposed communication {cp['exposed_comm_ms']:.1f} ms "
+            exposed = (f", NCCL kernels {cp['comm_kernel_ms']:.1f} ms of which "
+                       f"{cp['exposed_comm_ms']:.1f} ms exposed "
                        f"({100 * cp['exposed_comm_ms'] / cp['step_ms']:.1f}% of the step)"
                        if cp["exposed_comm_ms"] is not None else "")
             lines.append(f"N={n}: {mem}, time x{cp['step_ms'] / one['step_ms']:.3f}{exposed}")
@@ -379,7 +388,7 @@ def run(args: argparse.Namespace) -> int:
     meta = dict(commit=git_commit(), date=datetime.date.today().isoformat(),
                 machine=platform.node(), device=args.device, c_z=args.c_z, c_s=args.c_s,
                 heads=args.heads, head_dim=args.head_dim, dtype=args.dtype,
-                trimul_chunks=args.trimul_chunks)
+                trimul_chunks=args.trimul_chunks, trimul_recompute=not args.no_trimul_recompute)
     out_rows = [{**r, **meta, "largest_fitting_N": largest.get(r["impl"])} for r in rows]
     print(f"{'impl':<18}{'GPUs':>5}{'N':>7}{'step ms':>11}{'peak GiB':>10}{'exposed ms':>12}")
     for r in sorted(out_rows, key=lambda r: (r["impl"], r["N"])):

@@ -44,6 +44,7 @@ class _Context:
     world: int
     rank: int
     trimul_chunks: int
+    trimul_recompute: bool
 
     def sharding(self, n_padded: int) -> RowSharding:
         """The sharding of a padded pair tensor; the primitives treat padding as masked tokens."""
@@ -52,9 +53,10 @@ class _Context:
 
 class _ShardedTriangleMultiplication(TriangleMultiplication):
     def forward(self, z: torch.Tensor, mask: Optional[torch.Tensor] = None) -> torch.Tensor:
+        context = self.cp_context
         return sharded_triangle_multiplicative_update(
-            z, self.direction, mask, self.cp_context.sharding(z.shape[2]),
-            self.cp_context.trimul_chunks, **self.op_weights())
+            z, self.direction, mask, context.sharding(z.shape[2]), context.trimul_chunks,
+            context.trimul_recompute, **self.op_weights())
 
 
 class _ShardedTriangleAttention(TriangleAttention):
@@ -130,10 +132,12 @@ class ContextParallel(nn.Module):
     parameters are shared, not copied; its backend choice does not matter here (the attention runs
     on the turbopairformer op, the triangle multiplication on PyTorch with a sharded contraction).
     trimul_chunks: channel groups of the contraction, so its all-to-alls overlap the products.
+    trimul_recompute: the triangle multiplication keeps what the fused op keeps and recomputes its
+    row-local stages in the backward; False keeps their activations (faster, more memory).
     """
 
     def __init__(self, model: nn.Module, group: Optional[dist.ProcessGroup] = None, *,
-                 trimul_chunks: int = 4):
+                 trimul_chunks: int = 4, trimul_recompute: bool = True):
         super().__init__()
         if not isinstance(model, (PairFormer, PairFormerBlock)):
             raise TypeError(f"model must be a turbopairformer.nn PairFormer or PairFormerBlock, "
@@ -144,7 +148,7 @@ class ContextParallel(nn.Module):
             raise ValueError(f"trimul_chunks must be at least 1, got {trimul_chunks}")
         self.group = group
         self.context = _Context(group, dist.get_world_size(group), dist.get_rank(group),
-                                trimul_chunks)
+                                trimul_chunks, trimul_recompute)
         self.module = _sharded_copy(model, self.context)
         self._row_parameters = _row_parameters(self.module)
 

@@ -185,15 +185,21 @@ def _autocast_state(x: torch.Tensor) -> dict:
 
 def sharded_triangle_multiplicative_update(x: torch.Tensor, direction: str,
                                            mask: Optional[torch.Tensor], sharding: RowSharding,
-                                           chunks: int = 4,
+                                           chunks: int = 4, recompute: bool = True,
                                            **weights: torch.Tensor) -> torch.Tensor:
     """triangle_multiplicative_update (cuEquivariance's arguments) on this rank's rows of x
     [B, n_local, n_padded, D], mask [B, n_local, n_padded]; returns this rank's rows of y.
 
-    Memory as the fused op's: x, z and a, b (channel-sharded) are kept for the backward, which
-    recomputes the row-local stages. Collective over sharding.group."""
+    recompute: keep what the fused op keeps (x, z and the channel-sharded a, b) and run the
+    row-local stages again in the backward; False keeps their activations instead (faster
+    backward, several times the memory). Collective over sharding.group."""
     if direction not in DIRECTIONS:
         raise ValueError(f"direction must be 'outgoing' or 'incoming', got {direction!r}")
     sharding.check_local(x, "x")
+    if not recompute:
+        def contract(a, b, direction):
+            return sharded_triangle_contraction(a, b, direction, sharding, chunks)
+        return triangle_multiplicative_update_torch(x, direction, mask, **weights,
+                                                    contract=contract)
     names = tuple(weights)
     return _ShardedTrimul.apply(x, mask, direction, chunks, sharding, names, *weights.values())

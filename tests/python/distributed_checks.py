@@ -417,6 +417,8 @@ def run_ranks(world: int, out: Path, backend: str = "gloo", dtype: str = "float3
     {check: [result of each rank]}. TPF_SEED fixes the seed."""
     seed = int(os.environ.get("TPF_SEED", random.SystemRandom().randrange(2**31)))
     env = dict(os.environ, NCCL_NVLS_ENABLE="0", TORCH_SYMM_MEM_DISABLE_MULTICAST="1")
+    if backend == "gloo":  # all ranks on this machine: loopback, whatever the host name resolves to
+        env.setdefault("GLOO_SOCKET_IFNAME", "lo")
     cmd = [sys.executable, __file__, "--world", str(world), "--out", str(out), "--seed", str(seed),
            "--backend", backend, "--dtype", dtype]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900, env=env)

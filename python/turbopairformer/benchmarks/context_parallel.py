@@ -364,6 +364,8 @@ def run(args: argparse.Namespace) -> int:
                          f"{torch.cuda.device_count()} (--device cpu runs gloo ranks instead)")
     # Every process this benchmark starts inherits these (no NVLink multicast).
     os.environ.update(NCCL_NVLS_ENABLE="0", TORCH_SYMM_MEM_DISABLE_MULTICAST="1")
+    if args.device == "cpu":  # gloo ranks on this machine: loopback
+        os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
     search = not args.no_search and args.device == "cuda"
     from tqdm import tqdm
     with tempfile.TemporaryDirectory(prefix="tpf-cp-bench-") as tmp:

@@ -38,7 +38,7 @@ def token_counts(world: int, device: str) -> list[int]:
     """Not multiples of P; on the CPU also fewer tokens than ranks (the last ranks hold padding)."""
     if device == "cpu":
         return [4 * world + 1, max(1, world - 1)]
-    return [96 * world + 17]
+    return [64 * world + 17]
 
 
 class Checker:

@@ -224,6 +224,34 @@ def check_ring_attention(c: Checker, env) -> None:
             c.fa3(f"{name} dbias", gather_bias(dbias, sh), base_grads[3], ref_grads[3])
 
 
+def check_subgroup(c: Checker, env) -> None:
+    """The primitives on a process group that is not the default one: the last two ranks (group
+    ranks differ from global ranks when there are 3), while the other ranks stay out."""
+    import turbopairformer as tpf
+    from turbopairformer.distributed import RowSharding, ring_triangle_attention, transpose_pair
+    from turbopairformer.ops.torch_reference import triangle_attention_torch
+    members = [env.world - 2, env.world - 1]
+    group = dist.new_group(members)
+    s, n = env.sizes, 2 * token_counts(env.world, env.device.type)[0] + 1
+    z = randn(env.gen, s["B"], n, n, s["C"], dtype=env.dtype, device=env.device)
+    q, k, v = (randn(env.gen, s["B"], n, s["H"], n, s["D"], dtype=env.dtype, device=env.device)
+               for _ in range(3))
+    bias = randn(env.gen, s["B"], s["H"], n, n, dtype=env.dtype, device=env.device)
+    mask = random_mask(env.gen, s["B"], n, n, device=env.device)
+    if env.rank not in members:
+        return
+    sh = RowSharding.of(n, group)
+    if sh.rank != members.index(env.rank):
+        c.failures.append(f"group rank {sh.rank} for global rank {env.rank}")
+    c.equal("subgroup transpose", sh.gather_pair(transpose_pair(sh.shard_pair(z), sh)),
+            z.transpose(1, 2))
+    out = ring_triangle_attention(*(shard_heads(t, sh) for t in (q, k, v)), shard_bias(bias, sh),
+                                  sh.shard_mask(mask, s["B"], env.device), sh)
+    ref = triangle_attention_torch(q.double(), k.double(), v.double(), bias.double(), mask)
+    base = tpf.triangle_attention(q, k, v, bias, mask)
+    c.fa3("subgroup ring attention", gather_heads(out, sh), base, ref)
+
+
 def make_pairformer(env):
     """A 2-block PairFormer with a single track and every weight perturbed (the zero "final"
     initializations would leave whole branches untested). Same weights on every rank."""

@@ -59,8 +59,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="resolution of the largest-N search")
     parser.add_argument("--no-search", action="store_true", help="skip the largest-N search")
     parser.add_argument("--device", default="cuda", choices=("cuda", "cpu"))
-    parser.add_argument("--job-timeout", type=float, default=300,
-                        help="seconds one configuration may take before it counts as failed")
+    parser.add_argument("--job-timeout", type=float, default=120,
+                        help="seconds a size may take before it counts as failed (and NCCL's "
+                             "timeout)")
     parser.add_argument("--out-dir", default="bench/results",
                         help="where the default JSON and PNG names go")
     parser.add_argument("--json", default=None,

@@ -16,7 +16,7 @@ same bits on every rank and in every run of a fixed group, so results are determ
 from __future__ import annotations
 
 import math
-from typing import Optional, Sequence
+from typing import Sequence
 
 import torch
 import torch.distributed as dist
@@ -99,9 +99,7 @@ def transpose_pair(x: torch.Tensor, sharding: RowSharding) -> torch.Tensor:
 
     Bool tensors (masks) work too; gradients flow back through the same exchange."""
     sharding.check_local(x, "x")
-    if x.requires_grad:
-        return _TransposePair.apply(x, sharding)
-    return _transpose_blocks(x, sharding)
+    return _TransposePair.apply(x, sharding)
 
 
 def rows_to_channels_async(tensors: Sequence[torch.Tensor], ranges: Sequence[tuple[int, int]],
@@ -187,11 +185,11 @@ class Ring:
         self.right = (sharding.rank + 1) % sharding.world
         self.left = (sharding.rank - 1) % sharding.world
 
-    def shift(self, x: torch.Tensor, tag: int, out: Optional[torch.Tensor] = None) -> Pending:
+    def shift(self, x: torch.Tensor, tag: int) -> Pending:
         if self.sharding.world == 1:
             return Pending([], x)
         x = x.contiguous()
-        recv = torch.empty_like(x) if out is None else out
+        recv = torch.empty_like(x)
         group = self.sharding.group
         works = dist.batch_isend_irecv([
             dist.P2POp(dist.isend, x, group=group, tag=tag, group_peer=self.right),

@@ -63,6 +63,7 @@ def test_smoke_run_on_gloo_ranks(tmp_path):
         assert {"impl", "gpus", "N", "step_ms", "peak_gib_per_gpu", "exposed_comm_ms", "commit",
                 "date"} <= set(r)
         assert r["gpus"] == (1 if r["impl"] == "single" else 2)
+        assert r["step_peak_gib"] > 0, r
     assert out.with_suffix(".png").stat().st_size > 0
 
 

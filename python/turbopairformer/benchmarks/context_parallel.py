@@ -1,14 +1,15 @@
 """Context parallelism: a PairFormer block's forward+backward on 1 GPU and sharded over P GPUs.
 
 Per N: median step time, peak memory per GPU (PyTorch's allocator; NCCL's own buffers are not in
-it), and the communication left exposed: the time on the GPU timeline when an NCCL kernel runs and
-no other kernel does (torch.profiler, one extra step). Then the largest N that trains (one step
+it), the memory one step takes above what is in use before it (on the CPU too, from glibc's
+malloc), and the communication left exposed: the time on the GPU timeline when an NCCL kernel
+runs and no other kernel does (torch.profiler, one extra step). Then the largest N that trains (one step
 fits) on 1 GPU and on P GPUs: peak memory is fitted as a + b N^2 from the sizes measured, and
 sizes around the prediction are tried in steps of --n-step. "single" is the model as it runs on one
 GPU (backend turbo: the attention and trimul ops); "context_parallel" is the same model wrapped in
 turbopairformer.distributed.ContextParallel, one process per GPU over NCCL. Every configuration
 runs in fresh processes, so a failed size cannot disturb the next. With --device cpu the ranks are
-CPU processes over gloo (a smoke run: memory, exposed communication and the search are skipped).
+CPU processes over gloo (peak memory, exposed communication and the search are skipped).
 """
 from __future__ import annotations
 
@@ -27,6 +28,7 @@ from typing import Optional
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from turbopairformer.benchmarks.attention import git_commit
 from turbopairformer.benchmarks.timing import median_ms
@@ -132,10 +134,50 @@ def _comm_ms(step) -> tuple[float, float]:
     return exposed / 1e3, _intervals_length(comm) / 1e3
 
 
+class _MallocPeak(TorchDispatchMode):
+    """The most bytes glibc's malloc had handed out, sampled after every op (PyTorch keeps no
+    statistics of its CPU allocator)."""
+
+    def __init__(self, mallinfo2):
+        super().__init__()
+        self._mallinfo2 = mallinfo2
+        self.start = self.peak = self.in_use()
+
+    def in_use(self) -> int:
+        info = self._mallinfo2()
+        return info.uordblks + info.hblkhd  # small blocks in the arenas + mmap-ed large blocks
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        self.peak = max(self.peak, self.in_use())
+        return out
+
+
+def _cpu_step_peak_gib(step) -> Optional[float]:
+    """Memory one step takes above what is in use before it, on the CPU (None off glibc)."""
+    import ctypes
+
+    class MallInfo2(ctypes.Structure):
+        _fields_ = [(name, ctypes.c_size_t) for name in (
+            "arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks", "uordblks",
+            "fordblks", "keepcost")]
+
+    try:
+        mallinfo2 = ctypes.CDLL(None).mallinfo2
+    except AttributeError:
+        return None
+    mallinfo2.restype = MallInfo2
+    gc.collect()
+    with _MallocPeak(mallinfo2) as sampler:
+        step()
+    return (sampler.peak - sampler.start) / 2**30
+
+
 def _measure(spec: dict, n: int, device: torch.device, world: int) -> dict:
     on_gpu = device.type == "cuda"
     model = runner = args = grads = None
     fits, error, step_ms, peak, reserved, exposed, comm = True, None, None, None, None, None, None
+    step_peak = None
     try:
         model = _model(spec, device)
         runner, args, grads = _inputs(spec, n, model, device)
@@ -153,9 +195,13 @@ def _measure(spec: dict, n: int, device: torch.device, world: int) -> dict:
         if on_gpu:
             torch.cuda.synchronize(device)
             torch.cuda.reset_peak_memory_stats(device)
+            before = torch.cuda.memory_allocated(device)
+        else:
+            step_peak = _cpu_step_peak_gib(step)
         step_ms = median_ms(step, device, warmup=0, repeats=spec["repeats"])
         if on_gpu:
             peak = torch.cuda.max_memory_allocated(device) / 2**30
+            step_peak = peak - before / 2**30
             reserved = torch.cuda.max_memory_reserved(device) / 2**30
             exposed, comm = (_comm_ms(step) if spec["impl"] == "context_parallel"
                              else (0.0, 0.0))
@@ -169,19 +215,21 @@ def _measure(spec: dict, n: int, device: torch.device, world: int) -> dict:
         torch.cuda.empty_cache()
     if world > 1:  # the slowest rank, the fullest GPU; a size fits only where it fits on all
         vals = torch.tensor([step_ms or 0.0, peak or 0.0, reserved or 0.0, exposed or 0.0,
-                             comm or 0.0, 0.0 if fits else 1.0], dtype=torch.float64,
-                            device=device)
+                             comm or 0.0, step_peak or 0.0, 0.0 if fits else 1.0],
+                            dtype=torch.float64, device=device)
         dist.all_reduce(vals, op=dist.ReduceOp.MAX)
-        fits = vals[5].item() == 0.0
+        fits = vals[6].item() == 0.0
         if fits:
             step_ms = vals[0].item()
+            step_peak = vals[5].item() if step_peak is not None else None
             if on_gpu:
                 peak, reserved, exposed, comm = (v.item() for v in vals[1:5])
     if not fits:
-        step_ms = peak = reserved = exposed = comm = None
+        step_ms = peak = reserved = exposed = comm = step_peak = None
     return dict(impl=spec["impl"], gpus=world, N=n, fits=fits, step_ms=step_ms,
                 peak_gib_per_gpu=peak, peak_reserved_gib_per_gpu=reserved,
-                exposed_comm_ms=exposed, comm_kernel_ms=comm, error=error)
+                step_peak_gib=step_peak, exposed_comm_ms=exposed, comm_kernel_ms=comm,
+                error=error)
 
 
 def _worker(rank: int, world: int, spec: dict, rows_path: str) -> None:
@@ -249,7 +297,8 @@ class Runner:
         if crashed and missing and (not rows or rows[-1]["fits"]):
             rows.append(dict(impl=impl, gpus=world, N=missing[0], fits=False, step_ms=None,
                              peak_gib_per_gpu=None, peak_reserved_gib_per_gpu=None,
-                             exposed_comm_ms=None, comm_kernel_ms=None, gpu=None,
+                             step_peak_gib=None, exposed_comm_ms=None, comm_kernel_ms=None,
+                             gpu=None,
                              error=CRASHED))
         self.rows += rows
         return rows
@@ -344,8 +393,10 @@ def _summary(rows: list[dict], largest: dict) -> list[str]:
     for n in sorted({r["N"] for r in rows}):
         one, cp = by.get(("single", n)), by.get(("context_parallel", n))
         if one and cp:
-            mem = (f"memory x{cp['peak_gib_per_gpu'] / one['peak_gib_per_gpu']:.3f}"
-                   if one["peak_gib_per_gpu"] else "memory n/a")
+            mem = (f"peak memory x{cp['peak_gib_per_gpu'] / one['peak_gib_per_gpu']:.3f}, "
+                   if one["peak_gib_per_gpu"] else "")
+            if one["step_peak_gib"]:
+                mem += f"step memory x{cp['step_peak_gib'] / one['step_peak_gib']:.3f}"
             exposed = (f", NCCL kernels {cp['comm_kernel_ms']:.1f} ms of which "
                        f"{cp['exposed_comm_ms']:.1f} ms exposed "
                        f"({100 * cp['exposed_comm_ms'] / cp['step_ms']:.1f}% of the step)"
@@ -393,14 +444,14 @@ def run(args: argparse.Namespace) -> int:
                 heads=args.heads, head_dim=args.head_dim, dtype=args.dtype,
                 trimul_chunks=args.trimul_chunks, trimul_recompute=not args.no_trimul_recompute)
     out_rows = [{**r, **meta, "largest_fitting_N": largest.get(r["impl"])} for r in rows]
-    print(f"{'impl':<18}{'GPUs':>5}{'N':>7}{'step ms':>11}{'peak GiB':>10}{'exposed ms':>12}")
+    columns = (("step ms", "step_ms", 1), ("peak GiB", "peak_gib_per_gpu", 2),
+               ("step GiB", "step_peak_gib", 3), ("exposed ms", "exposed_comm_ms", 1))
+    print(f"{'impl':<18}{'GPUs':>5}{'N':>7}" + "".join(f"{c[0]:>12}" for c in columns))
     for r in sorted(out_rows, key=lambda r: (r["impl"], r["N"])):
-        cells = [f"{r['step_ms']:.1f}" if r["step_ms"] is not None else "-",
-                 f"{r['peak_gib_per_gpu']:.2f}" if r["peak_gib_per_gpu"] is not None else "-",
-                 f"{r['exposed_comm_ms']:.1f}" if r["exposed_comm_ms"] is not None else "-"]
+        cells = "".join(f"{r[key]:>12.{digits}f}" if r[key] is not None else f"{'-':>12}"
+                        for _, key, digits in columns)
         note = "" if r["fits"] else f"  does not run: {r.get('error')}"
-        print(f"{r['impl']:<18}{r['gpus']:>5}{r['N']:>7}{cells[0]:>11}{cells[1]:>10}"
-              f"{cells[2]:>12}{note}")
+        print(f"{r['impl']:<18}{r['gpus']:>5}{r['N']:>7}{cells}{note}")
     for line in _summary(rows, largest):
         print(line)
     tag = _machine_tag(gpu, args)

@@ -360,28 +360,29 @@ def _plot(rows: list[dict], largest: dict, path: Path, title: str) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     fig, (mem, time) = plt.subplots(1, 2, figsize=(11, 4.2))
-    for impl in IMPLS:
-        pts = sorted((r["N"], r["peak_gib_per_gpu"], r["step_ms"]) for r in rows
-                     if r["impl"] == impl and r["fits"])
-        if not pts:
+    for impl, color in zip(IMPLS, ("tab:blue", "tab:orange")):
+        fits = sorted((r for r in rows if r["impl"] == impl and r["fits"]), key=lambda r: r["N"])
+        if not fits:
             continue
-        gpus = next(r["gpus"] for r in rows if r["impl"] == impl)
+        gpus = fits[0]["gpus"]
         label = f"{impl} ({gpus} GPU{'s' if gpus > 1 else ''})"
-        line = None
-        if any(p[1] is not None for p in pts):
-            line, = mem.plot([p[0] for p in pts], [p[1] for p in pts], "o-", label=label)
-        time.plot([p[0] for p in pts], [p[2] for p in pts], "o-", label=label,
-                  color=line.get_color() if line else None)
+        for key, style, what in (("peak_gib_per_gpu", "o-", "peak"),
+                                 ("step_peak_gib", "x:", "one step")):
+            pts = [(r["N"], r[key]) for r in fits if r[key] is not None]
+            if pts:
+                mem.plot(*zip(*pts), style, color=color, label=f"{label}, {what}")
+        time.plot([r["N"] for r in fits], [r["step_ms"] for r in fits], "o-", color=color,
+                  label=label)
         if largest.get(impl):
             for ax in (mem, time):
-                ax.axvline(largest[impl], ls="--", lw=0.8, color=line.get_color() if line else None)
-    mem.set(xlabel="N (tokens)", ylabel="peak memory per GPU (GiB)", title="memory")
+                ax.axvline(largest[impl], ls="--", lw=0.8, color=color)
+    mem.set(xlabel="N (tokens)", ylabel="GiB per GPU", title="memory")
     time.set(xlabel="N (tokens)", ylabel="forward+backward step (ms)", title="step time",
              yscale="log")
     for ax in (mem, time):
         ax.grid(alpha=0.3)
         if ax.lines:
-            ax.legend()
+            ax.legend(fontsize=8)
     fig.suptitle(title + "  (dashed: largest N that fits)", fontsize=9)
     fig.tight_layout()
     fig.savefig(path, dpi=120)

@@ -62,14 +62,23 @@ __global__ void __launch_bounds__(kThreads, 2) input_forward_kernel(const Params
       // and writes consecutive j.
       const int r = threadIdx.x % kRows, cl0 = threadIdx.x / kRows;
       constexpr int kStep = kThreads / kRows;
+      constexpr int kIters = kChunkChannels / kStep;
       const float m = s.mask[r];
+      // The biases first: each is a dependent L1 round trip when loaded next to its use.
+      float bias_p[kIters], bias_g[kIters];
 #pragma unroll
-      for (int k = 0; k < kChunkChannels / kStep; ++k) {
+      for (int k = 0; k < kIters; ++k) {
+        const int c = q * kChunkChannels + cl0 + kStep * k;
+        bias_p[k] = c < 2 * D ? p.bias_in[c] : 0.0f;
+        bias_g[k] = c < 2 * D ? p.bias_in[2 * D + c] : 0.0f;
+      }
+#pragma unroll
+      for (int k = 0; k < kIters; ++k) {
         const int cl = cl0 + kStep * k;
         const int c = q * kChunkChannels + cl;
         if (c >= 2 * D || r >= tile.n) continue;
-        const float pv = s.c[cl * kLdCT + r] + p.bias_in[c];
-        const float gv = s.c[(kChunkChannels + cl) * kLdCT + r] + p.bias_in[2 * D + c];
+        const float pv = s.c[cl * kLdCT + r] + bias_p[k];
+        const float gv = s.c[(kChunkChannels + cl) * kLdCT + r] + bias_g[k];
         T* dst = static_cast<T*>(c < D ? p.a : p.b);
         dst[tile.channel_major(p, c < D ? c : c - D, r)] = from_f<T>(sigmoid(gv) * pv * m);
       }

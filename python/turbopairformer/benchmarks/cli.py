@@ -7,6 +7,7 @@ import importlib
 BENCHES = {
     "attention": "turbopairformer.benchmarks.attention",
     "trimul": "turbopairformer.benchmarks.trimul",
+    "context-parallel": "turbopairformer.benchmarks.context_parallel",
 }
 
 

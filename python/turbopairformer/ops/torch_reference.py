@@ -6,7 +6,7 @@ They are the `reference` backend of the nn modules, the same-precision baseline 
 from __future__ import annotations
 
 import math
-from typing import Optional
+from typing import Callable, Optional
 
 import torch
 
@@ -55,11 +55,15 @@ def triangle_multiplicative_update_torch(
     g_out_weight: Optional[torch.Tensor] = None,
     g_out_bias: Optional[torch.Tensor] = None,
     eps: float = 1e-5,
+    *,
+    contract: Optional[Callable[[torch.Tensor, torch.Tensor, str], torch.Tensor]] = None,
 ) -> torch.Tensor:
     """The triangle multiplicative update in x's precision, as cuEquivariance's PyTorch fallback
     computes it: LayerNorms in (at least) float32, projections and the einsum contraction in x's
     dtype.
     Shapes as turbopairformer.triangle_multiplicative_update; projection weights are required.
+    contract(a, b, direction) replaces the einsums (context parallelism passes its sharded
+    contraction; the rest is row-local).
     """
     dtype = x.dtype
     F = torch.nn.functional
@@ -84,7 +88,9 @@ def triangle_multiplicative_update_torch(
     if mask is not None:
         ab = ab * mask.to(dtype).unsqueeze(-1)
     a, b = torch.chunk(ab, 2, dim=-1)
-    if direction == "outgoing":
+    if contract is not None:
+        z = contract(a, b, direction)
+    elif direction == "outgoing":
         z = torch.einsum("...ikd,...jkd->...ijd", a, b)
     else:
         z = torch.einsum("...kid,...kjd->...ijd", a, b)

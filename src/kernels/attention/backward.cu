@@ -153,6 +153,10 @@ __global__ void __launch_bounds__(BackwardTiles<D>::kWarps * 32, 1)
     cp_async_wait<0>();
     __syncthreads();
 
+    const T* s_bias = sm.bias;
+    const float* s_lse2 = sm.lse2[0];
+    const float* s_delta = sm.delta[0];
+
     // This warp's 16 keys x 64 queries of dS, summed over its quad's slices.
     float dbias[kTileQ / 8][4];
 #pragma unroll
@@ -184,26 +188,41 @@ __global__ void __launch_bounds__(BackwardTiles<D>::kWarps * 32, 1)
           Mma<T>::run(dpt[j], va[ks], bf);
         }
       }
-      // p^T = exp2(s scale log2e + bias log2e - lse log2e); ds^T = p^T (dp^T - delta).
+      // p^T = exp2(s scale log2e + bias log2e - lse log2e); ds^T = p^T (dp^T - delta). This
+      // thread's elements are keys g and g + 8 (g = lane / 4) of the warp's 16, times queries
+      // 2t and 2t + 1 of each 8-query block (t = lane % 4): the bias tile, stored [query][key],
+      // is read transposed by ldmatrix, and lse and delta as pairs.
+      const int key_lo = wq * kWarpRows + (lane >> 2);
+      const bool key_ok[2] = {sm.key_ok[g][key_lo] != 0, sm.key_ok[g][key_lo + 8] != 0};
 #pragma unroll
-      for (int j = 0; j < kTileQ / 8; ++j) {
+      for (int jj = 0; jj < kTileQ / 16; ++jj) {
+        uint32_t bias2[4];
+        load_transposed(bias2, s_bias, LDT, jj * 16, wq * kWarpRows);
 #pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const int key = wq * kWarpRows + (lane >> 2) + (e >> 1) * 8;
-          const int query = j * 8 + (lane & 3) * 2 + (e & 1);
-          const float x = sm.key_ok[g][key]
-                              ? fmaf(st[j][e], scale_log2,
-                                     to_float(sm.bias[query * LDT + key]) * kLog2e) -
-                                    sm.lse2[g][query]
-                              : -INFINITY;
-          const float pt = exp2f(x);
-          const float ds = pt * (dpt[j][e] - sm.delta[g][query]);
-          st[j][e] = pt;
-          dpt[j][e] = ds;
-          dbias[j][e] += ds;
+        for (int half = 0; half < 2; ++half) {
+          const int j = 2 * jj + half;
+          const int query = j * 8 + (lane & 3) * 2;
+          const float2 lse2 = *reinterpret_cast<const float2*>(s_lse2 + g * kTileQ + query);
+          const float2 delta = *reinterpret_cast<const float2*>(s_delta + g * kTileQ + query);
+#pragma unroll
+          for (int r = 0; r < 2; ++r) {  // key g, then g + 8
+            const float2 bias = unpack2<T>(bias2[half * 2 + r]);
+            const float x0 = key_ok[r] ? fmaf(st[j][2 * r], scale_log2, bias.x * kLog2e) - lse2.x : -INFINITY;
+            const float x1 = key_ok[r] ? fmaf(st[j][2 * r + 1], scale_log2, bias.y * kLog2e) - lse2.y : -INFINITY;
+            const float p0 = exp2f(x0), p1 = exp2f(x1);
+            const float ds0 = p0 * (dpt[j][2 * r] - delta.x), ds1 = p1 * (dpt[j][2 * r + 1] - delta.y);
+            st[j][2 * r] = p0;
+            st[j][2 * r + 1] = p1;
+            dpt[j][2 * r] = ds0;
+            dpt[j][2 * r + 1] = ds1;
+            dbias[j][2 * r] += ds0;
+            dbias[j][2 * r + 1] += ds1;
+          }
         }
       }
-      // dv += p^T do, dk += ds^T q (scaled at the end).
+      // dv += p^T do, dk += ds^T q (scaled at the end). The packed ds^T fragments are also
+      // exactly what stmatrix.trans needs to store ds as [query][key] for dq.
+      T* sds = sm.ds[quad];
 #pragma unroll
       for (int kk = 0; kk < kTileQ / 16; ++kk) {
         uint32_t pa[4], da[4];
@@ -223,17 +242,8 @@ __global__ void __launch_bounds__(BackwardTiles<D>::kWarps * 32, 1)
           load_b_kn(bf, sm.q[g], LD, kk * 16, i * 8);
           Mma<T>::run(dk[gi][i], da, bf);
         }
+        store_transposed(sds, LDT, kk * 16, wq * kWarpRows, da);
       }
-      // ds to shared memory as [query][key], then this warp's 16 queries of dq = ds k.
-      T* sds = sm.ds[quad];
-#pragma unroll
-      for (int j = 0; j < kTileQ / 8; ++j)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const int key = wq * kWarpRows + (lane >> 2) + (e >> 1) * 8;
-          const int query = j * 8 + (lane & 3) * 2 + (e & 1);
-          sds[query * LDT + key] = from_float<T>(dpt[j][e]);
-        }
       named_barrier(1 + quad, 128);
       float dq[D / 8][4];
 #pragma unroll

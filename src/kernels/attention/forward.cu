@@ -125,23 +125,27 @@ __global__ void __launch_bounds__(kForwardWarps * 32)
 #pragma unroll
     for (int mt = 0; mt < MT; ++mt) {
       // Scale, bias, mask (log2 domain) and the running row maxima. Each thread's elements come
-      // in pairs of adjacent keys: one 32-bit bias load and one 16-bit key-flag load per pair.
+      // in pairs of adjacent keys: ldmatrix gives the bias pairs of two 8-key blocks at once (the
+      // A-fragment layout), and one 16-bit load gives a pair's key flags.
       float tile_max[2] = {-INFINITY, -INFINITY};
 #pragma unroll
-      for (int j = 0; j < kTileK / 8; ++j) {
-        const int col = j * 8 + (lane & 3) * 2;
-        const uint16_t ok = *reinterpret_cast<const uint16_t*>(&sm.key_ok[stage][col]);
+      for (int jj = 0; jj < kTileK / 16; ++jj) {
+        uint32_t bias2[4];
+        load_a(bias2, sm.bias[stage], LDB, warp_row(mt), jj * 16);
 #pragma unroll
-        for (int r = 0; r < 2; ++r) {
-          const int row = warp_row(mt) + (lane >> 2) + r * 8;
-          const T* bp = &sm.bias[stage][row * LDB + col];
-          const float x0 = (ok & 0xff) ? fmaf(s[mt][j][2 * r], scale_log2, to_float(bp[0]) * kLog2e)
-                                       : -INFINITY;
-          const float x1 = (ok >> 8) ? fmaf(s[mt][j][2 * r + 1], scale_log2, to_float(bp[1]) * kLog2e)
-                                     : -INFINITY;
-          s[mt][j][2 * r] = x0;
-          s[mt][j][2 * r + 1] = x1;
-          tile_max[r] = fmaxf(tile_max[r], fmaxf(x0, x1));
+        for (int half = 0; half < 2; ++half) {
+          const int j = 2 * jj + half;
+          const uint16_t ok =
+              *reinterpret_cast<const uint16_t*>(&sm.key_ok[stage][j * 8 + (lane & 3) * 2]);
+#pragma unroll
+          for (int r = 0; r < 2; ++r) {
+            const float2 bias = unpack2<T>(bias2[half * 2 + r]);
+            const float x0 = (ok & 0xff) ? fmaf(s[mt][j][2 * r], scale_log2, bias.x * kLog2e) : -INFINITY;
+            const float x1 = (ok >> 8) ? fmaf(s[mt][j][2 * r + 1], scale_log2, bias.y * kLog2e) : -INFINITY;
+            s[mt][j][2 * r] = x0;
+            s[mt][j][2 * r + 1] = x1;
+            tile_max[r] = fmaxf(tile_max[r], fmaxf(x0, x1));
+          }
         }
       }
       float correction[2];

@@ -78,6 +78,41 @@ __device__ __forceinline__ void load_b_kn(uint32_t b[2], const T* s, int ld, int
                : "r"(smem_addr(p)));
 }
 
+// The 16x16 block at (row0, col0) of a row-major shared matrix, transposed into registers:
+// r[0] holds elements (row0 + 2t, +1; col0 + g), r[1] the same for col0 + 8 + g, r[2] and r[3] the
+// same for rows row0 + 8 + 2t. That is the layout of an MMA result (C fragment) of the transposed
+// block, so a tile stored [query][key] can be read in the [key][query] order of a key-major MMA.
+template <typename T>
+__device__ __forceinline__ void load_transposed(uint32_t r[4], const T* s, int ld, int row0, int col0) {
+  const int lane = threadIdx.x & 31;
+  const T* p = s + (row0 + (lane & 7) + (lane >> 4) * 8) * ld + col0 + ((lane >> 3) & 1) * 8;
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(smem_addr(p)));
+}
+
+// The inverse of load_transposed: stores registers in that layout into the 16x16 block at
+// (row0, col0) of a row-major shared matrix (sm_90 stmatrix).
+template <typename T>
+__device__ __forceinline__ void store_transposed(T* s, int ld, int row0, int col0, const uint32_t r[4]) {
+  const int lane = threadIdx.x & 31;
+  T* p = s + (row0 + (lane & 7) + (lane >> 4) * 8) * ld + col0 + ((lane >> 3) & 1) * 8;
+  asm volatile("stmatrix.sync.aligned.m8n8.x4.trans.shared.b16 [%0], {%1,%2,%3,%4};\n"
+               ::"r"(smem_addr(p)), "r"(r[0]), "r"(r[1]), "r"(r[2]), "r"(r[3]));
+}
+
+// The two 16-bit values of a register as floats (low half first).
+template <typename T>
+__device__ __forceinline__ float2 unpack2(uint32_t r);
+template <>
+__device__ __forceinline__ float2 unpack2<__nv_bfloat16>(uint32_t r) {
+  return make_float2(__uint_as_float(r << 16), __uint_as_float(r & 0xffff0000u));
+}
+template <>
+__device__ __forceinline__ float2 unpack2<__half>(uint32_t r) {
+  return __half22float2(*reinterpret_cast<__half2*>(&r));
+}
+
 // 16-byte asynchronous copy; bytes past src_bytes (0..16) are zero-filled.
 __device__ __forceinline__ void cp_async_16(void* dst, const void* src, int src_bytes) {
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_addr(dst)), "l"(src),

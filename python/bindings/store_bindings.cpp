@@ -473,8 +473,16 @@ class PyReader {
       nb::gil_scoped_release release;
       std::sort(order.begin(), order.end());
       const std::span<const std::byte> file = r_->bytes();
-      for (const auto& [offset, b] : order) {
+      for (size_t k = 0; k < order.size(); ++k) {
+        const npy_intp b = order[k].second;
         const store::RecordEntry e = ix.entry(idx[size_t(b)]);
+        // Records of a shuffled batch are far apart in the file: start loading the next one while
+        // this one is checked and copied.
+        if (k + 1 < order.size()) {
+          const store::RecordEntry next = ix.entry(idx[size_t(order[k + 1].second)]);
+          for (uint64_t line = 0; line < next.stored_length; line += 64)
+            __builtin_prefetch(file.data() + next.offset + line);
+        }
         const store::Record rec = store::decode_record(
             ix, idx[size_t(b)], file.subspan(e.offset, e.stored_length), r_->verify_checksums());
         for (size_t a = 0; a < F; ++a) {

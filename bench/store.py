@@ -155,6 +155,7 @@ class LmdbAse:
     impl = "lmdb_ase"
     suffix = ".lmdb"
     modules = ("lmdb", "orjson")
+    envs: dict = {}
 
     @staticmethod
     def write(path, cols, codec):
@@ -185,8 +186,11 @@ class LmdbAse:
         import lmdb
         import orjson
 
-        env = lmdb.open(path, subdir=False, readonly=True, lock=False, readahead=False, meminit=False)
-        txn = env.begin()
+        # LMDB allows one environment per file and process: later handles share it.
+        if path not in LmdbAse.envs:
+            LmdbAse.envs[path] = lmdb.open(path, subdir=False, readonly=True, lock=False,
+                                           readahead=False, meminit=False)
+        txn = LmdbAse.envs[path].begin()
 
         def single(i):
             d = orjson.loads(zlib.decompress(txn.get(f"{i + 1}".encode("ascii"))))

@@ -1,7 +1,9 @@
 // Triangle attention: N slices of attention over S tokens, sharing one pair bias per head.
 //
 //   q [B, N, H, Sq, D], k, v [B, N, H, Sk, D], bias [B, H, Sq, Sk], mask [B, N, Sk] (bool, True = attend)
-//   o [B, N, H, Sq, D], lse [B, N, H, Sq] (float32, natural log; +inf for a row with no key)
+//   o [B, N, H, Sq, D], lse [B, N, H, Sq] (natural log; +inf for a row with no key): float32, or
+//   float64 on the CPU, which the torch layer uses for float32 inputs so that the backward's
+//   recomputed probabilities are as accurate as a stored softmax.
 //
 // Sq may differ from Sk so that a caller can run a range of queries with the matching bias rows
 // (context parallelism does). Every tensor is strided; only the last (feature) dimension must have

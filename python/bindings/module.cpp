@@ -9,7 +9,11 @@ namespace nb = nanobind;
 
 namespace tpf::py {
 void bind_attention(nb::module_& m);
+void bind_trimul(nb::module_& m);
+#ifdef TPF_WITH_DATA
 void bind_store(nb::module_& m);
+void bind_stream(nb::module_& m);
+#endif
 }
 
 NB_MODULE(_C, m) {
@@ -24,5 +28,16 @@ NB_MODULE(_C, m) {
   m.def("cuda_available", &tpf::cuda_available);
   m.def("num_threads", &tpf::num_threads);
   tpf::py::bind_attention(m);
+  tpf::py::bind_trimul(m);
+#ifdef TPF_WITH_DATA
   tpf::py::bind_store(m);
+  tpf::py::bind_stream(m);
+#endif
+  m.attr("with_data") = nb::bool_(
+#ifdef TPF_WITH_DATA
+      true
+#else
+      false
+#endif
+  );
 }

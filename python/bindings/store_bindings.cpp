@@ -17,6 +17,7 @@
 #include <string>
 #include <vector>
 
+#include "store_records.h"
 #include "tpf/error.h"
 #include "tpf/store.h"
 
@@ -276,12 +277,12 @@ PyObject* utf8_object(const char* chars, uint64_t width, int ndim, const npy_int
 // A numpy object for one field: a read-only view on `data` (owned by `base`), a numpy scalar for
 // a 0-d numeric field, str / a "U" array for utf8 text.
 PyObject* field_object(const store::Field& f, const std::byte* data, PyObject* base,
-                       const store::Reader& reader, uint64_t record) {
+                       const std::string& source_name, uint64_t record) {
   npy_intp dims[store::kMaxFieldDims];
   for (int d = 0; d < f.ndim; ++d) dims[d] = npy_intp(f.shape[d]);
   if (f.dtype == DType::utf8)
     return utf8_object(reinterpret_cast<const char*>(data), f.itemsize, f.ndim, dims, [&] {
-      return reader.path() + ": record " + std::to_string(record);
+      return source_name + ": record " + std::to_string(record);
     });
   PyArray_Descr* descr = f.dtype == DType::bytes ? text_descr('S', f.itemsize)
                                                  : PyArray_DescrFromType(numpy_type(f.dtype));
@@ -329,7 +330,7 @@ class PyReader {
     nb::object d = nb::steal(PyDict_New());
     for (size_t f = 0; f < rec.num_fields(); ++f) {
       const store::Field& field = rec.field(f);
-      nb::object v = nb::steal(field_object(field, rec.data(f), owner.ptr(), *r_, uint64_t(i)));
+      nb::object v = nb::steal(field_object(field, rec.data(f), owner.ptr(), r_->path(), uint64_t(i)));
       if (PyDict_SetItem(d.ptr(), keys_[field.key_id].ptr(), v.ptr()) != 0) throw nb::python_error();
     }
     return d;
@@ -533,6 +534,16 @@ class PyReader {
 };
 
 }  // namespace
+
+nb::object record_to_dict(const store::Record& rec, nb::object owner,
+                          const std::string& source_name, uint64_t record) {
+  nb::object d = nb::steal(PyDict_New());
+  for (size_t f = 0; f < rec.num_fields(); ++f) {
+    nb::object v = nb::steal(field_object(rec.field(f), rec.data(f), owner.ptr(), source_name, record));
+    if (PyDict_SetItemString(d.ptr(), rec.key(f).c_str(), v.ptr()) != 0) throw nb::python_error();
+  }
+  return d;
+}
 
 void bind_store(nb::module_& m) {
   if (_import_array() < 0) throw nb::python_error();

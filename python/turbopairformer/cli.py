@@ -10,6 +10,8 @@ SUBCOMMANDS = {
     "bench": ("turbopairformer.benchmarks.cli", "benchmark an op against its peers"),
     "pack": ("turbopairformer.data.pack", "pack mmCIF/PDB/extxyz files into store shards"),
     "inspect": ("turbopairformer.data.inspect", "describe a store file"),
+    "stream": ("turbopairformer.data.stream_cli", "stream a dataset and report its throughput"),
+    "train": ("turbopairformer.train.cli", "train a PairFormer trunk on protein distograms"),
 }
 
 
@@ -19,10 +21,23 @@ def build_parser() -> argparse.ArgumentParser:
     sub.required = True
     for name, (module_name, help_text) in SUBCOMMANDS.items():
         p = sub.add_parser(name, help=help_text, description=help_text)
-        module = importlib.import_module(module_name)
+        try:
+            module = importlib.import_module(module_name)
+        except ImportError as e:
+            # A build without a component (TPF_WITH_DATA=OFF) keeps the other subcommands.
+            p.set_defaults(_run=_unavailable(name, e))
+            continue
         module.add_arguments(p)
         p.set_defaults(_run=module.run)
     return parser
+
+
+def _unavailable(name: str, error: ImportError):
+    def run(args) -> int:
+        print(f"tpf {name}: not available in this build: {error}", file=sys.stderr)
+        return 2
+
+    return run
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,50 +1,12 @@
 // Argument validation for triangle attention, shared by the CPU, CUDA and reference paths.
 #include <string>
 
+#include "core/checks.h"
 #include "tpf/attention.h"
 #include "tpf/error.h"
 
 namespace tpf {
 namespace {
-
-bool is_float(DType d) {
-  return d == DType::f32 || d == DType::f16 || d == DType::bf16 || d == DType::f64;
-}
-
-void check_shape(const TensorView& t, const char* name, std::initializer_list<int64_t> expected,
-                 const char* layout) {
-  bool ok = t.ndim == int(expected.size());
-  int i = 0;
-  for (int64_t e : expected) {
-    if (ok && t.shape[i] != e) ok = false;
-    ++i;
-  }
-  if (!ok) {
-    std::string want = "[";
-    i = 0;
-    for (int64_t e : expected) want += (i++ ? ", " : "") + std::to_string(e);
-    want += "]";
-    throw Error(std::string(name) + " must have shape " + layout + " = " + want + ", got " +
-                t.shape_string());
-  }
-}
-
-void check_inner_contiguous(const TensorView& t, const char* name) {
-  TPF_CHECK(t.shape[t.ndim - 1] <= 1 || t.stride[t.ndim - 1] == 1,
-            std::string(name) + " must have stride 1 in its last dimension, got stride " +
-                std::to_string(t.stride[t.ndim - 1]));
-}
-
-void check_same_device(const TensorView& t, const TensorView& ref, const char* name) {
-  TPF_CHECK(t.device == ref.device && t.device_index == ref.device_index,
-            std::string(name) + " must be on the same device as q");
-}
-
-void check_float_tensor(const TensorView& t, const char* name) {
-  TPF_CHECK(is_float(t.dtype), std::string(name) +
-                                   " must be float32, bfloat16 or float16 (float64 for the "
-                                   "reference), got " + dtype_name(t.dtype));
-}
 
 AttentionDims check_inputs(const TensorView& q, const TensorView& k, const TensorView& v,
                            const TensorView& bias, const OptionalTensor& mask) {
@@ -66,9 +28,9 @@ AttentionDims check_inputs(const TensorView& q, const TensorView& k, const Tenso
                                     ", got " + dtype_name(v.dtype));
   TPF_CHECK(bias.dtype == q.dtype, std::string("bias must have q's dtype ") +
                                        dtype_name(q.dtype) + ", got " + dtype_name(bias.dtype));
-  check_same_device(k, q, "k");
-  check_same_device(v, q, "v");
-  check_same_device(bias, q, "bias");
+  check_same_device(k, q, "k", "q");
+  check_same_device(v, q, "v", "q");
+  check_same_device(bias, q, "bias", "q");
   check_inner_contiguous(q, "q");
   check_inner_contiguous(k, "k");
   check_inner_contiguous(v, "v");
@@ -77,7 +39,7 @@ AttentionDims check_inputs(const TensorView& q, const TensorView& k, const Tenso
     check_shape(mask.view, "mask", {d.B, d.N, d.Sk}, "[B, N, S]");
     TPF_CHECK(mask.view.dtype == DType::boolean,
               std::string("mask must be bool (True = attend), got ") + dtype_name(mask.view.dtype));
-    check_same_device(mask.view, q, "mask");
+    check_same_device(mask.view, q, "mask", "q");
     check_inner_contiguous(mask.view, "mask");
   }
   return d;
@@ -87,15 +49,15 @@ void check_output(const TensorView& t, const char* name, const TensorView& like)
   check_shape(t, name, {like.shape[0], like.shape[1], like.shape[2], like.shape[3], like.shape[4]},
               "[B, N, H, S, D]");
   check_float_tensor(t, name);
-  check_same_device(t, like, name);
+  check_same_device(t, like, name, "q");
   check_inner_contiguous(t, name);
 }
 
 void check_lse(const TensorView& lse, const AttentionDims& d, const TensorView& q) {
   check_shape(lse, "lse", {d.B, d.N, d.H, d.Sq}, "[B, N, H, S]");
   TPF_CHECK(lse.dtype == DType::f32 || lse.dtype == DType::f64,
-            std::string("lse must be float32, got ") + dtype_name(lse.dtype));
-  check_same_device(lse, q, "lse");
+            std::string("lse must be float32 or float64, got ") + dtype_name(lse.dtype));
+  check_same_device(lse, q, "lse", "q");
 }
 
 void check_residual(const OptionalTensor& r, const TensorView& q) {
@@ -128,7 +90,7 @@ AttentionDims check_attention_backward(const AttentionBackwardArgs& a) {
   check_output(a.dv, "dv", a.v);
   check_shape(a.dbias, "dbias", {d.B, d.H, d.Sq, d.Sk}, "[B, H, S, S]");
   check_float_tensor(a.dbias, "dbias");
-  check_same_device(a.dbias, a.q, "dbias");
+  check_same_device(a.dbias, a.q, "dbias", "q");
   check_inner_contiguous(a.dbias, "dbias");
   return d;
 }

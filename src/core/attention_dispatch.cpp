@@ -10,6 +10,7 @@ void attention_forward(const AttentionForwardArgs& a, void* stream) {
   const AttentionDims d = check_attention_forward(a);
   if (a.q.device == Device::cpu) return attention_forward_cpu(a);
   TPF_CHECK(a.o.dtype == a.q.dtype, "o must have q's dtype");
+  TPF_CHECK(a.lse.dtype == DType::f32, "lse must be float32 for CUDA tensors");
   cuda::attention_forward(a, d, stream);
 }
 

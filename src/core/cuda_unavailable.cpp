@@ -1,5 +1,6 @@
 // Linked into builds without the CUDA library: every CUDA entry point says so.
 #include "kernels/attention/api.h"
+#include "kernels/trimul/api.h"
 #include "tpf/error.h"
 
 namespace tpf::cuda {
@@ -15,5 +16,9 @@ bool available() { return false; }
 void attention_forward(const AttentionForwardArgs&, const AttentionDims&, void*) { unavailable(); }
 size_t attention_backward_workspace_bytes(const AttentionDims&) { return 0; }
 void attention_backward(const AttentionBackwardArgs&, const AttentionDims&, void*) { unavailable(); }
+size_t trimul_forward_workspace_bytes(const TrimulDims&, DType) { return 0; }
+size_t trimul_backward_workspace_bytes(const TrimulDims&, DType) { return 0; }
+void trimul_forward(const TrimulForwardArgs&, const TrimulDims&, void*) { unavailable(); }
+void trimul_backward(const TrimulBackwardArgs&, const TrimulDims&, void*) { unavailable(); }
 
 }  // namespace tpf::cuda

@@ -6,34 +6,6 @@
 
 namespace tpf {
 
-const char* dtype_name(DType d) {
-  switch (d) {
-    case DType::f32: return "float32";
-    case DType::f16: return "float16";
-    case DType::bf16: return "bfloat16";
-    case DType::f64: return "float64";
-    case DType::boolean: return "bool";
-    case DType::u8: return "uint8";
-    case DType::i32: return "int32";
-    case DType::i64: return "int64";
-  }
-  return "unknown";
-}
-
-int dtype_size(DType d) {
-  switch (d) {
-    case DType::f16:
-    case DType::bf16: return 2;
-    case DType::f32:
-    case DType::i32: return 4;
-    case DType::f64:
-    case DType::i64: return 8;
-    case DType::boolean:
-    case DType::u8: return 1;
-  }
-  return 0;
-}
-
 bool TensorView::is_contiguous() const {
   int64_t expected = 1;
   for (int i = ndim - 1; i >= 0; --i) {

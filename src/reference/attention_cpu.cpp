@@ -8,6 +8,10 @@
 // partial per key tile, summed in key-tile order by a reduction pass. Slices are processed in chunks
 // so the dQ partials stay within a fixed memory budget. Every sum has a fixed order: results are
 // bitwise reproducible whatever the thread count.
+//
+// Values are stored in FP32; sums (dot products, the online-softmax accumulators, the gradient
+// accumulators) run in FP64, so the CPU path is at least as accurate as PyTorch's FP32 BLAS and
+// passes FlashAttention-3's rule at float32 too.
 #include <algorithm>
 #include <cmath>
 #include <limits>
@@ -45,16 +49,17 @@ void transpose(const float* src, int64_t rows, int64_t cols, int64_t ld_dst, flo
     for (int64_t j = 0; j < cols; ++j) dst[j * ld_dst + i] = src[i * cols + j];
 }
 
-// c[i][j] = sum_d a[i][d] * bt[d][j]: a [m][kd], bt [kd][n], c [m][n].
+// c[i][j] = sum_d a[i][d] * bt[d][j]: a [m][kd], bt [kd][n], c [m][n]; n <= kKeyTile.
 void matmul_abt(const float* a, const float* bt, int64_t m, int64_t n, int64_t kd, float* c) {
+  double acc[kKeyTile];
   for (int64_t i = 0; i < m; ++i) {
-    float* ci = c + i * n;
-    std::fill(ci, ci + n, 0.0f);
+    std::fill(acc, acc + n, 0.0);
     for (int64_t d = 0; d < kd; ++d) {
-      const float ad = a[i * kd + d];
+      const double ad = a[i * kd + d];
       const float* b = bt + d * n;
-      for (int64_t j = 0; j < n; ++j) ci[j] += ad * b[j];
+      for (int64_t j = 0; j < n; ++j) acc[j] += ad * b[j];
     }
+    for (int64_t j = 0; j < n; ++j) c[i * n + j] = float(acc[j]);
   }
 }
 
@@ -63,7 +68,6 @@ void matmul_abt(const float* a, const float* bt, int64_t m, int64_t n, int64_t k
 void attention_forward_cpu(const AttentionForwardArgs& a) {
   const AttentionDims d = check_attention_forward(a);
   require_cpu(a.q, "triangle attention CPU path");
-  TPF_CHECK(a.lse.dtype == DType::f32, "lse must be float32 for the CPU path");
   const int64_t D = d.D, Sq = d.Sq, Sk = d.Sk;
   const int64_t jq = ceil_div(Sq, kQueryTile);
   const float scale = float(a.scale);
@@ -73,8 +77,8 @@ void attention_forward_cpu(const AttentionForwardArgs& a) {
                   b = t / (jq * d.H * d.N);
     const int64_t q0 = qt * kQueryTile, qn = std::min(kQueryTile, Sq - q0);
     std::vector<float> q(qn * D), kt(D * kKeyTile), v(kKeyTile * D), k(kKeyTile * D);
-    std::vector<float> s(qn * kKeyTile), bias(kKeyTile), acc(qn * D, 0.0f);
-    std::vector<float> m(qn, -kInf), l(qn, 0.0f);
+    std::vector<float> s(qn * kKeyTile), bias(kKeyTile), m(qn, -kInf);
+    std::vector<double> acc(qn * D, 0.0), l(qn, 0.0);
     std::vector<uint8_t> key_ok(kKeyTile);
     load_rows(a.q, b, n, h, q0, qn, D, q.data());
 
@@ -96,18 +100,18 @@ void attention_forward_cpu(const AttentionForwardArgs& a) {
           row_max = std::max(row_max, si[j]);
         }
         const float m_new = std::max(m[i], row_max);
-        const float correction = std::exp(m[i] - m_new);  // m[i] = -inf: 0, acc and l are 0
-        float row_sum = 0.0f;
+        const double correction = std::exp(double(m[i]) - m_new);  // m[i] = -inf: 0, acc, l are 0
+        double row_sum = 0.0;
         for (int64_t j = 0; j < kn; ++j) {
           si[j] = std::exp(si[j] - m_new);
           row_sum += si[j];
         }
         l[i] = l[i] * correction + row_sum;
         m[i] = m_new;
-        float* ai = acc.data() + i * D;
+        double* ai = acc.data() + i * D;
         for (int64_t c = 0; c < D; ++c) ai[c] *= correction;
         for (int64_t j = 0; j < kn; ++j) {
-          const float p = si[j];
+          const double p = si[j];
           const float* vj = v.data() + j * D;
           for (int64_t c = 0; c < D; ++c) ai[c] += p * vj[c];
         }
@@ -116,10 +120,10 @@ void attention_forward_cpu(const AttentionForwardArgs& a) {
 
     std::vector<float> out(D), rounded(D), resid(D);
     for (int64_t i = 0; i < qn; ++i) {
-      const bool empty = l[i] == 0.0f;
-      const float inv = empty ? 0.0f : 1.0f / l[i];
-      for (int64_t c = 0; c < D; ++c) out[c] = acc[i * D + c] * inv;
-      const float lse = empty ? kInf : m[i] + std::log(l[i]);
+      const bool empty = l[i] == 0.0;
+      const double inv = empty ? 0.0 : 1.0 / l[i];
+      for (int64_t c = 0; c < D; ++c) out[c] = float(acc[i * D + c] * inv);
+      const double lse = empty ? double(kInf) : double(m[i]) + std::log(l[i]);
       store_row(a.o, offset_of(a.o, b, n, h, q0 + i, 0), D, out.data());
       store_row(a.lse, offset_of(a.lse, b, n, h, q0 + i), 1, &lse);
       if (a.residual.present) {
@@ -133,7 +137,6 @@ void attention_forward_cpu(const AttentionForwardArgs& a) {
 void attention_backward_cpu(const AttentionBackwardArgs& a) {
   const AttentionDims d = check_attention_backward(a);
   require_cpu(a.q, "triangle attention CPU path");
-  TPF_CHECK(a.lse.dtype == DType::f32, "lse must be float32 for the CPU path");
   const int64_t B = d.B, N = d.N, H = d.H, Sq = d.Sq, Sk = d.Sk, D = d.D;
   const int64_t jk = ceil_div(Sk, kKeyTile);
   const float scale = float(a.scale);
@@ -148,17 +151,17 @@ void attention_backward_cpu(const AttentionBackwardArgs& a) {
       load_row(a.dout, offset_of(a.dout, b, n, h, i, 0), D, dout.data());
       if (a.residual.present)
         load_row(a.residual.view, offset_of(a.residual.view, b, n, h, i, 0), D, r.data());
-      float acc = 0.0f;
-      for (int64_t c = 0; c < D; ++c) acc += dout[c] * (o[c] + r[c]);
-      delta[t * Sq + i] = acc;
+      double acc = 0.0;
+      for (int64_t c = 0; c < D; ++c) acc += double(dout[c]) * (double(o[c]) + double(r[c]));
+      delta[t * Sq + i] = float(acc);
     }
   });
 
   // dbias accumulators, one [Sq][kKeyTile] block per (b, h, key tile), carried across chunks.
-  std::vector<float> dbias_acc(B * H * jk * Sq * kKeyTile, 0.0f);
-  const int64_t partial_per_slice = jk * B * H * Sq * D * int64_t(sizeof(float));
+  std::vector<double> dbias_acc(B * H * jk * Sq * kKeyTile, 0.0);
+  const int64_t partial_per_slice = jk * B * H * Sq * D * int64_t(sizeof(double));
   const int64_t chunk = std::clamp<int64_t>(kPartialBudgetBytes / partial_per_slice, 1, N);
-  std::vector<float> dq_partial(jk * B * H * chunk * Sq * D);
+  std::vector<double> dq_partial(jk * B * H * chunk * Sq * D);
   auto partial_at = [&](int64_t kt, int64_t b, int64_t h, int64_t nn) {
     return dq_partial.data() + ((((kt * B + b) * H + h) * chunk + nn) * Sq) * D;
   };
@@ -168,8 +171,9 @@ void attention_backward_cpu(const AttentionBackwardArgs& a) {
     parallel_for(B * H * jk, [&](int64_t t) {
       const int64_t kt = t % jk, h = (t / jk) % H, b = t / (jk * H);
       const int64_t k0 = kt * kKeyTile, kn = std::min(kKeyTile, Sk - k0);
-      float* dbias = dbias_acc.data() + t * Sq * kKeyTile;
-      std::vector<float> k(kn * D), v(kn * D), kT(D * kn), vT(D * kn), dk(kn * D), dv(kn * D);
+      double* dbias = dbias_acc.data() + t * Sq * kKeyTile;
+      std::vector<float> k(kn * D), v(kn * D), kT(D * kn), vT(D * kn);
+      std::vector<double> dk(kn * D), dv(kn * D);
       std::vector<float> q(kQueryTile * D), dout(kQueryTile * D), p(kQueryTile * kn),
           dp(kQueryTile * kn), bias(kn);
       std::vector<uint8_t> key_ok(kn);
@@ -179,9 +183,8 @@ void attention_backward_cpu(const AttentionBackwardArgs& a) {
         transpose(k.data(), kn, D, kn, kT.data());
         transpose(v.data(), kn, D, kn, vT.data());
         for (int64_t j = 0; j < kn; ++j) key_ok[j] = mask_at(a.mask, b, n, k0 + j);
-        std::fill(dk.begin(), dk.end(), 0.0f);
-        std::fill(dv.begin(), dv.end(), 0.0f);
-        const float* lse_row = static_cast<const float*>(a.lse.data);
+        std::fill(dk.begin(), dk.end(), 0.0);
+        std::fill(dv.begin(), dv.end(), 0.0);
         const float* delta_row = delta.data() + ((b * N + n) * H + h) * Sq;
         for (int64_t q0 = 0; q0 < Sq; q0 += kQueryTile) {
           const int64_t qn = std::min(kQueryTile, Sq - q0);
@@ -189,26 +192,30 @@ void attention_backward_cpu(const AttentionBackwardArgs& a) {
           load_rows(a.dout, b, n, h, q0, qn, D, dout.data());
           matmul_abt(q.data(), kT.data(), qn, kn, D, p.data());
           matmul_abt(dout.data(), vT.data(), qn, kn, D, dp.data());
-          float* dq = partial_at(kt, b, h, n - n0) + q0 * D;
+          double* dq = partial_at(kt, b, h, n - n0) + q0 * D;
           for (int64_t i = 0; i < qn; ++i) {
-            const float lse = lse_row[offset_of(a.lse, b, n, h, q0 + i)];
+            double lse;
+            load_row(a.lse, offset_of(a.lse, b, n, h, q0 + i), 1, &lse);
             load_row(a.bias, offset_of(a.bias, b, h, q0 + i, k0), kn, bias.data());
             float* pi = p.data() + i * kn;
             float* dsi = dp.data() + i * kn;  // dP, then dS in place
             for (int64_t j = 0; j < kn; ++j) {
-              pi[j] = (key_ok[j] && lse != kInf) ? std::exp(scale * pi[j] + bias[j] - lse) : 0.0f;
+              // exp in double: with a float64 lse (float32 inputs) p is as accurate as a stored softmax.
+              pi[j] = (key_ok[j] && lse != double(kInf))
+                          ? float(std::exp(double(scale * pi[j] + bias[j]) - lse))
+                          : 0.0f;
               dsi[j] = pi[j] * (dsi[j] - delta_row[q0 + i]);
               dbias[(q0 + i) * kKeyTile + j] += dsi[j];
             }
             const float* qi = q.data() + i * D;
             const float* doi = dout.data() + i * D;
-            float* dqi = dq + i * D;
-            std::fill(dqi, dqi + D, 0.0f);
+            double* dqi = dq + i * D;
+            std::fill(dqi, dqi + D, 0.0);
             for (int64_t j = 0; j < kn; ++j) {
-              float* dvj = dv.data() + j * D;
-              float* dkj = dk.data() + j * D;
+              double* dvj = dv.data() + j * D;
+              double* dkj = dk.data() + j * D;
               const float* kj = k.data() + j * D;
-              const float pij = pi[j], dsij = dsi[j];
+              const double pij = pi[j], dsij = dsi[j];
               for (int64_t c = 0; c < D; ++c) {
                 dvj[c] += pij * doi[c];
                 dkj[c] += dsij * qi[c];
@@ -218,7 +225,7 @@ void attention_backward_cpu(const AttentionBackwardArgs& a) {
             for (int64_t c = 0; c < D; ++c) dqi[c] *= scale;
           }
         }
-        for (int64_t x = 0; x < kn * D; ++x) dk[x] *= scale;
+        for (int64_t x = 0; x < kn * D; ++x) dk[x] *= double(scale);
         for (int64_t j = 0; j < kn; ++j) {
           store_row(a.dk, offset_of(a.dk, b, n, h, k0 + j, 0), D, dk.data() + j * D);
           store_row(a.dv, offset_of(a.dv, b, n, h, k0 + j, 0), D, dv.data() + j * D);
@@ -228,11 +235,11 @@ void attention_backward_cpu(const AttentionBackwardArgs& a) {
     // dQ: sum the key-tile partials in key-tile order.
     parallel_for(B * (n1 - n0) * H, [&](int64_t t) {
       const int64_t h = t % H, nn = (t / H) % (n1 - n0), b = t / (H * (n1 - n0));
-      std::vector<float> row(D);
+      std::vector<double> row(D);
       for (int64_t i = 0; i < Sq; ++i) {
-        std::fill(row.begin(), row.end(), 0.0f);
+        std::fill(row.begin(), row.end(), 0.0);
         for (int64_t kt = 0; kt < jk; ++kt) {
-          const float* part = partial_at(kt, b, h, nn) + i * D;
+          const double* part = partial_at(kt, b, h, nn) + i * D;
           for (int64_t c = 0; c < D; ++c) row[c] += part[c];
         }
         store_row(a.dq, offset_of(a.dq, b, n0 + nn, h, i, 0), D, row.data());
@@ -244,7 +251,7 @@ void attention_backward_cpu(const AttentionBackwardArgs& a) {
   parallel_for(B * H * jk, [&](int64_t t) {
     const int64_t kt = t % jk, h = (t / jk) % H, b = t / (jk * H);
     const int64_t k0 = kt * kKeyTile, kn = std::min(kKeyTile, Sk - k0);
-    const float* acc = dbias_acc.data() + t * Sq * kKeyTile;
+    const double* acc = dbias_acc.data() + t * Sq * kKeyTile;
     for (int64_t i = 0; i < Sq; ++i)
       store_row(a.dbias, offset_of(a.dbias, b, h, i, k0), kn, acc + i * kKeyTile);
   });

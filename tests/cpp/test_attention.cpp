@@ -7,6 +7,7 @@
 #include <random>
 #include <vector>
 
+#include "test_util.h"
 #include "tpf/attention.h"
 #include "tpf/error.h"
 
@@ -91,16 +92,6 @@ void run(Problem& p, Outputs<T>& out, bool reference) {
   }
 }
 
-double max_rel_err(const std::vector<float>& got, const std::vector<double>& want) {
-  double err = 0, scale = 1e-30;
-  for (size_t i = 0; i < got.size(); ++i) {
-    EXPECT_TRUE(std::isfinite(got[i])) << "element " << i << " is not finite (unwritten?)";
-    err = std::max(err, std::abs(double(got[i]) - want[i]));
-    scale = std::max(scale, std::abs(want[i]));
-  }
-  return err / scale;
-}
-
 class CpuPathVsReference : public ::testing::TestWithParam<std::tuple<int, int>> {};
 
 TEST_P(CpuPathVsReference, MatchesFp64) {
@@ -158,19 +149,8 @@ TEST(Reference, GradientsMatchFiniteDifferences) {
     for (size_t i = 0; i < o.o.size(); ++i) l += o.o[i] * p.dout[i];
     return l;
   };
-  // float inputs: perturb by an exactly representable step.
-  const float h = 1.0f / 256;
   auto check = [&](std::vector<float>& x, const std::vector<double>& grad, const char* name) {
-    for (size_t i = 0; i < x.size(); i += 3) {
-      const float saved = x[i];
-      x[i] = saved + h;
-      const double up = loss();
-      x[i] = saved - h;
-      const double down = loss();
-      x[i] = saved;
-      const double fd = (up - down) / (2.0 * h);
-      EXPECT_NEAR(fd, grad[i], 2e-4 * (1 + std::abs(grad[i]))) << name << "[" << i << "]";
-    }
+    expect_matches_finite_differences(x, grad, name, loss, 3, 2e-4);
   };
   check(p.q, g.dq, "dq");
   check(p.k, g.dk, "dk");

@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
+import os
 import platform
 import subprocess
 from typing import Callable, Optional
@@ -56,11 +57,13 @@ def time_impl(fn: AttentionFn, inputs, device: torch.device, repeats: int) -> tu
 
 
 def git_commit() -> str:
+    """The commit being measured: git's HEAD, else TPF_COMMIT (set by scripts/gpu-check on the GPU
+    machine, whose copy of the tree has no .git), else 'unknown'."""
     try:
         return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
                               text=True, check=True).stdout.strip()
     except (OSError, subprocess.CalledProcessError):
-        return "unknown"
+        return os.environ.get("TPF_COMMIT", "unknown")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

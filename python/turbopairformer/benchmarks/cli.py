@@ -6,6 +6,8 @@ import importlib
 
 BENCHES = {
     "attention": "turbopairformer.benchmarks.attention",
+    "trimul": "turbopairformer.benchmarks.trimul",
+    "context-parallel": "turbopairformer.benchmarks.context_parallel",
 }
 
 

@@ -12,6 +12,7 @@ from typing import Optional
 import torch
 
 from turbopairformer import _C
+from turbopairformer.ops.torch_reference import triangle_attention_torch
 from turbopairformer.ops._common import (
     detached,
     inner_contiguous,
@@ -46,7 +47,10 @@ def _attention_fwd(
 def _fwd_outputs(q: torch.Tensor, keep_residual: bool):
     B, N, H, S, _ = q.shape
     o = q.new_empty(q.shape)
-    lse = q.new_empty((B, N, H, S), dtype=torch.float32)
+    # float32 inputs on the CPU keep a float64 log-sum-exp: the backward recomputes probabilities
+    # from it, and a float32 one would cost them a few ulps against a stored softmax.
+    lse_dtype = torch.float64 if q.dtype == torch.float32 and not q.is_cuda else torch.float32
+    lse = q.new_empty((B, N, H, S), dtype=lse_dtype)
     with_residual = keep_residual and q.dtype != torch.float32
     residual = q.new_empty(q.shape if with_residual else (0,), dtype=torch.bfloat16)
     return o, lse, residual
@@ -155,6 +159,9 @@ def _check_scale(scale: Optional[float], D: int) -> float:
 
 
 def _run(q, k, v, bias, mask, scale, residual):
+    if q.is_cuda and q.dtype == torch.float32:
+        # The CUDA kernels are BF16/FP16 (tensor cores); float32 CUDA tensors take PyTorch's math.
+        return triangle_attention_torch(q, k, v, bias, mask, scale)
     o, _, _ = _attention_fwd(
         inner_contiguous(q), inner_contiguous(k), inner_contiguous(v), inner_contiguous(bias),
         None if mask is None else inner_contiguous(mask), scale, bool(residual))

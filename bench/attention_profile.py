@@ -1,0 +1,53 @@
+#!/usr/bin/env python3
+"""Where the time of one TurboPairFormer attention call goes: per-kernel CUDA time from the
+PyTorch profiler (forward, backward's delta / main / dQ and dbias reductions), at B=1, N=S, H=4."""
+from __future__ import annotations
+
+import argparse
+import collections
+
+import torch
+from torch.profiler import ProfilerActivity, profile
+
+import turbopairformer as tpf
+from turbopairformer.benchmarks.attention import make_inputs
+from turbopairformer.benchmarks.timing import median_ms
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--sizes", type=int, nargs="+", default=[384, 768])
+    parser.add_argument("--head-dims", type=int, nargs="+", default=[16, 32, 64])
+    args = parser.parse_args()
+    for D in args.head_dims:
+        for S in args.sizes:
+            q, k, v, bias, mask, grad = make_inputs(S, D, 4, torch.bfloat16, torch.device("cuda"), seed=1)
+            leaves = [t.requires_grad_(True) for t in (q, k, v, bias)]
+
+            def fwd():
+                with torch.no_grad():
+                    tpf.triangle_attention(q, k, v, bias, mask)
+
+            def fwd_bwd():
+                for t in leaves:
+                    t.grad = None
+                tpf.triangle_attention(*leaves, mask).backward(grad)
+
+            f = median_ms(fwd, torch.device("cuda"), warmup=3, repeats=10)
+            fb = median_ms(fwd_bwd, torch.device("cuda"), warmup=3, repeats=10)
+            with profile(activities=[ProfilerActivity.CUDA]) as prof:
+                fwd_bwd()
+                torch.cuda.synchronize()
+            per = collections.defaultdict(float)
+            for e in prof.events():
+                if e.device_type == torch.autograd.DeviceType.CUDA:
+                    name = e.name.replace("void ", "").split("<")[0].split("(")[0]
+                    name = name.replace("tpf::cuda::", "").replace("(anonymous namespace)::", "")
+                    per[name[:48]] += e.device_time_total / 1000 if hasattr(e, "device_time_total") else e.cuda_time_total / 1000
+            top = sorted(per.items(), key=lambda kv: -kv[1])[:6]
+            print(f"D={D} S={S}: fwd {f:.3f} ms, fwd+bwd {fb:.3f} ms | "
+                  + ", ".join(f"{n} {t:.3f}" for n, t in top), flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,450 @@
+"""FoldPipe benchmark: shuffled epochs of a dataset several times larger than the memory budget,
+read from local files, from nginx on loopback and from nginx behind a proxy that delays every
+request by 5 ms; records/s and RSS sampled throughout, for each budget. LitData (PyPI) is measured
+on the same records and budget when it is importable (`--peer-python` may name another venv's
+python that has it). Every measurement runs in its own process, whose RSS the parent samples.
+
+    python bench/stream.py --records 600000 --json bench/results/stream.json
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import datetime
+import json
+import os
+import platform
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+
+import numpy as np
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+REPO = os.path.dirname(HERE)
+sys.path.insert(0, os.path.join(REPO, "python"))
+sys.path.insert(0, os.path.join(REPO, "tests", "python"))
+
+
+# ---------------------------------------------------------------------------------------------
+# The dataset: the Atompack paper's 64-atom workload (positions, numbers, energy, forces, cell, pbc)
+
+def write_dataset(directory: str, records: int, shard_records: int, seed: int) -> dict:
+    from tqdm import tqdm
+
+    from turbopairformer.data import RecordWriter
+    from turbopairformer.data.pack import MANIFEST_FORMAT
+
+    manifest_path = os.path.join(directory, "manifest.json")
+    if os.path.exists(manifest_path):
+        with open(manifest_path) as f:
+            manifest = json.load(f)
+        if manifest.get("records") == records:
+            return manifest
+    os.makedirs(directory, exist_ok=True)
+    rng = np.random.default_rng(seed)
+    shards, done = [], 0
+    with tqdm(total=records, desc="write dataset", unit="rec") as bar:
+        while done < records:
+            count = min(shard_records, records - done)
+            name = f"shard-{len(shards):05d}.tpf"
+            path = os.path.join(directory, name)
+            w = RecordWriter(path, compression="none", overwrite=True)
+            for start in range(0, count, 10_000):
+                b = min(10_000, count - start)
+                w.append_batch({
+                    "id": np.arange(done + start, done + start + b, dtype=np.int64),
+                    "numbers": rng.integers(1, 90, size=(b, 64)).astype(np.int32),
+                    "positions": rng.standard_normal((b, 64, 3)).astype(np.float32),
+                    "forces": rng.standard_normal((b, 64, 3)).astype(np.float32),
+                    "energy": rng.standard_normal(b),
+                    "cell": np.tile(np.eye(3, dtype=np.float32) * 12, (b, 1, 1)),
+                    "pbc": np.ones((b, 3), dtype=bool),
+                })
+                bar.update(b)
+            w.commit()
+            w.close()
+            shards.append({"path": name, "records": count, "bytes": os.path.getsize(path)})
+            done += count
+    manifest = {"format": MANIFEST_FORMAT, "version": 1, "records": records,
+                "bytes": sum(s["bytes"] for s in shards), "shards": shards}
+    with open(manifest_path, "w") as f:
+        json.dump(manifest, f)
+    return manifest
+
+
+def shuffle_quality(order: np.ndarray, batch: int = 64, regions: int = 100) -> dict:
+    """How well an order mixes: distinct 1%-regions of the dataset per batch of 64 (a uniform
+    shuffle gives about 47, reading in order 1), and the fraction of consecutive samples that are
+    storage neighbours (uniform: about 2/N; in order: 1)."""
+    n = len(order)
+    region = order * regions // n
+    usable = n // batch * batch
+    per_batch = region[:usable].reshape(-1, batch)
+    distinct = np.mean([len(np.unique(r)) for r in per_batch[: min(len(per_batch), 2000)]])
+    neighbours = float(np.mean(np.abs(np.diff(order.astype(np.int64))) == 1))
+    return {"regions_per_batch": float(distinct), "neighbour_fraction": neighbours}
+
+
+# ---------------------------------------------------------------------------------------------
+# A proxy that delays each request by a fixed time (per connection, in order)
+
+async def _pipe_delayed(reader, writer, delay_s):
+    queue: asyncio.Queue = asyncio.Queue()
+
+    async def forward():
+        while True:
+            due, data = await queue.get()
+            if data is None:
+                break
+            wait = due - asyncio.get_running_loop().time()
+            if wait > 0:
+                await asyncio.sleep(wait)
+            writer.write(data)
+            await writer.drain()
+        writer.close()
+
+    task = asyncio.create_task(forward())
+    loop = asyncio.get_running_loop()
+    while True:
+        data = await reader.read(65536)
+        await queue.put((loop.time() + delay_s, data or None))
+        if not data:
+            break
+    await task
+
+
+async def _pipe(reader, writer):
+    while True:
+        data = await reader.read(1 << 20)
+        if not data:
+            break
+        writer.write(data)
+        await writer.drain()
+    writer.close()
+
+
+def run_proxy(listen_port: int, upstream_port: int, delay_ms: float) -> None:
+    async def handle(client_reader, client_writer):
+        up_reader, up_writer = await asyncio.open_connection("127.0.0.1", upstream_port)
+        await asyncio.gather(_pipe_delayed(client_reader, up_writer, delay_ms / 1000),
+                             _pipe(up_reader, client_writer), return_exceptions=True)
+
+    async def main():
+        server = await asyncio.start_server(handle, "127.0.0.1", listen_port, backlog=1024)
+        async with server:
+            await server.serve_forever()
+
+    asyncio.run(main())
+
+
+# ---------------------------------------------------------------------------------------------
+# One measurement, in a child process
+
+def rss_mib(pid: int | None = None) -> float:
+    with open(f"/proc/{pid or 'self'}/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
+
+
+class PeakRss:
+    """Samples this process's RSS every 2 ms on a thread while in use: the streaming window only,
+    not the imports before it (importing torch briefly peaks far above where it settles) nor the
+    interpreter's teardown after it."""
+
+    def __enter__(self) -> "PeakRss":
+        self.peak = rss_mib()
+        self._done = threading.Event()
+        self._thread = threading.Thread(target=self._run)
+        self._thread.start()
+        return self
+
+    def _run(self) -> None:
+        while not self._done.wait(0.002):
+            self.peak = max(self.peak, rss_mib())
+
+    def __exit__(self, *exc) -> None:
+        self._done.set()
+        self._thread.join()
+        self.peak = max(self.peak, rss_mib())
+
+
+def child(args: argparse.Namespace) -> None:
+    """Prints JSON lines: the baseline RSS before streaming, then records, seconds and peak RSS."""
+    peak = PeakRss()
+    if args.impl == "turbopairformer":
+        import torch  # noqa: F401  (imported before the baseline: every DataLoader user has it)
+
+        from turbopairformer.data import StreamingDataset
+
+        def make():
+            return StreamingDataset(args.location, cache_bytes=args.budget_mib << 20,
+                                    seed=args.seed, shuffle=True, block_size=args.block_size,
+                                    max_inflight=args.max_inflight,
+                                    group_records=args.group_records)
+        epoch = args.epoch
+    else:
+        import litdata
+
+        def make():
+            return litdata.StreamingDataset(args.location, shuffle=True, seed=args.seed,
+                                            max_cache_size=f"{args.budget_mib}MB")
+        epoch = args.epoch + 1  # LitData counts epochs from 1
+    print(json.dumps({"baseline_rss_mib": rss_mib()}), flush=True)
+    with peak:
+        ds = make()
+        ds.set_epoch(epoch)
+        limit = args.limit or len(ds)
+        t0 = time.perf_counter()
+        n = 0
+        for _ in ds:
+            n += 1
+            if n >= limit:
+                break
+        seconds = time.perf_counter() - t0
+    stats = getattr(ds, "last_stats", None) or {}
+    print(json.dumps({"records": n, "seconds": seconds, "stats": stats,
+                      "peak_rss_mib": peak.peak}), flush=True)
+
+
+def measure(python: str, impl: str, location: str, budget_mib: int, opts: argparse.Namespace,
+            block_size: int) -> dict:
+    cmd = [python, os.path.abspath(__file__), "--child", "--impl", impl, "--location", location,
+           "--budget-mib", str(budget_mib), "--seed", str(opts.seed), "--epoch", "1",
+           "--block-size", str(block_size), "--max-inflight", str(opts.max_inflight),
+           "--group-records", str(opts.group_records),
+           "--limit", str(opts.limit)]
+    env = dict(os.environ, PYTHONPATH=os.path.join(REPO, "python"))
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    series: list[tuple[float, float]] = []
+    done = threading.Event()
+    t0 = time.perf_counter()
+
+    def sample():
+        while not done.wait(0.05):
+            try:
+                series.append((time.perf_counter() - t0, rss_mib(proc.pid)))
+            except (FileNotFoundError, ProcessLookupError, ValueError, IndexError):
+                break
+
+    sampler = threading.Thread(target=sample)
+    sampler.start()
+    try:
+        # The baseline line comes after the imports: only RSS from then on is the loader's doing
+        # (importing torch briefly peaks higher than where it settles).
+        first = proc.stdout.readline()
+        t_base = time.perf_counter() - t0
+        out, err = proc.communicate(timeout=opts.timeout)
+    finally:
+        done.set()
+        sampler.join()
+    if proc.returncode != 0:
+        raise RuntimeError(f"{impl} on {location} failed: {err.strip()[-2000:]}")
+    baseline = json.loads(first)["baseline_rss_mib"]
+    result = [json.loads(line) for line in out.splitlines() if line.startswith("{")][-1]
+    series = [(t, r) for t, r in series if t >= t_base]
+    peak = result["peak_rss_mib"]
+    return {"records": result["records"], "seconds": result["seconds"],
+            "records_per_s": result["records"] / result["seconds"], "peak_rss_mib": peak,
+            "baseline_rss_mib": baseline, "rss_over_baseline_mib": peak - baseline,
+            "stats": result["stats"], "rss_series": series}
+
+
+# ---------------------------------------------------------------------------------------------
+
+def git_commit() -> str:
+    try:
+        return subprocess.run(["git", "-C", REPO, "rev-parse", "--short", "HEAD"], capture_output=True,
+                              text=True, check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+
+
+def wait_port(port: int, timeout: float = 20.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=0.5):
+                return
+        except OSError:
+            time.sleep(0.05)
+    raise RuntimeError(f"nothing listens on 127.0.0.1:{port} after {timeout} s")
+
+
+def litdata_copy(manifest: dict, data_dir: str, python: str) -> str | None:
+    """The same records in LitData's format (optimize()), or None when LitData is not importable."""
+    out = os.path.join(data_dir, "litdata")
+    script = f"""
+import json, os, sys
+import litdata
+sys.path.insert(0, {os.path.join(REPO, 'python')!r})
+from turbopairformer import _C
+shards = {[os.path.join(data_dir, 'ds', s['path']) for s in manifest['shards']]!r}
+def records(path):
+    r = _C.StoreReader(path, True)
+    for i in range(len(r)):
+        yield {{k: (v.copy() if hasattr(v, 'copy') else v) for k, v in r[i].items()}}
+if __name__ == '__main__':
+    litdata.optimize(fn=records, inputs=shards, output_dir={out!r}, chunk_bytes='64MB', num_workers=1)
+"""
+    probe = subprocess.run([python, "-c", "import litdata"], capture_output=True)
+    if probe.returncode != 0:
+        return None
+    index = os.path.join(out, "index.json")
+    if not os.path.exists(index) or not json.load(open(index)).get("chunks"):
+        # optimize() starts worker processes that import the function: it needs a real module file.
+        script_path = os.path.join(data_dir, "litdata_convert.py")
+        with open(script_path, "w") as f:
+            f.write(script)
+        subprocess.run([python, script_path], check=True)
+    return out
+
+
+def plot(rows: list[dict], series: dict, path: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(14, 5))
+    labels = [f"{r['impl']}\n{r['source']} {r['shuffle']}\n{r['budget_mib']} MiB" for r in rows]
+    ax1.bar(range(len(rows)), [r["records_per_s"] for r in rows],
+            color=["C0" if r["impl"] == "turbopairformer" else "C1" for r in rows])
+    ax1.set_xticks(range(len(rows)), labels, fontsize=6, rotation=90)
+    ax1.set_ylabel("records/s (shuffled epoch)")
+    ax1.set_title("throughput")
+    for key, s in series.items():
+        s = [(t, r) for t, r in s if r > 0]  # a process that has exited reads as 0
+        if s:
+            t, r = zip(*s)
+            ax2.plot(t, r, label=key, linewidth=0.8)
+    ax2.set_xlabel("seconds")
+    ax2.set_ylabel("RSS (MiB)")
+    ax2.set_title("RSS over time")
+    ax2.legend(fontsize=5)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--records", type=int, default=600_000)
+    p.add_argument("--shard-records", type=int, default=50_000)
+    p.add_argument("--budgets", type=int, nargs="+", default=[64, 256], help="MiB")
+    p.add_argument("--sources", nargs="+", default=["local", "http", "http_5ms"])
+    p.add_argument("--shuffles", nargs="+", default=["full", "block64"],
+                   help="full: uniform permutation; blockN: blocks of N neighbours shuffled")
+    p.add_argument("--latency-ms", type=float, default=5.0)
+    p.add_argument("--max-inflight", type=int, default=64)
+    p.add_argument("--group-records", type=int, default=256,
+                   help="plan entries fetched together (the ranges of one shard share a request)")
+    p.add_argument("--limit", type=int, default=0, help="records per measurement (0: an epoch)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--data-dir", default=os.path.join(tempfile.gettempdir(), "tpf-bench-stream"))
+    p.add_argument("--peer-python", default=sys.executable,
+                   help="python with litdata importable (default: this one)")
+    p.add_argument("--no-peers", action="store_true")
+    p.add_argument("--timeout", type=float, default=1800)
+    p.add_argument("--json", help="write the rows here")
+    p.add_argument("--out-dir", default=os.path.join(HERE, "results"))
+    # internal: one measurement
+    p.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--impl", default="turbopairformer", help=argparse.SUPPRESS)
+    p.add_argument("--location", help=argparse.SUPPRESS)
+    p.add_argument("--budget-mib", type=int, help=argparse.SUPPRESS)
+    p.add_argument("--epoch", type=int, default=1, help=argparse.SUPPRESS)
+    p.add_argument("--block-size", type=int, default=0, help=argparse.SUPPRESS)
+    p.add_argument("--proxy", nargs=3, type=float, help=argparse.SUPPRESS)
+    args = p.parse_args()
+    if args.child:
+        child(args)
+        return 0
+    if args.proxy:
+        run_proxy(int(args.proxy[0]), int(args.proxy[1]), args.proxy[2])
+        return 0
+
+    import stream_harness as h
+    from turbopairformer import _C
+
+    manifest = write_dataset(os.path.join(args.data_dir, "ds"), args.records, args.shard_records,
+                             args.seed)
+    data_mib = manifest["bytes"] / 2**20
+    print(f"dataset: {args.records} records, {data_mib:.0f} MiB in {len(manifest['shards'])} shards")
+    quality = {}
+    for shuffle in args.shuffles:
+        block = 0 if shuffle == "full" else int(shuffle.removeprefix("block"))
+        quality[shuffle] = shuffle_quality(_C.stream_epoch_order(args.records, args.seed, 1, True, block))
+        print(f"shuffle quality {shuffle}: {quality[shuffle]}")
+
+    rows, series, procs = [], {}, []
+    machine = f"{platform.node()} ({os.cpu_count()} cpus)"
+    date = datetime.date.today().isoformat()
+    commit = git_commit()
+    work = tempfile.mkdtemp(prefix="tpf-bench-nginx-")
+    nginx = h.Nginx(os.path.join(args.data_dir, "ds"), work).__enter__()
+    try:
+        proxy_port = h.free_port()
+        proxy = subprocess.Popen([sys.executable, os.path.abspath(__file__), "--proxy",
+                                  str(proxy_port), str(nginx.port), str(args.latency_ms)])
+        procs.append(proxy)
+        wait_port(proxy_port)
+        locations = {"local": os.path.join(args.data_dir, "ds", "manifest.json"),
+                     "http": f"{nginx.url}/manifest.json",
+                     "http_5ms": f"http://127.0.0.1:{proxy_port}/manifest.json"}
+        peer_dir = None
+        if not args.no_peers:
+            peer_dir = litdata_copy(manifest, args.data_dir, args.peer_python)
+            if peer_dir is None:
+                print("litdata is not importable with --peer-python: peer rows skipped")
+        for shuffle in args.shuffles:
+            block = 0 if shuffle == "full" else int(shuffle.removeprefix("block"))
+            for budget in args.budgets:
+                for source in args.sources:
+                    r = measure(sys.executable, "turbopairformer", locations[source], budget, args, block)
+                    row = {"impl": "turbopairformer", "source": source, "budget_mib": budget,
+                           "shuffle": shuffle, "records_per_s": r["records_per_s"],
+                           "peak_rss_mib": r["peak_rss_mib"],
+                           "baseline_rss_mib": r["baseline_rss_mib"],
+                           "rss_over_baseline_mib": r["rss_over_baseline_mib"],
+                           "records": r["records"], "requests": r["stats"].get("requests"),
+                           "peak_reserved_mib": r["stats"].get("peak_reserved", 0) / 2**20,
+                           "shuffle_quality": quality[shuffle], "dataset_mib": data_mib,
+                           "commit": commit, "machine": machine, "date": date}
+                    rows.append(row)
+                    series[f"ours {source} {shuffle} {budget}MiB"] = r["rss_series"]
+                    print(json.dumps({k: v for k, v in row.items() if k != "shuffle_quality"}))
+        if peer_dir is not None:
+            for budget in args.budgets:
+                r = measure(args.peer_python, "litdata", peer_dir, budget, args, 0)
+                row = {"impl": "litdata", "source": "local", "budget_mib": budget,
+                       "shuffle": "litdata",  # its own: chunks shuffled, then records in them
+                       "records_per_s": r["records_per_s"], "peak_rss_mib": r["peak_rss_mib"],
+                       "baseline_rss_mib": r["baseline_rss_mib"],
+                       "rss_over_baseline_mib": r["rss_over_baseline_mib"],
+                       "records": r["records"], "dataset_mib": data_mib, "commit": commit,
+                       "machine": machine, "date": date}
+                rows.append(row)
+                series[f"litdata local {budget}MiB"] = r["rss_series"]
+                print(json.dumps(row))
+    finally:
+        for proc in procs:
+            proc.terminate()
+            proc.wait(timeout=10)
+        nginx.__exit__(None, None, None)
+
+    os.makedirs(args.out_dir, exist_ok=True)
+    stem = os.path.join(args.out_dir, f"stream-{platform.node()}-{date}")
+    with open(stem + ".json", "w") as f:
+        json.dump({"rows": rows, "rss_series": series, "shuffle_quality": quality}, f, indent=1)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(rows, f, indent=1)
+    plot(rows, series, stem + ".png")
+    print(f"wrote {stem}.json and {stem}.png")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,268 @@
+// FoldPipe: streaming record-store shards from local files, HTTP(S) and S3 under a hard memory
+// budget, with prefetch driven by the sampler's known order.
+//
+// Pieces, each usable alone:
+//   open_source()   a tpf::ByteSource for a path, file://, http(s):// or s3:// location
+//   epoch_order()   the deterministic order of all records for (seed, epoch), then rank_slice() and
+//                   worker_slice() cut it for one rank and one DataLoader worker
+//   Prefetcher      fetches the byte ranges of a plan of records ahead of the consumer, never
+//                   holding more than its byte budget, and hands records out in plan order
+//
+// Failure model: every call can throw tpf::Error (bad arguments: the message names the argument)
+// or tpf::RuntimeError (I/O that failed after the retries the options allow: the message names the
+// URL). Nothing waits without a bound: every request has timeouts, every retry loop a count and a
+// deadline.
+#pragma once
+#include <atomic>
+#include <condition_variable>
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "tpf/source.h"
+#include "tpf/store.h"
+
+namespace tpf::stream {
+
+// ---------------------------------------------------------------------------------------------
+// Sources
+
+struct SourceOptions {
+  // Requests one remote source runs at once; a further read waits for a free connection.
+  int max_connections = 16;
+  double connect_timeout_s = 10.0;
+  // Whole-request limit, and the stall limit: a transfer slower than 1 KiB/s for this long fails.
+  double request_timeout_s = 60.0;
+  double stall_timeout_s = 15.0;
+  // Retries of connection errors, 5xx, 429 and short reads: exponential backoff with jitter,
+  // base * 2^attempt capped at backoff_max_s, at most max_attempts tries and retry_deadline_s.
+  int max_attempts = 8;
+  double backoff_base_s = 0.05;
+  double backoff_max_s = 2.0;
+  double retry_deadline_s = 120.0;
+  // Size the caller already knows (from the manifest); 0 asks the server (one HEAD request).
+  uint64_t expected_size = 0;
+};
+
+// Set once to abandon work: whoever waits through wait_for() (a retry's backoff) wakes at once.
+class CancelToken {
+ public:
+  void cancel();
+  bool cancelled() const { return flag_.load(std::memory_order_acquire); }
+  // Waits up to `seconds`; returns true when cancelled meanwhile.
+  bool wait_for(double seconds) const;
+
+ private:
+  std::atomic<bool> flag_{false};
+  mutable std::mutex mutex_;
+  mutable std::condition_variable cv_;
+};
+
+// A ByteSource whose reads can be abandoned: the read throws tpf::RuntimeError soon after `cancel`
+// is cancelled (at once during a retry's backoff, within about a second during a transfer).
+struct ByteRange {
+  uint64_t offset = 0;
+  uint64_t length = 0;
+  void* dst = nullptr;
+};
+
+class CancellableSource : public ByteSource {
+ public:
+  virtual void read_cancellable(uint64_t offset, size_t length, void* dst,
+                                const CancelToken* cancel) const = 0;
+  void read(uint64_t offset, size_t length, void* dst) const override {
+    read_cancellable(offset, length, dst, nullptr);
+  }
+  // Reads disjoint ranges sorted by offset, all or nothing (throws like read). An HTTP source asks
+  // for them in one multi-range request when the server answers those; others read them in turn.
+  virtual void read_ranges(const std::vector<ByteRange>& ranges, const CancelToken* cancel) const {
+    for (const ByteRange& r : ranges) read_cancellable(r.offset, r.length, r.dst, cancel);
+  }
+  // How many ranges one read_ranges call should carry: 1 where they are not fetched together.
+  virtual size_t ranges_per_request() const { return 1; }
+};
+
+// A source for `location`: a path or file:// URL, http:// or https:// (range requests), or
+// s3://bucket/key (SigV4; AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, optional AWS_SESSION_TOKEN,
+// AWS_REGION or AWS_DEFAULT_REGION (default us-east-1), AWS_ENDPOINT_URL_S3 or AWS_ENDPOINT_URL
+// for a non-AWS endpoint, which is then addressed path-style).
+// Throws tpf::Error for an unsupported scheme or missing credentials, tpf::RuntimeError when the
+// size cannot be learned, and tpf::RuntimeError when expected_size is set and differs.
+std::unique_ptr<CancellableSource> open_source(const std::string& location,
+                                               const SourceOptions& options = {});
+
+// ---------------------------------------------------------------------------------------------
+// Sampler
+
+struct SamplerOptions {
+  uint64_t num_records = 0;
+  uint64_t seed = 0;
+  bool shuffle = true;
+  // 0: a uniform permutation of all records. B > 0: records are cut into blocks of B neighbours,
+  // the blocks are permuted and each block is shuffled inside, so a run of B consecutive samples
+  // reads one contiguous byte range (locality, at a measurable cost in shuffle quality).
+  uint64_t block_size = 0;
+};
+
+// The order of all records for (seed, epoch): a permutation of [0, num_records), identical on every
+// platform for the same options and epoch.
+std::vector<uint64_t> epoch_order(const SamplerOptions& options, uint64_t epoch);
+
+// One rank's share of `order` after the first `consumed` entries (consumed by all ranks together):
+// entries consumed + rank, + world_size, ... The remaining length is made a multiple of world_size
+// by dropping the tail (drop_last) or by repeating entries from the start of `order` (pad), so every
+// rank gets the same count. Throws tpf::Error for rank >= world_size or world_size == 0.
+std::vector<uint64_t> rank_slice(const std::vector<uint64_t>& order, uint64_t consumed,
+                                 uint32_t rank, uint32_t world_size, bool drop_last);
+
+// One DataLoader worker's share of a rank's list: batches of batch_size consecutive entries go to
+// workers round-robin (batch b to worker b % num_workers), which is the order in which DataLoader
+// hands them back, so the rank's consumed samples are always a prefix of `rank_list`.
+std::vector<uint64_t> worker_slice(const std::vector<uint64_t>& rank_list, uint32_t worker,
+                                   uint32_t num_workers, uint64_t batch_size);
+
+// ---------------------------------------------------------------------------------------------
+// Prefetcher
+
+// Where one record's bytes live.
+struct RecordLocation {
+  uint32_t shard = 0;
+  uint64_t offset = 0;
+  uint64_t length = 0;
+};
+
+struct PrefetchOptions {
+  // Hard limit on the bytes of fetched data held at once (in flight, ready, and the record being
+  // consumed). A single record larger than this is an error.
+  uint64_t memory_budget = 256ull << 20;
+  // Range requests in flight at once (the fetch pool's size).
+  int max_inflight = 32;
+  // Neighbouring ranges of one group of plan entries are merged into one request when the gap
+  // between them is at most coalesce_gap bytes and the merged request stays under max_request_bytes.
+  uint64_t coalesce_gap = 64 << 10;
+  uint64_t max_request_bytes = 8ull << 20;
+  // Consecutive plan entries fetched, held and released together; the ranges of one shard in a
+  // group share requests, so larger groups mean fewer requests for a shuffled plan.
+  uint32_t group_records = 256;
+  // A record that fails verification is fetched again up to this many times, then it is an error.
+  int verify_attempts = 3;
+};
+
+// A record handed to the consumer: valid until the next call to next() or the Prefetcher's end.
+struct RecordView {
+  const uint8_t* data = nullptr;
+  uint64_t length = 0;
+  uint64_t plan_index = 0;  // the record's position in the plan
+  uint64_t record = 0;      // plan[plan_index]
+};
+
+// Checks a record's bytes (e.g. its checksum); false means "corrupt in transit, fetch it again".
+using RecordVerifier = std::function<bool(uint64_t record, const uint8_t* data, uint64_t length)>;
+
+struct PrefetchStats {
+  uint64_t requests = 0;         // range requests issued
+  uint64_t bytes_fetched = 0;    // bytes those requests returned
+  uint64_t refetches = 0;        // records fetched again after failing verification
+  uint64_t peak_reserved = 0;    // most bytes held at once (never above memory_budget)
+  uint64_t consumer_waits = 0;   // next() calls that found their record not yet fetched
+};
+
+class Prefetcher {
+ public:
+  // Streams plan (indices into `locations`) from `sources` (indexed by RecordLocation::shard).
+  // Fetching starts at once on background threads. Throws tpf::Error for an index out of range, a
+  // shard without a source, a record larger than the budget or options out of range.
+  Prefetcher(std::vector<std::shared_ptr<CancellableSource>> sources,
+             std::shared_ptr<const std::vector<RecordLocation>> locations,
+             std::vector<uint64_t> plan, PrefetchOptions options = {},
+             RecordVerifier verify = nullptr);
+  // Stops fetching (in-flight requests are abandoned) and joins the threads.
+  ~Prefetcher();
+  Prefetcher(const Prefetcher&) = delete;
+  Prefetcher& operator=(const Prefetcher&) = delete;
+
+  // The next record in plan order, or false at the end of the plan. Blocks (on a condition
+  // variable) until it is fetched. Throws tpf::RuntimeError naming the URL when its shard stayed
+  // unreachable through every retry, or when it failed verification verify_attempts times.
+  bool next(RecordView& out);
+
+  uint64_t size() const;
+  uint64_t reserved_bytes() const;
+  PrefetchStats stats() const;
+
+ private:
+  struct State;
+  std::unique_ptr<State> state_;
+};
+
+// ---------------------------------------------------------------------------------------------
+// Disk cache
+
+// Bytes of remote sources kept in local files under `directory`, at most `budget` bytes in all.
+// Each cached source writes what it fetches into a sparse file of the source's size and serves
+// later reads that fall inside what it holds from there; when the budget is full, whole sources
+// are dropped least recently used first. The cache lives as long as its sources (it is not
+// reused across processes: each process gets its own files).
+class DiskCache {
+ public:
+  // Throws tpf::Error for budget == 0 and tpf::RuntimeError when `directory` cannot be created.
+  static std::shared_ptr<DiskCache> create(const std::string& directory, uint64_t budget);
+  virtual ~DiskCache() = default;
+  // `inner` read through this cache.
+  virtual std::shared_ptr<CancellableSource> wrap(std::shared_ptr<CancellableSource> inner) = 0;
+  virtual uint64_t used_bytes() const = 0;
+  virtual uint64_t budget() const = 0;
+  // Bytes served from disk, and bytes that went to the inner sources.
+  virtual uint64_t hit_bytes() const = 0;
+  virtual uint64_t miss_bytes() const = 0;
+};
+
+// ---------------------------------------------------------------------------------------------
+// A dataset: record-store shards read through sources
+
+struct ShardSpec {
+  std::string location;  // path or URL, as open_source takes it
+  uint64_t records = 0;  // from the manifest; 0: not known (not checked)
+  uint64_t bytes = 0;    // from the manifest; 0: not known (the server is asked)
+};
+
+// Shards opened for streaming: one source per shard and each shard's committed index, read through
+// the source (a header read and an index read). Records are numbered across shards in order.
+class ShardSet {
+ public:
+  // Opens the shards, up to 16 at once. Throws tpf::RuntimeError naming the URL of a shard that
+  // cannot be reached, and tpf::Error for one that is not a valid store or whose record count or
+  // size differs from its spec.
+  // `disk_cache`, when given, holds the bytes of the remote shards (not of local files).
+  static std::shared_ptr<const ShardSet> open(const std::vector<ShardSpec>& shards,
+                                              const SourceOptions& options = {},
+                                              std::shared_ptr<DiskCache> disk_cache = nullptr);
+
+  uint64_t size() const { return locations_->size(); }
+  size_t num_shards() const { return sources_.size(); }
+  const std::string& shard_name(uint32_t shard) const { return names_.at(shard); }
+  // (shard, record inside the shard) of a record. Throws tpf::Error naming `record` when out of range.
+  std::pair<uint32_t, uint64_t> locate(uint64_t record) const;
+
+  // A prefetcher over `plan` (record numbers) that checks each record's checksum (when `verify`)
+  // and fetches it again on a mismatch.
+  std::unique_ptr<Prefetcher> stream(std::vector<uint64_t> plan, const PrefetchOptions& options,
+                                     bool verify = true) const;
+  // Decodes a record the prefetcher handed out (its checksum was already checked). The Record may
+  // point into view.data: valid as long as the view is.
+  store::Record decode(const RecordView& view) const;
+
+ private:
+  ShardSet() = default;
+  std::vector<std::shared_ptr<CancellableSource>> sources_;
+  std::vector<std::string> names_;
+  std::vector<store::Index> indexes_;
+  std::vector<uint64_t> first_record_;  // per shard, then the total
+  std::shared_ptr<const std::vector<RecordLocation>> locations_;
+};
+
+}  // namespace tpf::stream

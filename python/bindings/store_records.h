@@ -1,0 +1,17 @@
+// Records as Python dicts, shared by the store's reader and the streaming loader so both hand out
+// the same types (numpy views, numpy scalars for 0-d fields, str for text).
+#pragma once
+#include <nanobind/nanobind.h>
+
+#include <string>
+
+#include "tpf/store.h"
+
+namespace tpf::py {
+
+// {key: value} for a decoded record whose bytes `owner` keeps alive (the arrays are views into
+// them). `source_name` and `record` label errors.
+nanobind::object record_to_dict(const store::Record& rec, nanobind::object owner,
+                                const std::string& source_name, uint64_t record);
+
+}  // namespace tpf::py

@@ -1,0 +1,43 @@
+"""The SwiGLU transition (AlphaFold3 algorithm 11), used on the pair track and the single track."""
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+from torch import nn
+
+from turbopairformer.nn._layers import check_backend, linear
+
+
+class SwiGLU(nn.Module):
+    def __init__(self, c_in: int, c_hidden: int):
+        super().__init__()
+        self.linear_a = linear(c_in, c_hidden, init="relu")
+        self.linear_b = linear(c_in, c_hidden, init="relu")
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return nn.functional.silu(self.linear_a(x)) * self.linear_b(x)
+
+
+class Transition(nn.Module):
+    """LayerNorm, SwiGLU to n * c_in channels, back to c_in; masked rows give zeros.
+
+    Parameter names follow OpenFold3's SwiGLUTransition (layer_norm, swiglu, linear_out). It has no
+    custom op: both backends run the same PyTorch code, and `backend` exists so that a whole trunk
+    switches with one argument.
+    """
+
+    def __init__(self, c_in: int, n: int = 4, backend: str = "reference"):
+        super().__init__()
+        self.backend = check_backend(backend)
+        self.layer_norm = nn.LayerNorm(c_in)
+        self.swiglu = SwiGLU(c_in, n * c_in)
+        self.linear_out = linear(n * c_in, c_in, init="final")
+
+    def forward(self, x: torch.Tensor, mask: Optional[torch.Tensor] = None) -> torch.Tensor:
+        """x [..., c_in]; mask bool [...] (True = valid)."""
+        out = self.linear_out(self.swiglu(self.layer_norm(x)))
+        return out if mask is None else out * mask.unsqueeze(-1).to(out.dtype)
+
+
+PairTransition = Transition

@@ -1,0 +1,219 @@
+"""Triangle multiplicative update as a torch custom op (CPU path and CUDA kernels), with autograd.
+
+Signature, weight layouts and semantics are cuequivariance_torch.triangle_multiplicative_update's, so
+switching is one import. x [B, S, S, D] (or [S, S, D], or more leading dimensions, flattened into B);
+mask [B, S, S] of any dtype (multiplies the gated projections a and b; it receives no gradient);
+weights in nn.Linear's [out, in] layout: p_in_weight, g_in_weight [2D, D], p_out_weight,
+g_out_weight [D, D]; the projection biases are optional.
+
+Weights are used in float32 whatever their dtype (their gradients come back in their own dtype);
+x's dtype (float32, bfloat16, float16) sets the precision of the projections' inputs and of what the
+forward keeps for the backward. All gradients are deterministic.
+"""
+from __future__ import annotations
+
+import math
+from typing import Optional
+
+import torch
+
+from turbopairformer import _C
+from turbopairformer.ops._common import (
+    detached,
+    load_named,
+    require_float,
+    require_tensor,
+    save_named,
+    stream_of,
+)
+
+__all__ = ["triangle_multiplicative_update"]
+
+# The order in which weights cross into the C++ core (TrimulWeights). Inside the custom ops an absent
+# bias is an empty tensor: a list with None in it would not round-trip through autograd's tree specs.
+WEIGHT_NAMES = (
+    "norm_in_weight", "norm_in_bias", "p_in_weight", "p_in_bias", "g_in_weight", "g_in_bias",
+    "norm_out_weight", "norm_out_bias", "p_out_weight", "p_out_bias", "g_out_weight", "g_out_bias",
+)
+_OPTIONAL = frozenset(("p_in_bias", "g_in_bias", "p_out_bias", "g_out_bias"))
+
+
+def _workspace(x: torch.Tensor, backward: bool) -> Optional[torch.Tensor]:
+    if not x.is_cuda:
+        return None
+    B, S, _, D = x.shape
+    dtype = str(x.dtype).removeprefix("torch.")
+    nbytes = _C.trimul_workspace_bytes(B, S, D, dtype, True, backward)
+    return torch.empty(max(nbytes, 1), dtype=torch.uint8, device=x.device)
+
+
+def _fwd_outputs(x: torch.Tensor):
+    B, S, _, D = x.shape
+    y = x.new_empty(x.shape)
+    a, b, z = (x.new_empty((B, D, S, S)) for _ in range(3))
+    go = x.new_empty(x.shape)
+    return y, a, b, z, go
+
+
+@torch.library.custom_op("turbopairformer::trimul_fwd", mutates_args=())
+def _trimul_fwd(
+    x: torch.Tensor,
+    mask: Optional[torch.Tensor],
+    weights: list[torch.Tensor],
+    outgoing: bool,
+    eps: float,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    y, a, b, z, go = _fwd_outputs(x)
+    _C.trimul_forward(
+        x.detach(), detached(mask), [w.detach() for w in weights], outgoing, eps, y, a, b, z, go,
+        _workspace(x, backward=False), stream_of(x))
+    return y, a, b, z, go
+
+
+@_trimul_fwd.register_fake
+def _(x, mask, weights, outgoing, eps):
+    return _fwd_outputs(x)
+
+
+def _bwd_outputs(x: torch.Tensor, weights: list[torch.Tensor]) -> list[torch.Tensor]:
+    """dx, then one gradient per weight (empty for an absent bias)."""
+    return [x.new_empty(x.shape)] + [w.new_empty(w.shape) for w in weights]
+
+
+@torch.library.custom_op("turbopairformer::trimul_bwd", mutates_args=())
+def _trimul_bwd(
+    grad_out: torch.Tensor,
+    x: torch.Tensor,
+    mask: Optional[torch.Tensor],
+    weights: list[torch.Tensor],
+    a: torch.Tensor,
+    b: torch.Tensor,
+    z: torch.Tensor,
+    go: torch.Tensor,
+    outgoing: bool,
+    eps: float,
+) -> list[torch.Tensor]:
+    grads = _bwd_outputs(x, weights)
+    _C.trimul_backward(
+        x.detach(), detached(mask), [w.detach() for w in weights], outgoing, eps, a.detach(),
+        b.detach(), z.detach(), go.detach(), grad_out.detach(), grads[0], grads[1:],
+        _workspace(x, backward=True), stream_of(x))
+    return grads
+
+
+@_trimul_bwd.register_fake
+def _(grad_out, x, mask, weights, a, b, z, go, outgoing, eps):
+    return _bwd_outputs(x, weights)
+
+
+def _setup_context(ctx, inputs, output):
+    x, mask, weights, outgoing, eps = inputs
+    _, a, b, z, go = output
+    save_named(ctx, x=x, mask=mask, a=a, b=b, z=z, go=go, **dict(zip(WEIGHT_NAMES, weights)))
+    ctx.outgoing = outgoing
+    ctx.eps = eps
+
+
+def _backward(ctx, grad_y, grad_a, grad_b, grad_z, grad_go):
+    s = load_named(ctx)
+    weights = [getattr(s, name) for name in WEIGHT_NAMES]
+    grads = _trimul_bwd(grad_y.contiguous(), s.x, s.mask, weights, s.a, s.b, s.z, s.go,
+                        ctx.outgoing, ctx.eps)
+    dweights = [g if w.numel() else None for w, g in zip(weights, grads[1:])]
+    return grads[0], None, dweights, None, None
+
+
+_trimul_fwd.register_autograd(_backward, setup_context=_setup_context)
+
+
+def _lecun_normal(shape: tuple[int, int], device: torch.device) -> torch.Tensor:
+    """cuEquivariance's default for a missing projection weight: a normal of variance 1/fan_in
+    truncated at two standard deviations (drawn from torch's generator)."""
+    std = math.sqrt(1.0 / shape[1]) / 0.87962566103423978  # std of the [-2, 2]-truncated normal
+    w = torch.empty(shape, device=device)
+    return torch.nn.init.trunc_normal_(w, std=std, a=-2 * std, b=2 * std)
+
+
+def _weight(w: Optional[torch.Tensor], name: str, x: torch.Tensor, D: int) -> torch.Tensor:
+    if w is None:
+        if name in _OPTIONAL:
+            return torch.empty(0, device=x.device)
+        if name.startswith("norm_"):
+            fill = 1.0 if name.endswith("weight") else 0.0
+            return torch.full((D,), fill, device=x.device)
+        rows = 2 * D if name.endswith("in_weight") else D
+        return _lecun_normal((rows, D), x.device)
+    require_tensor(w, name)
+    if not w.is_floating_point():
+        raise TypeError(f"{name} must be a floating-point tensor, got {w.dtype}")
+    if w.device != x.device:
+        raise ValueError(f"{name} must be on x's device {x.device}, got {w.device}")
+    return w.float().contiguous()
+
+
+def _flatten_leading(x: torch.Tensor, mask: Optional[torch.Tensor]):
+    if x.dim() < 3:
+        raise ValueError(f"x must have shape [B, S, S, D] (or [S, S, D]), got {list(x.shape)}")
+    lead = x.shape[:-3]
+    x4 = x.reshape(-1, *x.shape[-3:]) if x.dim() != 3 else x.unsqueeze(0)
+    if mask is None:
+        return x4, None
+    require_tensor(mask, "mask")
+    if tuple(mask.shape) != tuple(x.shape[:-1]):
+        raise ValueError(f"mask must have shape {list(x.shape[:-1])} (x's without D), "
+                         f"got {list(mask.shape)}")
+    if mask.device != x.device:
+        raise ValueError(f"mask must be on x's device {x.device}, got {mask.device}")
+    if mask.requires_grad and torch.is_grad_enabled():
+        raise ValueError("mask must not require grad: the op treats it as a constant")
+    return x4, mask.reshape(-1, *mask.shape[-2:]).to(x.dtype).contiguous()
+
+
+def triangle_multiplicative_update(
+    x: torch.Tensor,
+    direction: str = "outgoing",
+    mask: Optional[torch.Tensor] = None,
+    norm_in_weight: Optional[torch.Tensor] = None,
+    norm_in_bias: Optional[torch.Tensor] = None,
+    p_in_weight: Optional[torch.Tensor] = None,
+    p_in_bias: Optional[torch.Tensor] = None,
+    g_in_weight: Optional[torch.Tensor] = None,
+    g_in_bias: Optional[torch.Tensor] = None,
+    norm_out_weight: Optional[torch.Tensor] = None,
+    norm_out_bias: Optional[torch.Tensor] = None,
+    p_out_weight: Optional[torch.Tensor] = None,
+    p_out_bias: Optional[torch.Tensor] = None,
+    g_out_weight: Optional[torch.Tensor] = None,
+    g_out_bias: Optional[torch.Tensor] = None,
+    eps: float = 1e-5,
+    precision: Optional[str] = None,
+) -> torch.Tensor:
+    """Triangle multiplicative update (AlphaFold3 algorithms 12 and 13), cuEquivariance's API.
+
+    x_ln = LayerNorm_in(x); a | b = sigmoid(x_ln Wg_in^T + bg_in) * (x_ln Wp_in^T + bp_in) * mask;
+    outgoing: z_ij = sum_k a_ik b_jk, incoming: z_ij = sum_k a_ki b_kj;
+    y = sigmoid(x_ln Wg_out^T + bg_out) * (LayerNorm_out(z) Wp_out^T + bp_out).
+
+    A missing norm weight or bias is ones or zeros; a missing projection weight is drawn as
+    cuEquivariance draws it (LeCun normal); a missing projection bias is zero. `precision` is
+    accepted for compatibility: None or "ieee" (float32 inputs always use IEEE float32 math).
+    """
+    require_tensor(x, "x")
+    require_float(x, "x")
+    if direction not in ("outgoing", "incoming"):
+        raise ValueError(f"direction must be 'outgoing' or 'incoming', got {direction!r}")
+    if precision is not None and str(precision).lower() != "ieee":
+        raise ValueError(f"precision must be None or 'ieee', got {precision!r}")
+    if not isinstance(eps, (int, float)) or not math.isfinite(eps) or eps <= 0:
+        raise ValueError(f"eps must be a positive number, got {eps!r}")
+    x4, mask3 = _flatten_leading(x, mask)
+    D = x4.shape[-1]
+    given = dict(
+        norm_in_weight=norm_in_weight, norm_in_bias=norm_in_bias, p_in_weight=p_in_weight,
+        p_in_bias=p_in_bias, g_in_weight=g_in_weight, g_in_bias=g_in_bias,
+        norm_out_weight=norm_out_weight, norm_out_bias=norm_out_bias, p_out_weight=p_out_weight,
+        p_out_bias=p_out_bias, g_out_weight=g_out_weight, g_out_bias=g_out_bias)
+    weights = [_weight(given[name], name, x4, D) for name in WEIGHT_NAMES]
+    y, _, _, _, _ = _trimul_fwd(x4.contiguous(), mask3, weights, direction == "outgoing",
+                                float(eps))
+    return y.reshape(x.shape)

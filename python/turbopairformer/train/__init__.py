@@ -1,0 +1,1 @@
+"""Training: features and crops of protein chains, the distogram model, the loop of `tpf train`."""

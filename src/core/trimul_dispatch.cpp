@@ -1,0 +1,90 @@
+#include <string>
+
+#include "kernels/trimul/api.h"
+#include "tpf/error.h"
+#include "tpf/trimul.h"
+
+namespace tpf {
+namespace {
+
+void require_contiguous(const TensorView& t, const char* name) {
+  TPF_CHECK(t.is_contiguous(), std::string(name) + " must be contiguous for the CUDA kernels");
+}
+
+void require_x_dtype(const TensorView& t, const char* name, const TensorView& x) {
+  TPF_CHECK(t.dtype == x.dtype, std::string(name) + " must have x's dtype " + dtype_name(x.dtype) +
+                                    " for the CUDA kernels, got " + dtype_name(t.dtype));
+  require_contiguous(t, name);
+}
+
+void require_f32(const TensorView& t, const char* name) {
+  TPF_CHECK(t.dtype == DType::f32, std::string(name) + " must be float32 for the CUDA kernels, got " +
+                                       dtype_name(t.dtype));
+  require_contiguous(t, name);
+}
+
+void require_f32(const OptionalTensor& t, const char* name) {
+  if (t.present) require_f32(t.view, name);
+}
+
+// What the CUDA kernels need beyond check_trimul_*: D a multiple of 8 up to kTrimulMaxD, 16- or
+// 32-bit x, float32 weights, contiguous tensors.
+void check_cuda(const TrimulDims& d, const TensorView& x, const OptionalTensor& mask,
+                const TrimulWeights& w, const char* prefix) {
+  TPF_CHECK(d.D % 8 == 0 && d.D <= cuda::kTrimulMaxD,
+            "x must have D a multiple of 8 and at most " + std::to_string(cuda::kTrimulMaxD) +
+                " for the CUDA kernels, got D = " + std::to_string(d.D));
+  TPF_CHECK(x.dtype != DType::f64, "x must be float32, bfloat16 or float16 for the CUDA kernels");
+  require_contiguous(x, "x");
+  if (mask.present) require_x_dtype(mask.view, "mask", x);
+  const std::string p(prefix);
+  require_f32(w.norm_in_weight, (p + "norm_in_weight").c_str());
+  require_f32(w.norm_in_bias, (p + "norm_in_bias").c_str());
+  require_f32(w.p_in_weight, (p + "p_in_weight").c_str());
+  require_f32(w.g_in_weight, (p + "g_in_weight").c_str());
+  require_f32(w.p_in_bias, (p + "p_in_bias").c_str());
+  require_f32(w.g_in_bias, (p + "g_in_bias").c_str());
+  require_f32(w.norm_out_weight, (p + "norm_out_weight").c_str());
+  require_f32(w.norm_out_bias, (p + "norm_out_bias").c_str());
+  require_f32(w.p_out_weight, (p + "p_out_weight").c_str());
+  require_f32(w.g_out_weight, (p + "g_out_weight").c_str());
+  require_f32(w.p_out_bias, (p + "p_out_bias").c_str());
+  require_f32(w.g_out_bias, (p + "g_out_bias").c_str());
+}
+
+void check_workspace(size_t given, size_t need) {
+  TPF_CHECK(given >= need, "workspace must hold at least " + std::to_string(need) +
+                               " bytes, got " + std::to_string(given));
+}
+
+}  // namespace
+
+void trimul_forward(const TrimulForwardArgs& a, void* stream) {
+  const TrimulDims d = check_trimul_forward(a);
+  if (a.x.device == Device::cpu) return trimul_forward_cpu(a);
+  check_cuda(d, a.x, a.mask, a.w, "");
+  require_x_dtype(a.y, "y", a.x);
+  check_workspace(a.workspace_bytes, cuda::trimul_forward_workspace_bytes(d, a.x.dtype));
+  cuda::trimul_forward(a, d, stream);
+}
+
+void trimul_backward(const TrimulBackwardArgs& a, void* stream) {
+  const TrimulDims d = check_trimul_backward(a);
+  if (a.x.device == Device::cpu) return trimul_backward_cpu(a);
+  check_cuda(d, a.x, a.mask, a.w, "");
+  check_cuda(d, a.x, a.mask, a.dw, "d_");
+  require_x_dtype(a.dy, "grad_out", a.x);
+  require_x_dtype(a.dx, "dx", a.x);
+  check_workspace(a.workspace_bytes, cuda::trimul_backward_workspace_bytes(d, a.x.dtype));
+  cuda::trimul_backward(a, d, stream);
+}
+
+size_t trimul_forward_workspace_bytes(const TrimulDims& d, DType dtype, Device device) {
+  return device == Device::cpu ? 0 : cuda::trimul_forward_workspace_bytes(d, dtype);
+}
+
+size_t trimul_backward_workspace_bytes(const TrimulDims& d, DType dtype, Device device) {
+  return device == Device::cpu ? 0 : cuda::trimul_backward_workspace_bytes(d, dtype);
+}
+
+}  // namespace tpf

@@ -1,0 +1,422 @@
+// Triangle attention backward (sm_90a, mma.sync tensor cores). Deterministic: no floating-point
+// atomics; every sum runs in a fixed order.
+//
+//  1. delta = rowsum(dO * (O + r)) in FP32, r the BF16 residual of O's rounding when kept
+//     ("output-residual compensation"), one thread per query row.
+//  2. The main kernel: a thread block owns one 64-key tile in G consecutive slices (two quads of
+//     four warps, each quad G/2 slices; each warp 16 keys) and visits every query tile. For each
+//     (query tile, slice) it recomputes the probability tile once from the log-sum-exp and uses it
+//     for all four gradients: dK and dV accumulate in registers over the query tiles; dS passes
+//     through shared memory to give one dQ partial per key tile; dS summed over the block's G
+//     slices (in slice order, quad 0's sum then quad 1's) gives one dbias partial per group.
+//  3. Reductions add the dQ partials in key-tile order and the dbias partials in group order.
+// Slices run in chunks (the workspace bounds the partials); the dbias accumulator carries the sum
+// from chunk to chunk in order.
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <cmath>
+
+#include "kernels/attention/backward_workspace.h"
+#include "kernels/attention/forward.h"
+#include "kernels/attention/mma.cuh"
+#include "kernels/attention/tile_config.h"
+#include "kernels/attention/tile_io.cuh"
+
+namespace tpf::cuda {
+namespace {
+
+constexpr float kLog2e = 1.4426950408889634f;
+
+template <typename T, int D>
+__global__ void attention_delta_kernel(const AttentionBackwardParams p) {
+  const AttentionForwardParams& f = p.fwd;
+  const int64_t rows = int64_t(f.B) * f.N * f.H * f.Sq;
+  for (int64_t r = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; r < rows;
+       r += int64_t(gridDim.x) * blockDim.x) {
+    const int s = int(r % f.Sq), h = int((r / f.Sq) % f.H), n = int((r / (int64_t(f.Sq) * f.H)) % f.N),
+              b = int(r / (int64_t(f.Sq) * f.H * f.N));
+    const T* o = static_cast<const T*>(f.o) + b * f.o_stride.b + n * f.o_stride.n +
+                 h * f.o_stride.h + s * f.o_stride.s;
+    const T* dout = static_cast<const T*>(p.dout) + b * p.dout_stride.b + n * p.dout_stride.n +
+                    h * p.dout_stride.h + s * p.dout_stride.s;
+    const __nv_bfloat16* res =
+        f.residual ? static_cast<const __nv_bfloat16*>(f.residual) + b * f.residual_stride.b +
+                         n * f.residual_stride.n + h * f.residual_stride.h +
+                         s * f.residual_stride.s
+                   : nullptr;
+    float acc = 0.f;
+#pragma unroll
+    for (int c = 0; c < D; ++c) {
+      const float oc = to_float(o[c]) + (res ? __bfloat162float(res[c]) : 0.f);
+      acc = fmaf(to_float(dout[c]), oc, acc);
+    }
+    p.delta[r] = acc;
+  }
+}
+
+template <typename T, int D>
+struct BackwardSmem {
+  static constexpr int G = BackwardTiles<D>::kSlices;
+  static constexpr int LD = D + kPad;
+  static constexpr int LDT = kTileK + kPad;  // bias and dS tiles, [query][key]
+  T k[G][kTileK * LD];
+  T v[G][kTileK * LD];
+  T q[G][kTileQ * LD];
+  T dout[G][kTileQ * LD];
+  T bias[kTileQ * LDT];
+  T ds[2][kTileQ * LDT];
+  float lse2[G][kTileQ];
+  float delta[G][kTileQ];
+  float dbias_exchange[4][32][32];  // quad 1's dbias sums, [warp][register][lane]
+  uint8_t key_ok[G][kTileK];
+};
+
+template <typename T, int D>
+__global__ void __launch_bounds__(BackwardTiles<D>::kWarps * 32, 1)
+    attention_backward_kernel(const AttentionBackwardParams p, int n_begin, int n_end) {
+  using Tiles = BackwardTiles<D>;
+  using Smem = BackwardSmem<T, D>;
+  constexpr int G = Tiles::kSlices, GQ = Tiles::kSlicesPerQuad, THREADS = Tiles::kWarps * 32;
+  constexpr int LD = Smem::LD, LDT = Smem::LDT;
+  extern __shared__ __align__(16) uint8_t smem_raw[];
+  Smem& sm = *reinterpret_cast<Smem*>(smem_raw);
+  const AttentionForwardParams& f = p.fwd;
+
+  const int kt = blockIdx.x, group = blockIdx.y;
+  const int b = blockIdx.z / f.H, h = blockIdx.z % f.H;
+  const int k0 = kt * kTileK, krows = min(kTileK, f.Sk - k0);
+  const int n_first = n_begin + group * G;
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int quad = warp >> 2, wq = warp & 3;
+  const T* safe = static_cast<const T*>(f.q);
+  const float scale_log2 = f.scale * kLog2e;
+
+  auto slice_ptr = [&](const void* base, const Strides4& st, int n) {
+    return static_cast<const T*>(base) + b * st.b + int64_t(n) * st.n + h * st.h;
+  };
+
+  // Keys and values of the G slices, once.
+#pragma unroll
+  for (int g = 0; g < G; ++g) {
+    const int n = n_first + g;
+    const bool valid = n < n_end;
+    load_tile<T, kTileK, D, THREADS>(sm.k[g], valid ? slice_ptr(f.k, f.k_stride, n) + k0 * f.k_stride.s : safe,
+                                     f.k_stride.s, valid ? krows : 0, D, f.qkv_aligned, safe);
+    load_tile<T, kTileK, D, THREADS>(sm.v[g], valid ? slice_ptr(f.v, f.v_stride, n) + k0 * f.v_stride.s : safe,
+                                     f.v_stride.s, valid ? krows : 0, D, f.qkv_aligned, safe);
+    for (int j = threadIdx.x; j < kTileK; j += THREADS)
+      sm.key_ok[g][j] = valid && j < krows &&
+                        (f.mask == nullptr ||
+                         f.mask[b * f.mask_stride_b + int64_t(n) * f.mask_stride_n + k0 + j] != 0);
+  }
+
+  float dk[GQ][D / 8][4], dv[GQ][D / 8][4];
+#pragma unroll
+  for (int gi = 0; gi < GQ; ++gi)
+#pragma unroll
+    for (int i = 0; i < D / 8; ++i)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) dk[gi][i][e] = dv[gi][i][e] = 0.f;
+
+  const T* bias_base = static_cast<const T*>(f.bias) + b * f.bias_stride_b + h * f.bias_stride_h + k0;
+  const int query_tiles = (f.Sq + kTileQ - 1) / kTileQ;
+  for (int qt = 0; qt < query_tiles; ++qt) {
+    const int q0 = qt * kTileQ, qrows = min(kTileQ, f.Sq - q0);
+    __syncthreads();  // the previous query tile's readers are done
+#pragma unroll
+    for (int g = 0; g < G; ++g) {
+      const int n = n_first + g;
+      const bool valid = n < n_end;
+      load_tile<T, kTileQ, D, THREADS>(
+          sm.q[g], valid ? slice_ptr(f.q, f.q_stride, n) + q0 * f.q_stride.s : safe, f.q_stride.s,
+          valid ? qrows : 0, D, f.qkv_aligned, safe);
+      load_tile<T, kTileQ, D, THREADS>(
+          sm.dout[g], valid ? slice_ptr(p.dout, p.dout_stride, n) + q0 * p.dout_stride.s : safe,
+          p.dout_stride.s, valid ? qrows : 0, D, p.dout_aligned, safe);
+    }
+    load_tile<T, kTileQ, kTileK, THREADS>(sm.bias, bias_base + q0 * f.bias_stride_q,
+                                          f.bias_stride_q, qrows, krows, f.bias_aligned, safe);
+    for (int i = threadIdx.x; i < G * kTileQ; i += THREADS) {
+      const int g = i / kTileQ, r = i % kTileQ, n = n_first + g;
+      float lse2 = INFINITY, delta = 0.f;
+      if (n < n_end && r < qrows) {
+        lse2 = f.lse[b * f.lse_stride_b + int64_t(n) * f.lse_stride_n + h * f.lse_stride_h +
+                     (q0 + r) * f.lse_stride_s] * kLog2e;
+        delta = p.delta[((int64_t(b) * f.N + n) * f.H + h) * f.Sq + q0 + r];
+      }
+      sm.lse2[g][r] = lse2;
+      sm.delta[g][r] = delta;
+    }
+    cp_async_commit();
+    cp_async_wait<0>();
+    __syncthreads();
+
+    const T* s_bias = sm.bias;
+    const float* s_lse2 = sm.lse2[0];
+    const float* s_delta = sm.delta[0];
+
+    // This warp's 16 keys x 64 queries of dS, summed over its quad's slices.
+    float dbias[kTileQ / 8][4];
+#pragma unroll
+    for (int j = 0; j < kTileQ / 8; ++j) dbias[j][0] = dbias[j][1] = dbias[j][2] = dbias[j][3] = 0.f;
+
+#pragma unroll
+    for (int gi = 0; gi < GQ; ++gi) {
+      const int g = quad * GQ + gi, n = n_first + g;
+      if (n >= n_end) continue;  // uniform over the quad, so its named barriers stay matched
+
+      // s^T = k q^T and dp^T = v do^T: this warp's 16 keys x 64 queries.
+      float st[kTileQ / 8][4], dpt[kTileQ / 8][4];
+      uint32_t ka[D / 16][4], va[D / 16][4];
+#pragma unroll
+      for (int ks = 0; ks < D / 16; ++ks) {
+        load_a(ka[ks], sm.k[g], LD, wq * kWarpRows, ks * 16);
+        load_a(va[ks], sm.v[g], LD, wq * kWarpRows, ks * 16);
+      }
+#pragma unroll
+      for (int j = 0; j < kTileQ / 8; ++j) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) st[j][e] = dpt[j][e] = 0.f;
+#pragma unroll
+        for (int ks = 0; ks < D / 16; ++ks) {
+          uint32_t bf[2];
+          load_b_nk(bf, sm.q[g], LD, j * 8, ks * 16);
+          Mma<T>::run(st[j], ka[ks], bf);
+          load_b_nk(bf, sm.dout[g], LD, j * 8, ks * 16);
+          Mma<T>::run(dpt[j], va[ks], bf);
+        }
+      }
+      // p^T = exp2(s scale log2e + bias log2e - lse log2e); ds^T = p^T (dp^T - delta). This
+      // thread's elements are keys g and g + 8 (g = lane / 4) of the warp's 16, times queries
+      // 2t and 2t + 1 of each 8-query block (t = lane % 4): the bias tile, stored [query][key],
+      // is read transposed by ldmatrix, and lse and delta as pairs.
+      const int key_lo = wq * kWarpRows + (lane >> 2);
+      const bool key_ok[2] = {sm.key_ok[g][key_lo] != 0, sm.key_ok[g][key_lo + 8] != 0};
+#pragma unroll
+      for (int jj = 0; jj < kTileQ / 16; ++jj) {
+        uint32_t bias2[4];
+        load_transposed(bias2, s_bias, LDT, jj * 16, wq * kWarpRows);
+#pragma unroll
+        for (int half = 0; half < 2; ++half) {
+          const int j = 2 * jj + half;
+          const int query = j * 8 + (lane & 3) * 2;
+          const float2 lse2 = *reinterpret_cast<const float2*>(s_lse2 + g * kTileQ + query);
+          const float2 delta = *reinterpret_cast<const float2*>(s_delta + g * kTileQ + query);
+#pragma unroll
+          for (int r = 0; r < 2; ++r) {  // key g, then g + 8
+            const float2 bias = unpack2<T>(bias2[half * 2 + r]);
+            const float x0 = key_ok[r] ? fmaf(st[j][2 * r], scale_log2, bias.x * kLog2e) - lse2.x : -INFINITY;
+            const float x1 = key_ok[r] ? fmaf(st[j][2 * r + 1], scale_log2, bias.y * kLog2e) - lse2.y : -INFINITY;
+            const float p0 = exp2f(x0), p1 = exp2f(x1);
+            const float ds0 = p0 * (dpt[j][2 * r] - delta.x), ds1 = p1 * (dpt[j][2 * r + 1] - delta.y);
+            st[j][2 * r] = p0;
+            st[j][2 * r + 1] = p1;
+            dpt[j][2 * r] = ds0;
+            dpt[j][2 * r + 1] = ds1;
+            dbias[j][2 * r] += ds0;
+            dbias[j][2 * r + 1] += ds1;
+          }
+        }
+      }
+      // dv += p^T do, dk += ds^T q (scaled at the end). The packed ds^T fragments are also
+      // exactly what stmatrix.trans needs to store ds as [query][key] for dq.
+      T* sds = sm.ds[quad];
+#pragma unroll
+      for (int kk = 0; kk < kTileQ / 16; ++kk) {
+        uint32_t pa[4], da[4];
+        pa[0] = Mma<T>::pack(st[2 * kk][0], st[2 * kk][1]);
+        pa[1] = Mma<T>::pack(st[2 * kk][2], st[2 * kk][3]);
+        pa[2] = Mma<T>::pack(st[2 * kk + 1][0], st[2 * kk + 1][1]);
+        pa[3] = Mma<T>::pack(st[2 * kk + 1][2], st[2 * kk + 1][3]);
+        da[0] = Mma<T>::pack(dpt[2 * kk][0], dpt[2 * kk][1]);
+        da[1] = Mma<T>::pack(dpt[2 * kk][2], dpt[2 * kk][3]);
+        da[2] = Mma<T>::pack(dpt[2 * kk + 1][0], dpt[2 * kk + 1][1]);
+        da[3] = Mma<T>::pack(dpt[2 * kk + 1][2], dpt[2 * kk + 1][3]);
+#pragma unroll
+        for (int i = 0; i < D / 8; ++i) {
+          uint32_t bf[2];
+          load_b_kn(bf, sm.dout[g], LD, kk * 16, i * 8);
+          Mma<T>::run(dv[gi][i], pa, bf);
+          load_b_kn(bf, sm.q[g], LD, kk * 16, i * 8);
+          Mma<T>::run(dk[gi][i], da, bf);
+        }
+        store_transposed(sds, LDT, kk * 16, wq * kWarpRows, da);
+      }
+      named_barrier(1 + quad, 128);
+      float dq[D / 8][4];
+#pragma unroll
+      for (int i = 0; i < D / 8; ++i) dq[i][0] = dq[i][1] = dq[i][2] = dq[i][3] = 0.f;
+#pragma unroll
+      for (int kk = 0; kk < kTileK / 16; ++kk) {
+        uint32_t a[4];
+        load_a(a, sds, LDT, wq * kWarpRows, kk * 16);
+#pragma unroll
+        for (int i = 0; i < D / 8; ++i) {
+          uint32_t bf[2];
+          load_b_kn(bf, sm.k[g], LD, kk * 16, i * 8);
+          Mma<T>::run(dq[i], a, bf);
+        }
+      }
+      float* part = p.dq_partial +
+                    ((((int64_t(kt) * p.chunk + (n - n_begin)) * f.B + b) * f.H + h) * f.Sq + q0) * D;
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        const int row = wq * kWarpRows + (lane >> 2) + r * 8;
+        if (row >= qrows) continue;
+#pragma unroll
+        for (int i = 0; i < D / 8; ++i) {
+          const int col = i * 8 + (lane & 3) * 2;
+          *reinterpret_cast<float2*>(part + int64_t(row) * D + col) =
+              make_float2(dq[i][2 * r] * f.scale, dq[i][2 * r + 1] * f.scale);
+        }
+      }
+      named_barrier(1 + quad, 128);  // sds is rewritten by the next slice
+    }
+
+    // dbias partial of this group: quad 0's sum plus quad 1's, in that order.
+    if (quad == 1) {
+#pragma unroll
+      for (int j = 0; j < kTileQ / 8; ++j)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) sm.dbias_exchange[wq][j * 4 + e][lane] = dbias[j][e];
+    }
+    __syncthreads();
+    if (quad == 0) {
+      float* part = p.dbias_partial + ((int64_t(group) * f.B + b) * f.H + h) * f.Sq * int64_t(f.Sk);
+#pragma unroll
+      for (int j = 0; j < kTileQ / 8; ++j)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int key = wq * kWarpRows + (lane >> 2) + (e >> 1) * 8;
+          const int query = j * 8 + (lane & 3) * 2 + (e & 1);
+          if (query < qrows && key < krows)
+            part[int64_t(q0 + query) * f.Sk + k0 + key] =
+                dbias[j][e] + sm.dbias_exchange[wq][j * 4 + e][lane];
+        }
+    }
+  }
+
+  // dK (scaled) and dV of this quad's slices.
+#pragma unroll
+  for (int gi = 0; gi < GQ; ++gi) {
+    const int n = n_first + quad * GQ + gi;
+    if (n >= n_end) continue;
+    T* dk_out = static_cast<T*>(p.dk) + b * p.dk_stride.b + int64_t(n) * p.dk_stride.n + h * p.dk_stride.h;
+    T* dv_out = static_cast<T*>(p.dv) + b * p.dv_stride.b + int64_t(n) * p.dv_stride.n + h * p.dv_stride.h;
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      const int key = wq * kWarpRows + (lane >> 2) + r * 8;
+      if (key >= krows) continue;
+#pragma unroll
+      for (int i = 0; i < D / 8; ++i) {
+        const int col = i * 8 + (lane & 3) * 2;
+        T* dkp = dk_out + int64_t(k0 + key) * p.dk_stride.s + col;
+        T* dvp = dv_out + int64_t(k0 + key) * p.dv_stride.s + col;
+        dkp[0] = from_float<T>(dk[gi][i][2 * r] * f.scale);
+        dkp[1] = from_float<T>(dk[gi][i][2 * r + 1] * f.scale);
+        dvp[0] = from_float<T>(dv[gi][i][2 * r]);
+        dvp[1] = from_float<T>(dv[gi][i][2 * r + 1]);
+      }
+    }
+  }
+}
+
+// dq[n] = sum over key tiles, in order, of the partials (slices [n_begin, n_end)).
+template <typename T, int D>
+__global__ void attention_dq_reduce_kernel(const AttentionBackwardParams p, int n_begin, int n_end) {
+  const AttentionForwardParams& f = p.fwd;
+  const int key_tiles = (f.Sk + kTileK - 1) / kTileK;
+  const int64_t rows = int64_t(n_end - n_begin) * f.B * f.H * f.Sq;
+  const int64_t tile_stride = int64_t(p.chunk) * f.B * f.H * f.Sq * D;
+  for (int64_t idx = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; idx < rows * (D / 4);
+       idx += int64_t(gridDim.x) * blockDim.x) {
+    const int64_t row = idx / (D / 4);
+    const int c = int(idx % (D / 4)) * 4;
+    const int s = int(row % f.Sq), h = int((row / f.Sq) % f.H), b = int((row / (int64_t(f.Sq) * f.H)) % f.B);
+    const int nn = int(row / (int64_t(f.Sq) * f.H * f.B));
+    const float* part = p.dq_partial + (((int64_t(nn) * f.B + b) * f.H + h) * f.Sq + s) * D + c;
+    float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
+    for (int t = 0; t < key_tiles; ++t) {
+      const float4 x = *reinterpret_cast<const float4*>(part + t * tile_stride);
+      acc.x += x.x;
+      acc.y += x.y;
+      acc.z += x.z;
+      acc.w += x.w;
+    }
+    T* out = static_cast<T*>(p.dq) + b * p.dq_stride.b + int64_t(n_begin + nn) * p.dq_stride.n +
+             h * p.dq_stride.h + int64_t(s) * p.dq_stride.s + c;
+    out[0] = from_float<T>(acc.x);
+    out[1] = from_float<T>(acc.y);
+    out[2] = from_float<T>(acc.z);
+    out[3] = from_float<T>(acc.w);
+  }
+}
+
+// dbias += the chunk's group partials in group order; the last chunk writes the output dtype.
+template <typename T>
+__global__ void attention_dbias_reduce_kernel(const AttentionBackwardParams p, int groups,
+                                              bool first_chunk, bool last_chunk) {
+  const AttentionForwardParams& f = p.fwd;
+  const int64_t plane = int64_t(f.Sq) * f.Sk, total = int64_t(f.B) * f.H * plane;
+  for (int64_t idx = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; idx < total;
+       idx += int64_t(gridDim.x) * blockDim.x) {
+    float acc = first_chunk ? 0.f : p.dbias_acc[idx];
+    for (int l = 0; l < groups; ++l) acc += p.dbias_partial[int64_t(l) * total + idx];
+    if (!last_chunk) {
+      p.dbias_acc[idx] = acc;
+      continue;
+    }
+    const int k = int(idx % f.Sk), q = int((idx / f.Sk) % f.Sq), h = int((idx / plane) % f.H),
+              b = int(idx / (plane * f.H));
+    static_cast<T*>(p.dbias)[b * p.dbias_stride_b + h * p.dbias_stride_h + int64_t(q) * p.dbias_stride_q + k] =
+        from_float<T>(acc);
+  }
+}
+
+int grid_for(int64_t work, int threads) {
+  const int64_t blocks = (work + threads - 1) / threads;
+  return int(blocks < 65535 * 8 ? (blocks > 0 ? blocks : 1) : 65535 * 8);
+}
+
+template <typename T, int D>
+void launch(const AttentionBackwardParams& p, cudaStream_t stream) {
+  const AttentionForwardParams& f = p.fwd;
+  using Tiles = BackwardTiles<D>;
+  constexpr int G = Tiles::kSlices;
+  const int64_t rows = int64_t(f.B) * f.N * f.H * f.Sq;
+  attention_delta_kernel<T, D><<<grid_for(rows, 256), 256, 0, stream>>>(p);
+
+  const size_t smem = sizeof(BackwardSmem<T, D>);
+  auto kernel = attention_backward_kernel<T, D>;
+  cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem));
+  const int key_tiles = (f.Sk + kTileK - 1) / kTileK;
+  for (int n_begin = 0; n_begin < f.N; n_begin += p.chunk) {
+    const int n_end = min(f.N, n_begin + p.chunk);
+    const int groups = (n_end - n_begin + G - 1) / G;
+    const dim3 grid(key_tiles, groups, f.B * f.H);
+    kernel<<<grid, Tiles::kWarps * 32, smem, stream>>>(p, n_begin, n_end);
+    const int64_t dq_work = int64_t(n_end - n_begin) * f.B * f.H * f.Sq * (D / 4);
+    attention_dq_reduce_kernel<T, D><<<grid_for(dq_work, 256), 256, 0, stream>>>(p, n_begin, n_end);
+    const int64_t dbias_work = int64_t(f.B) * f.H * f.Sq * f.Sk;
+    attention_dbias_reduce_kernel<T><<<grid_for(dbias_work, 256), 256, 0, stream>>>(
+        p, groups, n_begin == 0, n_end == f.N);
+  }
+}
+
+}  // namespace
+
+template <typename T>
+void attention_backward_launch(const AttentionBackwardParams& p, int head_dim, cudaStream_t stream) {
+  switch (head_dim) {
+    case 16: return launch<T, 16>(p, stream);
+    case 32: return launch<T, 32>(p, stream);
+    case 64: return launch<T, 64>(p, stream);
+  }
+}
+
+template void attention_backward_launch<__nv_bfloat16>(const AttentionBackwardParams&, int, cudaStream_t);
+template void attention_backward_launch<__half>(const AttentionBackwardParams&, int, cudaStream_t);
+
+}  // namespace tpf::cuda

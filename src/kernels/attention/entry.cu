@@ -1,0 +1,150 @@
+// Host entry points of libtpf_cuda for triangle attention (declared in api.h): TensorViews to the
+// params structs, dtype and head-dim dispatch, launch on the caller's stream. Arguments were
+// validated by the dispatcher; here only what is specific to the CUDA kernels is checked.
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <string>
+
+#include "kernels/attention/api.h"
+#include "kernels/attention/backward_workspace.h"
+#include "kernels/attention/forward.h"
+#include "kernels/attention/params.h"
+#include "tpf/error.h"
+
+namespace tpf::cuda {
+namespace {
+
+Strides4 strides4(const TensorView& t) { return {t.stride[0], t.stride[1], t.stride[2], t.stride[3]}; }
+
+bool rows_aligned(const TensorView& t, int row_dim) {
+  const int64_t elem = dtype_size(t.dtype);
+  if (reinterpret_cast<uintptr_t>(t.data) % 16 != 0) return false;
+  for (int i = 0; i <= row_dim; ++i)
+    if ((t.stride[i] * elem) % 16 != 0) return false;
+  return true;
+}
+
+void check_cuda_inputs(const TensorView& q, const AttentionDims& d) {
+  TPF_CHECK(q.dtype == DType::bf16 || q.dtype == DType::f16,
+            std::string("the CUDA kernels take bfloat16 or float16 q, k, v and bias, got ") +
+                dtype_name(q.dtype));
+  TPF_CHECK(d.D == 16 || d.D == 32 || d.D == 64,
+            "the CUDA kernels support head dims D = 16, 32 and 64, got D = " + std::to_string(d.D));
+  TPF_CHECK(d.B * d.H <= 65535 && (d.Sq + kTileQ - 1) / kTileQ <= 65535,
+            "B * H and the number of query tiles must each be at most 65535");
+  int device = -1;
+  cudaGetDevice(&device);
+  TPF_CHECK(q.device_index == device,
+            "q is on cuda:" + std::to_string(q.device_index) + " but the current device is cuda:" +
+                std::to_string(device));
+}
+
+void check_launch(const char* what) {
+  const cudaError_t err = cudaGetLastError();
+  if (err != cudaSuccess)
+    throw RuntimeError(std::string(what) + ": CUDA launch failed: " + cudaGetErrorString(err));
+}
+
+AttentionForwardParams forward_params(const TensorView& q, const TensorView& k, const TensorView& v,
+                                      const TensorView& bias, const OptionalTensor& mask,
+                                      const TensorView& o, const TensorView& lse,
+                                      const OptionalTensor& residual, double scale,
+                                      const AttentionDims& d) {
+  AttentionForwardParams p{};
+  p.q = q.data;
+  p.k = k.data;
+  p.v = v.data;
+  p.bias = bias.data;
+  p.mask = mask.present ? static_cast<const uint8_t*>(mask.view.data) : nullptr;
+  p.o = o.data;
+  p.lse = static_cast<float*>(lse.data);
+  p.residual = residual.present ? residual.view.data : nullptr;
+  p.q_stride = strides4(q);
+  p.k_stride = strides4(k);
+  p.v_stride = strides4(v);
+  p.o_stride = strides4(o);
+  if (residual.present) p.residual_stride = strides4(residual.view);
+  p.bias_stride_b = bias.stride[0];
+  p.bias_stride_h = bias.stride[1];
+  p.bias_stride_q = bias.stride[2];
+  if (mask.present) {
+    p.mask_stride_b = mask.view.stride[0];
+    p.mask_stride_n = mask.view.stride[1];
+  }
+  p.lse_stride_b = lse.stride[0];
+  p.lse_stride_n = lse.stride[1];
+  p.lse_stride_h = lse.stride[2];
+  p.lse_stride_s = lse.stride[3];
+  p.B = int(d.B);
+  p.N = int(d.N);
+  p.H = int(d.H);
+  p.Sq = int(d.Sq);
+  p.Sk = int(d.Sk);
+  p.scale = float(scale);
+  p.qkv_aligned = rows_aligned(q, 3) && rows_aligned(k, 3) && rows_aligned(v, 3);
+  p.bias_aligned = rows_aligned(bias, 2);
+  return p;
+}
+
+}  // namespace
+
+bool available() {
+  int count = 0;
+  return cudaGetDeviceCount(&count) == cudaSuccess && count > 0;
+}
+
+void attention_forward(const AttentionForwardArgs& a, const AttentionDims& d, void* stream) {
+  check_cuda_inputs(a.q, d);
+  const AttentionForwardParams p =
+      forward_params(a.q, a.k, a.v, a.bias, a.mask, a.o, a.lse, a.residual, a.scale, d);
+  auto s = static_cast<cudaStream_t>(stream);
+  if (a.q.dtype == DType::bf16)
+    attention_forward_launch<__nv_bfloat16>(p, int(d.D), s);
+  else
+    attention_forward_launch<__half>(p, int(d.D), s);
+  check_launch("triangle attention forward");
+}
+
+size_t attention_backward_workspace_bytes(const AttentionDims& d) {
+  if (d.D != 16 && d.D != 32 && d.D != 64) return 0;
+  return backward_workspace_layout(d.B, d.N, d.H, d.Sq, d.Sk, d.D).total;
+}
+
+void attention_backward(const AttentionBackwardArgs& a, const AttentionDims& d, void* stream) {
+  check_cuda_inputs(a.q, d);
+  TPF_CHECK(a.dq.dtype == a.q.dtype && a.dk.dtype == a.q.dtype && a.dv.dtype == a.q.dtype &&
+                a.dbias.dtype == a.q.dtype && a.dout.dtype == a.q.dtype,
+            "grad_out, dq, dk, dv and dbias must have q's dtype for the CUDA kernels");
+  AttentionBackwardParams p{};
+  p.fwd = forward_params(a.q, a.k, a.v, a.bias, a.mask, a.o, a.lse, a.residual, a.scale, d);
+  p.dout = a.dout.data;
+  p.dq = a.dq.data;
+  p.dk = a.dk.data;
+  p.dv = a.dv.data;
+  p.dbias = a.dbias.data;
+  p.dout_stride = strides4(a.dout);
+  p.dq_stride = strides4(a.dq);
+  p.dk_stride = strides4(a.dk);
+  p.dv_stride = strides4(a.dv);
+  p.dbias_stride_b = a.dbias.stride[0];
+  p.dbias_stride_h = a.dbias.stride[1];
+  p.dbias_stride_q = a.dbias.stride[2];
+  p.dout_aligned = rows_aligned(a.dout, 3);
+  const BackwardWorkspaceLayout w = backward_workspace_layout(d.B, d.N, d.H, d.Sq, d.Sk, d.D);
+  char* ws = static_cast<char*>(a.workspace);
+  p.delta = reinterpret_cast<float*>(ws + w.delta);
+  p.dq_partial = reinterpret_cast<float*>(ws + w.dq_partial);
+  p.dbias_partial = reinterpret_cast<float*>(ws + w.dbias_partial);
+  p.dbias_acc = reinterpret_cast<float*>(ws + w.dbias_acc);
+  p.chunk = w.chunk;
+  auto s = static_cast<cudaStream_t>(stream);
+  if (a.q.dtype == DType::bf16)
+    attention_backward_launch<__nv_bfloat16>(p, int(d.D), s);
+  else
+    attention_backward_launch<__half>(p, int(d.D), s);
+  check_launch("triangle attention backward");
+}
+
+}  // namespace tpf::cuda

@@ -1,0 +1,275 @@
+// Triangle attention forward (sm_90a, mma.sync tensor cores, cp.async double buffering).
+//
+// A thread block of four warps computes one query tile of one slice (b, n, h) over all key tiles
+// with an online softmax in the exp2 domain; each warp owns MT x 16 query rows (MT independent MMA
+// row tiles give each warp more independent work between its waits). The key, value, bias and mask
+// tiles of the next step load while the current one computes. Blocks are ordered with the slice
+// index fastest, so blocks that run together read the same bias rows (shared by all slices) from L2. Outputs: O (input dtype), the BF16 residual of O's rounding, and the
+// log-sum-exp (natural log, +inf for a row with no key).
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <cmath>
+#include <cstdlib>
+
+#include "kernels/attention/forward.h"
+#include "kernels/attention/mma.cuh"
+#include "kernels/attention/tile_config.h"
+#include "kernels/attention/tile_io.cuh"
+
+namespace tpf::cuda {
+namespace {
+
+constexpr float kLog2e = 1.4426950408889634f;
+constexpr float kLn2 = 0.6931471805599453f;
+
+template <typename T, int D, int MT>
+struct ForwardSmem {
+  static constexpr int ROWS = kForwardWarps * kWarpRows * MT;  // queries per block
+  static constexpr int LD = D + kPad;
+  static constexpr int LDB = kTileK + kPad;
+  T q[ROWS * LD];
+  T k[2][kTileK * LD];
+  T v[2][kTileK * LD];
+  T bias[2][ROWS * LDB];
+  uint8_t key_ok[2][kTileK];
+};
+
+template <typename T, int D, int MT>
+__global__ void __launch_bounds__(kForwardWarps * 32)
+    attention_forward_kernel(const AttentionForwardParams p) {
+  static_assert(D % 16 == 0, "the head dimension is a whole number of MMA k-steps");
+  using S = ForwardSmem<T, D, MT>;
+  constexpr int ROWS = S::ROWS, LD = S::LD, LDB = S::LDB, THREADS = kForwardWarps * 32;
+  extern __shared__ __align__(16) uint8_t smem_raw[];
+  S& sm = *reinterpret_cast<S*>(smem_raw);
+
+  const int n = blockIdx.x, q0 = blockIdx.y * ROWS;
+  const int b = blockIdx.z / p.H, h = blockIdx.z % p.H;
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int qrows = min(ROWS, p.Sq - q0);
+
+  const T* q = static_cast<const T*>(p.q) + b * p.q_stride.b + n * p.q_stride.n + h * p.q_stride.h;
+  const T* k = static_cast<const T*>(p.k) + b * p.k_stride.b + n * p.k_stride.n + h * p.k_stride.h;
+  const T* v = static_cast<const T*>(p.v) + b * p.v_stride.b + n * p.v_stride.n + h * p.v_stride.h;
+  const T* bias = static_cast<const T*>(p.bias) + b * p.bias_stride_b + h * p.bias_stride_h +
+                  q0 * p.bias_stride_q;
+  const uint8_t* mask = p.mask ? p.mask + b * p.mask_stride_b + n * p.mask_stride_n : nullptr;
+  const T* safe = static_cast<const T*>(p.q);
+
+  auto load_keys = [&](int kt, int stage) {
+    const int k0 = kt * kTileK, krows = min(kTileK, p.Sk - k0);
+    load_tile<T, kTileK, D, THREADS>(sm.k[stage], k + k0 * p.k_stride.s, p.k_stride.s, krows, D,
+                                     p.qkv_aligned, safe);
+    load_tile<T, kTileK, D, THREADS>(sm.v[stage], v + k0 * p.v_stride.s, p.v_stride.s, krows, D,
+                                     p.qkv_aligned, safe);
+    load_tile<T, ROWS, kTileK, THREADS>(sm.bias[stage], bias + k0, p.bias_stride_q, qrows, krows,
+                                        p.bias_aligned, safe);
+    for (int j = threadIdx.x; j < kTileK; j += THREADS)
+      sm.key_ok[stage][j] = j < krows && (mask == nullptr || mask[k0 + j] != 0);
+  };
+
+  load_tile<T, ROWS, D, THREADS>(sm.q, q + q0 * p.q_stride.s, p.q_stride.s, qrows, D,
+                                 p.qkv_aligned, safe);
+  load_keys(0, 0);
+  cp_async_commit();
+
+  // Per thread, for each row tile mt: rows warp_row(mt) + lane/4 and + 8.
+  auto warp_row = [&](int mt) { return (warp * MT + mt) * kWarpRows; };
+  uint32_t qf[MT][D / 16][4];
+  float o[MT][D / 8][4];
+  float m[MT][2], l[MT][2];
+#pragma unroll
+  for (int mt = 0; mt < MT; ++mt) {
+    m[mt][0] = m[mt][1] = -INFINITY;
+    l[mt][0] = l[mt][1] = 0.f;
+#pragma unroll
+    for (int i = 0; i < D / 8; ++i) o[mt][i][0] = o[mt][i][1] = o[mt][i][2] = o[mt][i][3] = 0.f;
+  }
+
+  const float scale_log2 = p.scale * kLog2e;
+  const int key_tiles = (p.Sk + kTileK - 1) / kTileK;
+  for (int kt = 0; kt < key_tiles; ++kt) {
+    const int stage = kt & 1;
+    if (kt + 1 < key_tiles) {
+      load_keys(kt + 1, stage ^ 1);
+      cp_async_commit();
+      cp_async_wait<1>();
+    } else {
+      cp_async_wait<0>();
+    }
+    __syncthreads();
+    if (kt == 0) {
+#pragma unroll
+      for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+        for (int ks = 0; ks < D / 16; ++ks) load_a(qf[mt][ks], sm.q, LD, warp_row(mt), ks * 16);
+    }
+
+    // s = q k^T for this warp's MT x 16 rows x 64 keys; each key fragment serves every row tile.
+    float s[MT][kTileK / 8][4];
+#pragma unroll
+    for (int j = 0; j < kTileK / 8; ++j) {
+#pragma unroll
+      for (int mt = 0; mt < MT; ++mt) s[mt][j][0] = s[mt][j][1] = s[mt][j][2] = s[mt][j][3] = 0.f;
+#pragma unroll
+      for (int ks = 0; ks < D / 16; ++ks) {
+        uint32_t bf[2];
+        load_b_nk(bf, sm.k[stage], LD, j * 8, ks * 16);
+#pragma unroll
+        for (int mt = 0; mt < MT; ++mt) Mma<T>::run(s[mt][j], qf[mt][ks], bf);
+      }
+    }
+
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt) {
+      // Scale, bias, mask (log2 domain) and the running row maxima. Each thread's elements come
+      // in pairs of adjacent keys: ldmatrix gives the bias pairs of two 8-key blocks at once (the
+      // A-fragment layout), and one 16-bit load gives a pair's key flags.
+      float tile_max[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+      for (int jj = 0; jj < kTileK / 16; ++jj) {
+        uint32_t bias2[4];
+        load_a(bias2, sm.bias[stage], LDB, warp_row(mt), jj * 16);
+#pragma unroll
+        for (int half = 0; half < 2; ++half) {
+          const int j = 2 * jj + half;
+          const uint16_t ok =
+              *reinterpret_cast<const uint16_t*>(&sm.key_ok[stage][j * 8 + (lane & 3) * 2]);
+#pragma unroll
+          for (int r = 0; r < 2; ++r) {
+            const float2 bias = unpack2<T>(bias2[half * 2 + r]);
+            const float x0 = (ok & 0xff) ? fmaf(s[mt][j][2 * r], scale_log2, bias.x * kLog2e) : -INFINITY;
+            const float x1 = (ok >> 8) ? fmaf(s[mt][j][2 * r + 1], scale_log2, bias.y * kLog2e) : -INFINITY;
+            s[mt][j][2 * r] = x0;
+            s[mt][j][2 * r + 1] = x1;
+            tile_max[r] = fmaxf(tile_max[r], fmaxf(x0, x1));
+          }
+        }
+      }
+      float correction[2];
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        tile_max[r] = fmaxf(tile_max[r], __shfl_xor_sync(0xffffffffu, tile_max[r], 1));
+        tile_max[r] = fmaxf(tile_max[r], __shfl_xor_sync(0xffffffffu, tile_max[r], 2));
+        const float m_new = fmaxf(m[mt][r], tile_max[r]);
+        const float m_use = m_new == -INFINITY ? 0.f : m_new;  // a row with no key yet stays zero
+        correction[r] = exp2f(m[mt][r] - m_use);
+        m[mt][r] = m_new;
+        l[mt][r] *= correction[r];
+        // p = exp2(s - m), kept in s.
+#pragma unroll
+        for (int j = 0; j < kTileK / 8; ++j) {
+          s[mt][j][2 * r] = exp2f(s[mt][j][2 * r] - m_use);
+          s[mt][j][2 * r + 1] = exp2f(s[mt][j][2 * r + 1] - m_use);
+          l[mt][r] += s[mt][j][2 * r] + s[mt][j][2 * r + 1];
+        }
+      }
+#pragma unroll
+      for (int i = 0; i < D / 8; ++i) {
+        o[mt][i][0] *= correction[0];
+        o[mt][i][1] *= correction[0];
+        o[mt][i][2] *= correction[1];
+        o[mt][i][3] *= correction[1];
+      }
+    }
+    // o += p v, with p rounded to the input dtype for the MMA; each value fragment serves every
+    // row tile.
+#pragma unroll
+    for (int kk = 0; kk < kTileK / 16; ++kk) {
+      uint32_t pa[MT][4];
+#pragma unroll
+      for (int mt = 0; mt < MT; ++mt) {
+        pa[mt][0] = Mma<T>::pack(s[mt][2 * kk][0], s[mt][2 * kk][1]);
+        pa[mt][1] = Mma<T>::pack(s[mt][2 * kk][2], s[mt][2 * kk][3]);
+        pa[mt][2] = Mma<T>::pack(s[mt][2 * kk + 1][0], s[mt][2 * kk + 1][1]);
+        pa[mt][3] = Mma<T>::pack(s[mt][2 * kk + 1][2], s[mt][2 * kk + 1][3]);
+      }
+#pragma unroll
+      for (int i = 0; i < D / 8; ++i) {
+        uint32_t bf[2];
+        load_b_kn(bf, sm.v[stage], LD, kk * 16, i * 8);
+#pragma unroll
+        for (int mt = 0; mt < MT; ++mt) Mma<T>::run(o[mt][i], pa[mt], bf);
+      }
+    }
+    __syncthreads();  // the next iteration's loads overwrite this stage
+  }
+
+  // Finish: row sums across the lanes of a row, normalize, write O, its residual and the lse.
+  T* out = static_cast<T*>(p.o) + b * p.o_stride.b + n * p.o_stride.n + h * p.o_stride.h;
+  __nv_bfloat16* res = p.residual ? static_cast<__nv_bfloat16*>(p.residual) +
+                                        b * p.residual_stride.b + n * p.residual_stride.n +
+                                        h * p.residual_stride.h
+                                  : nullptr;
+#pragma unroll
+  for (int mt = 0; mt < MT; ++mt) {
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      float sum = l[mt][r];
+      sum += __shfl_xor_sync(0xffffffffu, sum, 1);
+      sum += __shfl_xor_sync(0xffffffffu, sum, 2);
+      const int row = q0 + warp_row(mt) + (lane >> 2) + r * 8;
+      if (row >= p.Sq) continue;
+      const float inv = sum > 0.f ? 1.f / sum : 0.f;
+#pragma unroll
+      for (int i = 0; i < D / 8; ++i) {
+        const int col = i * 8 + (lane & 3) * 2;
+        const float x0 = o[mt][i][2 * r] * inv, x1 = o[mt][i][2 * r + 1] * inv;
+        const T y0 = from_float<T>(x0), y1 = from_float<T>(x1);
+        T* dst = out + row * p.o_stride.s + col;
+        dst[0] = y0;
+        dst[1] = y1;
+        if (res) {
+          __nv_bfloat16* rd = res + row * p.residual_stride.s + col;
+          rd[0] = __float2bfloat16_rn(x0 - to_float(y0));
+          rd[1] = __float2bfloat16_rn(x1 - to_float(y1));
+        }
+      }
+      if ((lane & 3) == 0) {
+        const float lse = sum > 0.f ? (m[mt][r] + log2f(sum)) * kLn2 : INFINITY;
+        p.lse[b * p.lse_stride_b + n * p.lse_stride_n + h * p.lse_stride_h + row * p.lse_stride_s] =
+            lse;
+      }
+    }
+  }
+}
+
+template <typename T, int D, int MT>
+void launch_tiles(const AttentionForwardParams& p, cudaStream_t stream) {
+  using S = ForwardSmem<T, D, MT>;
+  const size_t smem = sizeof(S);
+  auto kernel = attention_forward_kernel<T, D, MT>;
+  cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem));
+  const dim3 grid(p.N, (p.Sq + S::ROWS - 1) / S::ROWS, p.B * p.H);
+  kernel<<<grid, kForwardWarps * 32, smem, stream>>>(p);
+}
+
+template <typename T, int D>
+void launch(const AttentionForwardParams& p, cudaStream_t stream) {
+  static const int row_tiles = [] {
+    const char* env = std::getenv("TPF_ATTENTION_FWD_ROW_TILES");
+    return env ? std::atoi(env) : kForwardRowTiles;
+  }();
+  if (row_tiles == 2)
+    launch_tiles<T, D, 2>(p, stream);
+  else
+    launch_tiles<T, D, 1>(p, stream);
+}
+
+}  // namespace
+
+template <typename T>
+void attention_forward_launch(const AttentionForwardParams& p, int head_dim, cudaStream_t stream) {
+  switch (head_dim) {
+    case 16: return launch<T, 16>(p, stream);
+    case 32: return launch<T, 32>(p, stream);
+    case 64: return launch<T, 64>(p, stream);
+  }
+}
+
+template void attention_forward_launch<__nv_bfloat16>(const AttentionForwardParams&, int, cudaStream_t);
+template void attention_forward_launch<__half>(const AttentionForwardParams&, int, cudaStream_t);
+
+}  // namespace tpf::cuda

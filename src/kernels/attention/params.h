@@ -1,0 +1,50 @@
+// The plain structs that cross from the host entry points (entry.cu) into the kernels: raw pointers,
+// int64 strides in elements, sizes and flags. Nothing from PyTorch or Python.
+#pragma once
+#include <cstdint>
+
+namespace tpf::cuda {
+
+// Strides of a [B, N, H, S, D] tensor (the feature stride is 1).
+struct Strides4 {
+  int64_t b, n, h, s;
+};
+
+struct AttentionForwardParams {
+  const void* q;
+  const void* k;
+  const void* v;
+  const void* bias;        // [B, H, Sq, Sk]
+  const uint8_t* mask;     // [B, N, Sk] or nullptr
+  void* o;
+  float* lse;              // [B, N, H, Sq]
+  void* residual;          // bf16 [B, N, H, Sq, D] or nullptr
+  Strides4 q_stride, k_stride, v_stride, o_stride, residual_stride;
+  int64_t bias_stride_b, bias_stride_h, bias_stride_q;
+  int64_t mask_stride_b, mask_stride_n;
+  int64_t lse_stride_b, lse_stride_n, lse_stride_h, lse_stride_s;
+  int B, N, H, Sq, Sk;
+  float scale;             // softmax scale
+  bool qkv_aligned;        // rows of q, k, v start on 16-byte boundaries (vector loads)
+  bool bias_aligned;       // rows of bias start on 16-byte boundaries
+};
+
+struct AttentionBackwardParams {
+  AttentionForwardParams fwd;  // q, k, v, bias, mask, o, lse, residual and their strides
+  const void* dout;
+  void* dq;
+  void* dk;
+  void* dv;
+  void* dbias;
+  Strides4 dout_stride, dq_stride, dk_stride, dv_stride;
+  int64_t dbias_stride_b, dbias_stride_h, dbias_stride_q;
+  bool dout_aligned;
+  // Workspace (see backward_workspace.h): delta, dQ partials, dbias partials, dbias accumulator.
+  float* delta;            // [B, N, H, Sq]
+  float* dq_partial;       // [key tiles][chunk slices][B][H][Sq][D]
+  float* dbias_partial;    // [chunk slices / G][B][H][Sq][Sk]
+  float* dbias_acc;        // [B][H][Sq][Sk]
+  int chunk;               // slices per chunk (a multiple of G)
+};
+
+}  // namespace tpf::cuda

@@ -1,0 +1,41 @@
+// Global -> shared tile copies for the attention kernels.
+#pragma once
+#include <cstdint>
+
+#include "kernels/attention/mma.cuh"
+#include "kernels/attention/tile_config.h"
+
+namespace tpf::cuda {
+
+// Copies a ROWS x COLS tile whose origin is `g` (row stride `stride` elements, feature stride 1)
+// into shared memory `s` laid out [ROWS][COLS + kPad]. Rows >= valid_rows and columns >= valid_cols
+// become zero, so padded keys and queries contribute nothing. `aligned`: every row starts on a
+// 16-byte boundary, so 16-byte cp.async copies are used (the caller waits for them); otherwise a
+// scalar path. `safe` is any readable address of the tensor, handed to copies that read nothing.
+template <typename T, int ROWS, int COLS, int THREADS>
+__device__ __forceinline__ void load_tile(T* s, const T* g, int64_t stride, int valid_rows,
+                                          int valid_cols, bool aligned, const T* safe) {
+  static_assert(COLS % 8 == 0, "tiles are whole 16-byte chunks wide");
+  constexpr int LD = COLS + kPad;
+  constexpr int CHUNKS = COLS / 8;
+  if (aligned) {
+#pragma unroll 4
+    for (int i = threadIdx.x; i < ROWS * CHUNKS; i += THREADS) {
+      const int r = i / CHUNKS, c = (i % CHUNKS) * 8;
+      int bytes = r < valid_rows ? (valid_cols - c) * 2 : 0;
+      bytes = bytes < 0 ? 0 : (bytes > 16 ? 16 : bytes);
+      cp_async_16(s + r * LD + c, bytes > 0 ? g + r * stride + c : safe, bytes);
+    }
+  } else {
+    for (int i = threadIdx.x; i < ROWS * COLS; i += THREADS) {
+      const int r = i / COLS, c = i % COLS;
+      s[r * LD + c] = (r < valid_rows && c < valid_cols) ? g[r * stride + c] : from_float<T>(0.f);
+    }
+  }
+}
+
+__device__ __forceinline__ bool aligned16(const void* p, int64_t row_stride_elems, int elem_bytes) {
+  return (reinterpret_cast<uintptr_t>(p) % 16 == 0) && ((row_stride_elems * elem_bytes) % 16 == 0);
+}
+
+}  // namespace tpf::cuda

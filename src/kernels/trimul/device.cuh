@@ -1,0 +1,248 @@
+// Device building blocks of the triangle multiplicative update kernels: element conversions,
+// asynchronous copies, the warp-level GEMM on shared-memory tiles, tile coordinates and LayerNorm
+// statistics of one row.
+#pragma once
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <mma.h>
+
+#include <cstdint>
+#include <type_traits>
+
+#include "kernels/trimul/params.h"
+#include "kernels/trimul/tiles.h"
+
+namespace tpf::cuda::trimul {
+
+template <typename T>
+__device__ __forceinline__ float to_f(T v) {
+  if constexpr (std::is_same_v<T, float>) return v;
+  else if constexpr (std::is_same_v<T, __nv_bfloat16>) return __bfloat162float(v);
+  else return __half2float(v);
+}
+
+template <typename T>
+__device__ __forceinline__ T from_f(float v) {
+  if constexpr (std::is_same_v<T, float>) return v;
+  else if constexpr (std::is_same_v<T, __nv_bfloat16>) return __float2bfloat16_rn(v);
+  else return __float2half_rn(v);
+}
+
+__device__ __forceinline__ float sigmoid(float v) { return 1.0f / (1.0f + expf(-v)); }
+
+__device__ __forceinline__ float warp_sum(float v) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+
+// ---- Asynchronous global -> shared copies (16 bytes each, sm_80+).
+
+__device__ __forceinline__ void cp_async16(void* smem, const void* gmem) {
+  const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(smem));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(s), "l"(gmem));
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+__device__ __forceinline__ void cp_async_wait_all() {
+  asm volatile("cp.async.wait_group 0;\n" ::: "memory");
+}
+
+// Starts copying rows x cols elements (cols * sizeof(T) a multiple of 16) from a row-major global
+// matrix with row stride ld_g into shared memory with row stride ld_s. The block waits with
+// cp_async_wait_all() then __syncthreads().
+template <typename T>
+__device__ __forceinline__ void copy_tile_async(T* dst, int ld_s, const T* src, int64_t ld_g,
+                                                int rows, int cols) {
+  constexpr int kPer = 16 / sizeof(T);
+  const int pieces = cols / kPer;
+  for (int idx = threadIdx.x; idx < rows * pieces; idx += kThreads) {
+    const int r = idx / pieces, c = (idx % pieces) * kPer;
+    cp_async16(dst + r * ld_s + c, src + r * ld_g + c);
+  }
+  cp_async_commit();
+}
+
+// ---- Warp-level GEMM on shared-memory tiles.
+//
+// A block computes C[64, N] = A[64, K] * op(W) with N <= kChunkN and K, N multiples of 16; the 8
+// warps form a 2 x 4 grid of 32 x 32 warp tiles. A is row-major [64][K] (row stride lda). W is
+// either [N][K] (kNK: C = A W^T, nn.Linear's forward) or [K][N] (kKN: C = A W).
+// 16-bit types run on tensor cores through WMMA; float runs on the CUDA cores in the same lane
+// layout, so float inputs keep IEEE float32 products.
+
+enum class WLayout { kNK, kKN };
+
+template <typename T, bool kTensorCores = !std::is_same_v<T, float>>
+struct WarpTile;
+
+template <typename T>
+struct WarpTile<T, true> {
+  using Acc = nvcuda::wmma::fragment<nvcuda::wmma::accumulator, 16, 16, 16, float>;
+  Acc acc[2][2];
+
+  __device__ void zero() {
+#pragma unroll
+    for (int i = 0; i < 2; ++i)
+#pragma unroll
+      for (int j = 0; j < 2; ++j) nvcuda::wmma::fill_fragment(acc[i][j], 0.0f);
+  }
+
+  template <WLayout L>
+  __device__ void mma(const T* A, int lda, const T* W, int ldw, int K, int N) {
+    namespace w = nvcuda::wmma;
+    using BLayout = std::conditional_t<L == WLayout::kNK, w::col_major, w::row_major>;
+    const int warp = threadIdx.x / 32, m0 = (warp & 1) * 32, n0 = (warp >> 1) * 32;
+    if (n0 >= N) return;  // warp-uniform
+    w::fragment<w::matrix_a, 16, 16, 16, T, w::row_major> a[2];
+    w::fragment<w::matrix_b, 16, 16, 16, T, BLayout> b;
+    for (int k0 = 0; k0 < K; k0 += 16) {
+#pragma unroll
+      for (int i = 0; i < 2; ++i) w::load_matrix_sync(a[i], A + (m0 + 16 * i) * lda + k0, lda);
+#pragma unroll
+      for (int j = 0; j < 2; ++j) {
+        const int n = n0 + 16 * j;
+        if (n >= N) break;
+        const T* wp = L == WLayout::kNK ? W + n * ldw + k0 : W + k0 * ldw + n;
+        w::load_matrix_sync(b, wp, ldw);
+#pragma unroll
+        for (int i = 0; i < 2; ++i) w::mma_sync(acc[i][j], a[i], b, acc[i][j]);
+      }
+    }
+  }
+
+  __device__ void store(float* C, int ldc, int N) const {
+    const int warp = threadIdx.x / 32, m0 = (warp & 1) * 32, n0 = (warp >> 1) * 32;
+#pragma unroll
+    for (int j = 0; j < 2; ++j) {
+      const int n = n0 + 16 * j;
+      if (n >= N) break;
+#pragma unroll
+      for (int i = 0; i < 2; ++i)
+        nvcuda::wmma::store_matrix_sync(C + (m0 + 16 * i) * ldc + n, acc[i][j], ldc,
+                                        nvcuda::wmma::mem_row_major);
+    }
+  }
+};
+
+// float: each lane owns 8 consecutive columns of one row of every 16 x 16 fragment.
+template <typename T>
+struct WarpTile<T, false> {
+  float acc[2][2][8];
+
+  __device__ void zero() {
+#pragma unroll
+    for (int i = 0; i < 2; ++i)
+#pragma unroll
+      for (int j = 0; j < 2; ++j)
+#pragma unroll
+        for (int e = 0; e < 8; ++e) acc[i][j][e] = 0.0f;
+  }
+
+  template <WLayout L>
+  __device__ void mma(const T* A, int lda, const T* W, int ldw, int K, int N) {
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    const int m0 = (warp & 1) * 32, n0 = (warp >> 1) * 32;
+    const int row = lane >> 1, col = (lane & 1) * 8;
+    if (n0 >= N) return;
+    for (int k = 0; k < K; ++k) {
+      float a[2];
+#pragma unroll
+      for (int i = 0; i < 2; ++i) a[i] = A[(m0 + 16 * i + row) * lda + k];
+#pragma unroll
+      for (int j = 0; j < 2; ++j) {
+        const int n = n0 + 16 * j + col;
+        if (n0 + 16 * j >= N) break;
+#pragma unroll
+        for (int e = 0; e < 8; ++e) {
+          const float wv = L == WLayout::kNK ? W[(n + e) * ldw + k] : W[k * ldw + n + e];
+#pragma unroll
+          for (int i = 0; i < 2; ++i) acc[i][j][e] = fmaf(a[i], wv, acc[i][j][e]);
+        }
+      }
+    }
+  }
+
+  __device__ void store(float* C, int ldc, int N) const {
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    const int m0 = (warp & 1) * 32, n0 = (warp >> 1) * 32;
+    const int row = lane >> 1, col = (lane & 1) * 8;
+#pragma unroll
+    for (int j = 0; j < 2; ++j) {
+      if (n0 + 16 * j >= N) break;
+#pragma unroll
+      for (int i = 0; i < 2; ++i)
+#pragma unroll
+        for (int e = 0; e < 8; ++e)
+          C[(m0 + 16 * i + row) * ldc + n0 + 16 * j + col + e] = acc[i][j][e];
+    }
+  }
+};
+
+// ---- Tiles: kRows consecutive positions j0..j0+n-1 of one (b, i).
+
+struct Tile {
+  int64_t b, i, j0, row0;  // row0: index of (b, i, j0) among the B * S * S positions
+  int n;                   // valid rows, <= kRows
+
+  __device__ Tile(int64_t t, const Params& p) {
+    const int64_t bi = t / p.tiles_per_row;
+    b = bi / p.S;
+    i = bi % p.S;
+    j0 = (t % p.tiles_per_row) * kRows;
+    n = int(p.S - j0 < kRows ? p.S - j0 : kRows);
+    row0 = bi * p.S + j0;
+  }
+  // Element offset of (channel c, row r) in a channel-major [B, D, S, S] tensor.
+  __device__ int64_t channel_major(const Params& p, int64_t c, int r) const {
+    return ((b * p.D + c) * p.S + i) * p.S + j0 + r;
+  }
+};
+
+// dst[r][c] = src[b, c, i, j0 + r] for a channel-major src; zeros past the tile and past D (to Dp).
+// Consecutive threads read consecutive j.
+template <typename T>
+__device__ void load_channel_major_tile(const Params& p, const Tile& tile, const T* src, T* dst,
+                                        int ld) {
+  for (int idx = threadIdx.x; idx < p.Dp * kRows; idx += kThreads) {
+    const int c = idx / kRows, r = idx % kRows;
+    dst[r * ld + c] = (c < p.D && r < tile.n) ? src[tile.channel_major(p, c, r)] : from_f<T>(0.0f);
+  }
+}
+
+// Mean and 1/sigma of one row held by a warp: lane l holds v[t] = row[l + 32 t] for
+// l + 32 t < D (zeros elsewhere).
+struct RowStats {
+  float mean, rstd;
+};
+
+template <int kPerLane>
+__device__ __forceinline__ RowStats row_stats(const float (&v)[kPerLane], int D, float eps) {
+  const int lane = threadIdx.x % 32;
+  float s = 0.0f;
+#pragma unroll
+  for (int t = 0; t < kPerLane; ++t) s += v[t];
+  const float mean = warp_sum(s) / float(D);
+  float q = 0.0f;
+#pragma unroll
+  for (int t = 0; t < kPerLane; ++t) {
+    const float d = lane + 32 * t < D ? v[t] - mean : 0.0f;
+    q += d * d;
+  }
+  return {mean, rsqrtf(warp_sum(q) / float(D) + eps)};
+}
+
+constexpr int kPerLane = kMaxD / 32;  // row elements per lane in row passes
+
+// Shared memory carved into 128-byte aligned regions.
+struct SmemCarver {
+  unsigned char* base;
+  size_t at = 0;
+  template <typename U>
+  __host__ __device__ U* take(size_t count) {
+    U* p = reinterpret_cast<U*>(base + at);
+    at += (count * sizeof(U) + 127) / 128 * 128;
+    return p;
+  }
+};
+
+}  // namespace tpf::cuda::trimul

@@ -1,0 +1,179 @@
+// Host entry points of the triangle multiplicative update on CUDA: fill Params from the validated
+// arguments, carve the caller's workspace and launch, in stream order, without synchronizing.
+//
+// Forward:  pack weights -> input_forward (a, b, go) -> contraction (z) -> output_forward (y).
+// Backward: pack weights -> output_backward (dz, dgo, dpo, z_ln, partials) -> d p_out_weight ->
+//           contraction backward (dA, dB) -> input_backward (dx, x_ln, dP | dG, partials) ->
+//           d p_in_weight, d g_in_weight, d g_out_weight -> ordered sums of the partials.
+#include <cuda_runtime.h>
+
+#include "kernels/trimul/api.h"
+#include "kernels/trimul/blas.h"
+#include "kernels/trimul/launch.h"
+#include "kernels/trimul/params.h"
+
+namespace tpf::cuda {
+namespace {
+
+using namespace trimul;
+
+static_assert(kTrimulMaxD == trimul::kMaxD, "one limit on D");
+
+int elem_bytes(DType d) { return d == DType::f32 ? 4 : 2; }
+
+cudaDataType cuda_type(DType d) {
+  return d == DType::f32 ? CUDA_R_32F : d == DType::bf16 ? CUDA_R_16BF : CUDA_R_16F;
+}
+
+// Runs on the tensors' device and restores the caller's.
+class DeviceGuard {
+ public:
+  explicit DeviceGuard(int device) {
+    check_cuda(cudaGetDevice(&previous_), "cudaGetDevice");
+    if (previous_ != device) check_cuda(cudaSetDevice(device), "cudaSetDevice");
+  }
+  ~DeviceGuard() { cudaSetDevice(previous_); }
+  DeviceGuard(const DeviceGuard&) = delete;
+  DeviceGuard& operator=(const DeviceGuard&) = delete;
+
+ private:
+  int previous_ = 0;
+};
+
+const float* f32(const TensorView& t) { return static_cast<const float*>(t.data); }
+const float* f32(const OptionalTensor& t) { return t.present ? f32(t.view) : nullptr; }
+float* f32_out(const TensorView& t) { return static_cast<float*>(t.data); }
+float* f32_out(const OptionalTensor& t) { return t.present ? f32_out(t.view) : nullptr; }
+
+Params make_params(const TrimulDims& d, const TensorView& x, const OptionalTensor& mask,
+                   const TrimulWeights& w, bool outgoing, double eps, const TrimulSaved& saved,
+                   char* ws, const Workspace& layout) {
+  Params p{};
+  p.B = d.B;
+  p.S = d.S;
+  p.D = d.D;
+  p.Dp = padded_d(d.D);
+  p.input_chunks = int(ceil_div(2 * d.D, kChunkChannels));
+  p.tiles_per_row = int(ceil_div(d.S, kRows));
+  p.tiles = d.B * d.S * p.tiles_per_row;
+  p.positions = d.B * d.S * d.S;
+  p.outgoing = outgoing;
+  p.eps = float(eps);
+  p.x = x.data;
+  p.mask = mask.present ? mask.view.data : nullptr;
+  p.a = saved.a.data;
+  p.b = saved.b.data;
+  p.z = saved.z.data;
+  p.go = saved.go.data;
+  p.w_in = ws + layout.w_in;
+  p.w_out = ws + layout.w_out;
+  p.bias_in = reinterpret_cast<const float*>(ws + layout.bias_in);
+  p.bias_out = reinterpret_cast<const float*>(ws + layout.bias_out);
+  p.ln_in_w = f32(w.norm_in_weight);
+  p.ln_in_b = f32(w.norm_in_bias);
+  p.ln_out_w = f32(w.norm_out_weight);
+  p.ln_out_b = f32(w.norm_out_bias);
+  p.grid_backward = int(p.tiles < kBackwardCtas ? p.tiles : kBackwardCtas);
+  return p;
+}
+
+template <typename T>
+void pack(const Params& p, const TrimulWeights& w, char* ws, const Workspace& layout,
+          cudaStream_t stream) {
+  const float* weights[4] = {f32(w.p_in_weight), f32(w.g_in_weight), f32(w.g_out_weight),
+                             f32(w.p_out_weight)};
+  const float* biases[4] = {f32(w.p_in_bias), f32(w.g_in_bias), f32(w.p_out_bias),
+                            f32(w.g_out_bias)};
+  launch_pack_weights<T>(p, weights, biases, ws + layout.w_in, ws + layout.w_out,
+                         reinterpret_cast<float*>(ws + layout.bias_in),
+                         reinterpret_cast<float*>(ws + layout.bias_out), stream);
+}
+
+template <typename T>
+void forward(const TrimulForwardArgs& a, const TrimulDims& d, cudaStream_t stream) {
+  char* ws = static_cast<char*>(a.workspace);
+  const Workspace layout = workspace_layout(d.B, d.S, d.D, sizeof(T), false);
+  Params p = make_params(d, a.x, a.mask, a.w, a.outgoing, a.eps, a.saved, ws, layout);
+  p.y = a.y.data;
+  pack<T>(p, a.w, ws, layout, stream);
+  launch_input_forward<T>(p, stream);
+  contract(Blas(stream, ws + layout.cublas, kCublasWorkspaceBytes, cuda_type(a.x.dtype)), p);
+  launch_output_forward<T>(p, stream);
+}
+
+template <typename T>
+void backward(const TrimulBackwardArgs& a, const TrimulDims& d, cudaStream_t stream) {
+  char* ws = static_cast<char*>(a.workspace);
+  const Workspace layout = workspace_layout(d.B, d.S, d.D, sizeof(T), true);
+  Params p = make_params(d, a.x, a.mask, a.w, a.outgoing, a.eps, a.saved, ws, layout);
+  p.dy = a.dy.data;
+  p.dx = a.dx.data;
+  p.dz = ws + layout.dz_xln;
+  p.xln = ws + layout.dz_xln;
+  p.dgo = ws + layout.dgo;
+  p.dpo = ws + layout.dpo_da;
+  p.da = ws + layout.dpo_da;
+  p.zln = ws + layout.zln_db;
+  p.db = ws + layout.zln_db;
+  p.dpg = ws + layout.dpg;
+  p.partials_out = reinterpret_cast<float*>(ws + layout.partials_out);
+  p.partials_in = reinterpret_cast<float*>(ws + layout.partials_in);
+  const Blas blas(stream, ws + layout.cublas, kCublasWorkspaceBytes, cuda_type(a.x.dtype));
+  const TrimulWeightGrads& g = a.dw;
+  const int64_t D = d.D, R = p.positions;
+
+  pack<T>(p, a.w, ws, layout, stream);
+  launch_output_backward<T>(p, stream);
+  weight_gradient(blas, D, D, R, p.dpo, D, p.zln, D, f32_out(g.p_out_weight));
+  contract_backward(blas, p);  // dA, dB overwrite dpo and z_ln
+  launch_input_backward<T>(p, stream);  // x_ln overwrites dz
+  const char* dpg = static_cast<const char*>(p.dpg);
+  weight_gradient(blas, 2 * D, D, R, dpg, 4 * D, p.xln, D, f32_out(g.p_in_weight));
+  weight_gradient(blas, 2 * D, D, R, dpg + 2 * D * sizeof(T), 4 * D, p.xln, D,
+                  f32_out(g.g_in_weight));
+  weight_gradient(blas, D, D, R, p.dgo, D, p.xln, D, f32_out(g.g_out_weight));
+
+  const int rows = 2 * p.grid_backward;
+  launch_reduce_partials(p.partials_out, rows, int(4 * D),
+                         ColumnSinks{{f32_out(g.norm_out_weight), f32_out(g.norm_out_bias),
+                                      f32_out(g.p_out_bias), f32_out(g.g_out_bias)},
+                                     {0, int(D), int(2 * D), int(3 * D), int(4 * D)}},
+                         stream);
+  launch_reduce_partials(p.partials_in, rows, int(6 * D),
+                         ColumnSinks{{f32_out(g.norm_in_weight), f32_out(g.norm_in_bias),
+                                      f32_out(g.p_in_bias), f32_out(g.g_in_bias)},
+                                     {0, int(D), int(2 * D), int(4 * D), int(6 * D)}},
+                         stream);
+}
+
+}  // namespace
+
+size_t trimul_forward_workspace_bytes(const TrimulDims& d, DType dtype) {
+  return workspace_layout(d.B, d.S, d.D, elem_bytes(dtype), false).total;
+}
+
+size_t trimul_backward_workspace_bytes(const TrimulDims& d, DType dtype) {
+  return workspace_layout(d.B, d.S, d.D, elem_bytes(dtype), true).total;
+}
+
+void trimul_forward(const TrimulForwardArgs& a, const TrimulDims& d, void* stream) {
+  DeviceGuard guard(a.x.device_index);
+  auto s = static_cast<cudaStream_t>(stream);
+  switch (a.x.dtype) {
+    case DType::f32: return forward<float>(a, d, s);
+    case DType::bf16: return forward<__nv_bfloat16>(a, d, s);
+    default: return forward<__half>(a, d, s);
+  }
+}
+
+void trimul_backward(const TrimulBackwardArgs& a, const TrimulDims& d, void* stream) {
+  DeviceGuard guard(a.x.device_index);
+  auto s = static_cast<cudaStream_t>(stream);
+  switch (a.x.dtype) {
+    case DType::f32: return backward<float>(a, d, s);
+    case DType::bf16: return backward<__nv_bfloat16>(a, d, s);
+    default: return backward<__half>(a, d, s);
+  }
+}
+
+}  // namespace tpf::cuda

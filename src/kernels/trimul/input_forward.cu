@@ -1,0 +1,91 @@
+// Fused input kernel: LayerNorm_in, the five projections (P and G of a and b, the output gate
+// logits), gates and mask, in one pass over x. One CTA per tile of kRows positions.
+//
+//   X  [kRows, Dp]     x_ln (T), the A operand of every step
+//   W  [kChunkN, Dp]   one packed weight block (T): kChunkChannels rows of Wp_in, then the same
+//                      rows of Wg_in; the last block is Wg_out
+//   C  [kRows, kLdC]   the step's product (fp32)
+// Step q < input_chunks writes a and b channel-major; the last step writes go row-major. The next
+// block's weights load while the epilogue runs.
+#include "kernels/trimul/device.cuh"
+#include "kernels/trimul/layer_norm.cuh"
+#include "kernels/trimul/launch.h"
+
+namespace tpf::cuda::trimul {
+namespace {
+
+template <typename T>
+struct InputForwardSmem {
+  T* x;
+  T* w;
+  float* c;
+  float* mask;
+  size_t bytes;
+  __host__ __device__ InputForwardSmem(unsigned char* base, int Dp) {
+    SmemCarver s{base};
+    x = s.take<T>(size_t(kRows) * (Dp + kPad));
+    w = s.take<T>(size_t(kChunkN) * (Dp + kPad));
+    c = s.take<float>(size_t(kRows) * kLdC);
+    mask = s.take<float>(kRows);
+    bytes = s.at;
+  }
+};
+
+template <typename T>
+__global__ void __launch_bounds__(kThreads, 2) input_forward_kernel(const Params p) {
+  extern __shared__ __align__(128) unsigned char smem_raw[];
+  InputForwardSmem<T> s(smem_raw, p.Dp);
+  const Tile tile(blockIdx.x, p);
+  const int ld = p.Dp + kPad, D = int(p.D);
+  const T* w_in = static_cast<const T*>(p.w_in);
+
+  copy_tile_async(s.w, ld, w_in, p.Dp, kChunkN, p.Dp);
+  normalize_input_rows(p, tile, s.x, ld, s.mask, nullptr, nullptr);
+
+  for (int q = 0; q <= p.input_chunks; ++q) {
+    cp_async_wait_all();
+    __syncthreads();
+    WarpTile<T> acc;
+    acc.zero();
+    acc.template mma<WLayout::kNK>(s.x, ld, s.w, ld, p.Dp, kChunkN);
+    acc.store(s.c, kLdC, kChunkN);
+    __syncthreads();
+    if (q < p.input_chunks)
+      copy_tile_async(s.w, ld, w_in + int64_t(q + 1) * kChunkN * p.Dp, p.Dp, kChunkN, p.Dp);
+
+    if (q < p.input_chunks) {
+      // a | b = sigmoid(G) * P * mask, channel-major: consecutive threads take consecutive j.
+      for (int idx = threadIdx.x; idx < kChunkChannels * kRows; idx += kThreads) {
+        const int cl = idx / kRows, r = idx % kRows;
+        const int c = q * kChunkChannels + cl;
+        if (c >= 2 * D || r >= tile.n) continue;
+        const float pv = s.c[r * kLdC + cl] + p.bias_in[c];
+        const float gv = s.c[r * kLdC + kChunkChannels + cl] + p.bias_in[2 * D + c];
+        T* dst = static_cast<T*>(c < D ? p.a : p.b);
+        dst[tile.channel_major(p, c < D ? c : c - D, r)] = from_f<T>(sigmoid(gv) * pv * s.mask[r]);
+      }
+    } else {
+      // Output gate logits, row-major: consecutive threads take consecutive channels.
+      T* go = static_cast<T*>(p.go);
+      for (int idx = threadIdx.x; idx < kRows * kChunkN; idx += kThreads) {
+        const int r = idx / kChunkN, c = idx % kChunkN;
+        if (c < D && r < tile.n)
+          go[(tile.row0 + r) * D + c] = from_f<T>(s.c[r * kLdC + c] + p.bias_out[D + c]);
+      }
+    }
+  }
+}
+
+}  // namespace
+
+template <typename T>
+void launch_input_forward(const Params& p, cudaStream_t stream) {
+  const size_t smem = InputForwardSmem<T>(nullptr, p.Dp).bytes;
+  set_max_smem(input_forward_kernel<T>, smem);
+  input_forward_kernel<T><<<dim3(unsigned(p.tiles)), kThreads, smem, stream>>>(p);
+  check_launch("trimul input_forward");
+}
+
+TPF_TRIMUL_INSTANTIATE(launch_input_forward)
+
+}  // namespace tpf::cuda::trimul

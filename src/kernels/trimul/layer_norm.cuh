@@ -1,0 +1,95 @@
+// LayerNorm pieces shared by the kernels: x_ln and z_ln of a tile (forward and backward kernels)
+// and the backward of one row held by a warp.
+#pragma once
+#include "kernels/trimul/device.cuh"
+
+namespace tpf::cuda::trimul {
+
+// x_ln of the tile's rows into X (zeros past the tile and past D); mask values per row.
+template <typename T>
+__device__ inline void normalize_input_rows(const Params& p, const Tile& tile, T* X, int ldx, float* mask,
+                                     float* mean_out, float* rstd_out) {
+  const T* x = static_cast<const T*>(p.x);
+  const int D = int(p.D), lane = threadIdx.x % 32;
+  for (int r = threadIdx.x / 32; r < kRows; r += kWarps) {
+    float v[kPerLane];
+#pragma unroll
+    for (int t = 0; t < kPerLane; ++t) {
+      const int c = lane + 32 * t;
+      v[t] = (r < tile.n && c < D) ? to_f(x[(tile.row0 + r) * D + c]) : 0.0f;
+    }
+    const RowStats st = row_stats(v, D, p.eps);
+#pragma unroll
+    for (int t = 0; t < kPerLane; ++t) {
+      const int c = lane + 32 * t;
+      if (c < p.Dp) {
+        const bool valid = r < tile.n && c < D;
+        X[r * ldx + c] =
+            from_f<T>(valid ? (v[t] - st.mean) * st.rstd * p.ln_in_w[c] + p.ln_in_b[c] : 0.0f);
+      }
+    }
+    if (lane == 0) {
+      const T* m = static_cast<const T*>(p.mask);
+      mask[r] = (m && r < tile.n) ? to_f(m[tile.row0 + r]) : 1.0f;
+      if (mean_out) {
+        mean_out[r] = st.mean;
+        rstd_out[r] = st.rstd;
+      }
+    }
+  }
+}
+
+// z_ln of the tile's rows from Z (the tile of z in T, [kRows][ld]) into X (zeros past the tile and
+// past D); mean and 1/sigma per row, and z_ln to global (row-major), where given.
+template <typename T>
+__device__ inline void normalize_output_rows(const Params& p, const Tile& tile, const T* Z, T* X,
+                                             int ld, float* mean_out, float* rstd_out,
+                                             T* zln_out) {
+  const int D = int(p.D), lane = threadIdx.x % 32;
+  for (int r = threadIdx.x / 32; r < kRows; r += kWarps) {
+    float v[kPerLane];
+#pragma unroll
+    for (int k = 0; k < kPerLane; ++k) {
+      const int c = lane + 32 * k;
+      v[k] = c < D ? to_f(Z[r * ld + c]) : 0.0f;
+    }
+    const RowStats st = row_stats(v, D, p.eps);
+#pragma unroll
+    for (int k = 0; k < kPerLane; ++k) {
+      const int c = lane + 32 * k;
+      if (c >= p.Dp) continue;
+      const bool valid = c < D && r < tile.n;
+      const T zl = from_f<T>(valid ? (v[k] - st.mean) * st.rstd * p.ln_out_w[c] + p.ln_out_b[c]
+                                   : 0.0f);
+      X[r * ld + c] = zl;
+      if (valid && zln_out) zln_out[(tile.row0 + r) * D + c] = zl;
+    }
+    if (lane == 0 && mean_out) {
+      mean_out[r] = st.mean;
+      rstd_out[r] = st.rstd;
+    }
+  }
+}
+
+// The backward of y = xhat * w + b for one row held by a warp (lane l, element l + 32 t):
+// dx = rstd (g - mean(g) - xhat mean(g xhat)) with g = dy * w.
+__device__ __forceinline__ void layer_norm_backward_row(const float (&dy)[kPerLane],
+                                                        const float (&xhat)[kPerLane],
+                                                        const float* w, int D, float rstd,
+                                                        float (&dx)[kPerLane]) {
+  const int lane = threadIdx.x % 32;
+  float g[kPerLane], s1 = 0.0f, s2 = 0.0f;
+#pragma unroll
+  for (int t = 0; t < kPerLane; ++t) {
+    const int c = lane + 32 * t;
+    g[t] = c < D ? dy[t] * w[c] : 0.0f;
+    s1 += g[t];
+    s2 += g[t] * xhat[t];
+  }
+  s1 = warp_sum(s1) / float(D);
+  s2 = warp_sum(s2) / float(D);
+#pragma unroll
+  for (int t = 0; t < kPerLane; ++t) dx[t] = rstd * (g[t] - s1 - xhat[t] * s2);
+}
+
+}  // namespace tpf::cuda::trimul

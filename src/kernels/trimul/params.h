@@ -1,0 +1,101 @@
+// The plain parameter struct that crosses from the host entry points into the kernels, and the
+// layout of the caller's workspace. Raw pointers and sizes only.
+#pragma once
+#include <cstddef>
+#include <cstdint>
+
+#include "kernels/trimul/tiles.h"
+
+namespace tpf::cuda::trimul {
+
+struct Params {
+  int64_t B, S, D;
+  int Dp;                 // D rounded up to 16, the MMA's k and n granularity (zero padded)
+  int input_chunks;       // ceil(2D / kChunkChannels): input-side steps over the a/b channels
+  int tiles_per_row;      // ceil(S / kRows)
+  int64_t tiles;          // B * S * tiles_per_row
+  int64_t positions;      // B * S * S
+  bool outgoing;
+  float eps;
+
+  // Element type T (x's dtype) unless noted; row-major [positions, D] or channel-major [B, D, S, S].
+  const void* x;
+  const void* mask;       // [positions] or null
+  void* y;
+  void* a;                // channel-major
+  void* b;                // channel-major
+  void* z;                // channel-major
+  void* go;               // row-major output gate logits
+
+  // Packed weights (T) and biases (fp32) in the workspace, see pack.cu.
+  const void* w_in;       // (input_chunks + 1) blocks of [kChunkN, Dp]
+  const void* w_out;      // p_out_weight, [Dp, Dp]
+  const float* bias_in;   // [4D]: p_in_bias | g_in_bias (zeros when absent)
+  const float* bias_out;  // [2D]: p_out_bias | g_out_bias
+  const float* ln_in_w;
+  const float* ln_in_b;
+  const float* ln_out_w;
+  const float* ln_out_b;
+
+  // Backward.
+  const void* dy;
+  void* dx;
+  void* dz;               // channel-major
+  void* dgo;              // row-major [positions, D]
+  void* dpo;              // row-major [positions, D]
+  void* zln;              // row-major [positions, D]
+  void* da;               // channel-major
+  void* db;               // channel-major
+  void* xln;              // row-major [positions, D]
+  void* dpg;              // row-major [positions, 4D]: dP (2D) | dG (2D)
+  float* partials_out;    // [2 * grid_out, 4D]: d norm_out_weight | d norm_out_bias | d p_out_bias | d g_out_bias
+  float* partials_in;     // [2 * grid_in, 6D]: d norm_in_weight | d norm_in_bias | d p_in_bias | d g_in_bias
+  int grid_backward;      // persistent CTAs of both backward kernels
+};
+
+inline int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+inline int padded_d(int64_t D) { return int(ceil_div(D, 16) * 16); }
+
+// Byte offsets of everything in a workspace, each 256-byte aligned. The same function sizes the
+// workspace (trimul_*_workspace_bytes) and carves it (entry.cu), so the two cannot disagree.
+struct Workspace {
+  size_t w_in, w_out, bias_in, bias_out, cublas;
+  // Backward only. Slots are reused once their first contents are consumed (stream order):
+  // dz then x_ln, dpo then dA, z_ln then dB.
+  size_t dz_xln, dgo, dpo_da, zln_db, dpg, partials_out, partials_in;
+  size_t total;
+};
+
+constexpr size_t kCublasWorkspaceBytes = size_t(32) << 20;  // cuBLAS's recommendation for Hopper
+
+inline Workspace workspace_layout(int64_t B, int64_t S, int64_t D, int elem_bytes, bool backward) {
+  auto align = [](size_t n) { return (n + 255) / 256 * 256; };
+  Workspace w{};
+  const int Dp = padded_d(D);
+  const int64_t chunks = ceil_div(2 * D, kChunkChannels);
+  size_t at = 0;
+  auto take = [&](size_t bytes) {
+    const size_t offset = at;
+    at += align(bytes);
+    return offset;
+  };
+  w.w_in = take(size_t(chunks + 1) * kChunkN * Dp * elem_bytes);
+  w.w_out = take(size_t(Dp) * Dp * elem_bytes);
+  w.bias_in = take(4 * D * sizeof(float));
+  w.bias_out = take(2 * D * sizeof(float));
+  w.cublas = take(kCublasWorkspaceBytes);
+  if (backward) {
+    const size_t unit = size_t(B) * S * S * D * elem_bytes;
+    w.dz_xln = take(unit);
+    w.dgo = take(unit);
+    w.dpo_da = take(unit);
+    w.zln_db = take(unit);
+    w.dpg = take(4 * unit);
+    w.partials_out = take(size_t(2) * kBackwardCtas * 4 * D * sizeof(float));
+    w.partials_in = take(size_t(2) * kBackwardCtas * 6 * D * sizeof(float));
+  }
+  w.total = at;
+  return w;
+}
+
+}  // namespace tpf::cuda::trimul

@@ -1,0 +1,31 @@
+// Tile sizes of the triangle multiplicative update kernels, with the reason for each.
+#pragma once
+
+namespace tpf::cuda::trimul {
+
+// 8 warps: a 2 x 4 grid of 32 x 32 warp tiles covers one 64 x 128 block of a GEMM.
+constexpr int kThreads = 256;
+constexpr int kWarps = kThreads / 32;
+// Positions per tile, along j within one (b, i): the GEMMs' M. 64 keeps a tile's channel-major
+// accesses (a, b, z, dz, dA, dB) at 128 contiguous bytes per channel for 16-bit types.
+constexpr int kRows = 64;
+// Output columns per GEMM step: the width of the 2 x 4 warp grid.
+constexpr int kChunkN = 128;
+// a/b channels per input-side step: their P and G halves fill one kChunkN-wide step, so the gate
+// and the value of a channel meet in the same epilogue.
+constexpr int kChunkChannels = kChunkN / 2;
+// The largest D: one kChunkN step covers every output-side GEMM and the input side's dx_ln.
+constexpr int kMaxD = 128;
+constexpr int kMaxInputChunks = 2 * kMaxD / kChunkChannels;
+// Shared-memory row padding in elements: rows stay 16-byte aligned and consecutive rows start on
+// different banks.
+constexpr int kPad = 8;
+constexpr int kLdC = kChunkN + 4;  // fp32 staging rows (a multiple of 4, as WMMA stores need)
+// Persistent CTAs of the backward kernels (two per SM on a 132-SM H100/H200). A constant, not the
+// device's SM count: the order of the bias and LayerNorm gradient sums follows from it.
+constexpr int kBackwardCtas = 264;
+
+static_assert(kRows == 2 * 32 && kChunkN == 4 * 32, "the 2 x 4 grid of 32 x 32 warp tiles");
+static_assert(kMaxD <= kChunkN, "output-side GEMMs and dx_ln are one kChunkN step");
+
+}  // namespace tpf::cuda::trimul

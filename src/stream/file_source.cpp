@@ -1,0 +1,100 @@
+// Local files through pread: no shared file position, so one descriptor serves every thread.
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <chrono>
+#include <cstring>
+
+#include "store/file_source.h"
+#include "stream/sources.h"
+#include "tpf/error.h"
+
+namespace tpf::stream {
+
+namespace {
+
+// Owns the descriptor; the reads are the store's pread loop.
+class FileSource final : public CancellableSource {
+ public:
+  explicit FileSource(std::string path) : path_(std::move(path)) {
+    fd_ = ::open(path_.c_str(), O_RDONLY | O_CLOEXEC);
+    if (fd_ < 0)
+      throw RuntimeError("cannot open '" + path_ + "' for reading: " + std::strerror(errno));
+    struct stat st;
+    if (::fstat(fd_, &st) != 0) {
+      const int err = errno;
+      ::close(fd_);
+      throw RuntimeError("cannot stat '" + path_ + "': " + std::strerror(err));
+    }
+    file_ = std::make_unique<store::detail::FdSource>(fd_, path_, uint64_t(st.st_size));
+  }
+  ~FileSource() override { ::close(fd_); }
+
+  uint64_t size() const override { return file_->size(); }
+  std::string name() const override { return path_; }
+
+  void read_cancellable(uint64_t offset, size_t length, void* dst,
+                        const CancelToken* cancel) const override {
+    check_range(*this, offset, length);
+    if (cancel && cancel->cancelled()) throw RuntimeError("read of '" + path_ + "' cancelled");
+    file_->read(offset, length, dst);
+  }
+
+ private:
+  std::string path_;
+  int fd_ = -1;
+  std::unique_ptr<store::detail::FdSource> file_;
+};
+
+}  // namespace
+
+void CancelToken::cancel() {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    flag_.store(true, std::memory_order_release);
+  }
+  cv_.notify_all();
+}
+
+bool CancelToken::wait_for(double seconds) const {
+  std::unique_lock<std::mutex> lock(mutex_);
+  return cv_.wait_for(lock, std::chrono::duration<double>(seconds), [&] { return cancelled(); });
+}
+
+void check_range(const ByteSource& source, uint64_t offset, size_t length) {
+  const uint64_t size = source.size();
+  if (offset > size || length > size - offset)
+    throw Error("read range [" + std::to_string(offset) + ", " + std::to_string(offset + length) +
+                ") of '" + source.name() + "' is past its end (size " + std::to_string(size) +
+                ")");
+}
+
+std::unique_ptr<CancellableSource> open_file_source(const std::string& path) {
+  return std::make_unique<FileSource>(path);
+}
+
+std::unique_ptr<CancellableSource> open_source(const std::string& location,
+                                               const SourceOptions& options) {
+  if (location.empty()) throw Error("location: expected a path or URL, got an empty string");
+  std::unique_ptr<CancellableSource> source;
+  if (location.rfind("http://", 0) == 0 || location.rfind("https://", 0) == 0) {
+    source = open_http_source(location, options);
+  } else if (location.rfind("s3://", 0) == 0) {
+    source = open_s3_source(location, options);
+  } else if (location.rfind("file://", 0) == 0) {
+    source = open_file_source(location.substr(7));
+  } else if (location.find("://") != std::string::npos) {
+    throw Error("location '" + location +
+                "': expected a path, file://, http://, https:// or s3:// URL");
+  } else {
+    source = open_file_source(location);
+  }
+  if (options.expected_size != 0 && source->size() != options.expected_size)
+    throw RuntimeError("'" + location + "' has " + std::to_string(source->size()) +
+                       " bytes, the manifest says " + std::to_string(options.expected_size));
+  return source;
+}
+
+}  // namespace tpf::stream

@@ -1,0 +1,363 @@
+// The prefetcher: positions move only forward, fetched >= ready >= handed out, and every byte held
+// is reserved against the budget before it is allocated.
+//
+// The plan is cut into groups of consecutive entries. A scheduler thread walks the groups in
+// order: it waits until the group's bytes fit in the budget, reserves them, maps one buffer, and
+// queues the group's (coalesced) range requests. A pool of max_inflight fetch threads runs the
+// requests in queue order. The consumer waits for its group, hands its records out one by one and
+// releases the group (unmapping the buffer) when it moves past it. Groups are released in the order
+// they were reserved, so the budget can never deadlock. Every wait is on a condition variable.
+#include <sys/mman.h>
+
+#include <algorithm>
+#include <condition_variable>
+#include <deque>
+#include <exception>
+#include <mutex>
+#include <thread>
+
+#include "tpf/error.h"
+#include "tpf/stream.h"
+
+namespace tpf::stream {
+
+namespace {
+
+constexpr uint64_t kPage = 4096;
+
+uint64_t page_round(uint64_t n) { return (n + kPage - 1) / kPage * kPage; }
+
+// Anonymous memory straight from the kernel: malloc could keep freed buffers in its heap and so let
+// the resident set grow past the budget.
+class Buffer {
+ public:
+  explicit Buffer(uint64_t bytes) : bytes_(page_round(std::max<uint64_t>(bytes, 1))) {
+    void* p = ::mmap(nullptr, bytes_, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (p == MAP_FAILED)
+      throw RuntimeError("cannot map " + std::to_string(bytes_) + " bytes for prefetched data");
+    data_ = static_cast<uint8_t*>(p);
+  }
+  ~Buffer() { ::munmap(data_, bytes_); }
+  Buffer(const Buffer&) = delete;
+  Buffer& operator=(const Buffer&) = delete;
+  uint8_t* data() const { return data_; }
+  uint64_t bytes() const { return bytes_; }
+
+ private:
+  uint64_t bytes_;
+  uint8_t* data_ = nullptr;
+};
+
+struct Request {
+  uint32_t shard;
+  uint64_t offset, length;
+  uint64_t buffer_offset;  // where its bytes go in the group's buffer
+};
+
+struct Group {
+  uint64_t first = 0, count = 0;   // plan entries [first, first + count)
+  std::vector<Request> requests;
+  std::vector<uint64_t> record_at;  // per entry: its bytes' offset in the buffer
+  uint64_t bytes = 0;               // buffer bytes, page-rounded (what the budget is charged)
+  std::unique_ptr<Buffer> buffer;
+  size_t pending = 0;  // jobs not finished
+  std::exception_ptr error;
+};
+
+// Requests [first, first + count) of a group, all of one shard, fetched in one read_ranges call.
+struct Job {
+  Group* group;
+  size_t first;
+  size_t count;
+};
+
+}  // namespace
+
+struct Prefetcher::State {
+  std::vector<std::shared_ptr<CancellableSource>> sources;
+  std::shared_ptr<const std::vector<RecordLocation>> locations;
+  std::vector<uint64_t> plan;
+  PrefetchOptions options;
+  RecordVerifier verify;
+  uint64_t group_byte_limit = 0;
+
+  mutable std::mutex mutex;
+  std::condition_variable budget_cv;    // scheduler: room in the budget, or stop
+  std::condition_variable jobs_cv;      // fetch threads: a request queued, or stop
+  std::condition_variable ready_cv;     // consumer: a group built or a request finished
+  bool stop = false;
+  CancelToken cancel;
+
+  std::deque<std::unique_ptr<Group>> groups;  // reserved, not yet released, in plan order
+  uint64_t groups_built_through = 0;          // plan entries covered by built groups
+  std::deque<Job> jobs;
+  uint64_t reserved = 0;
+  PrefetchStats stats;
+
+  uint64_t next_entry = 0;  // consumer's position in the plan
+  std::thread scheduler;
+  std::vector<std::thread> fetchers;
+
+  const RecordLocation& location(uint64_t entry) const { return (*locations)[plan[entry]]; }
+
+  // The group starting at plan entry `first`: up to group_records entries and group_byte_limit
+  // bytes of records (at least one entry), with neighbouring ranges of one shard merged.
+  std::unique_ptr<Group> build_group(uint64_t first) const {
+    auto g = std::make_unique<Group>();
+    g->first = first;
+    uint64_t record_bytes = 0;
+    while (first + g->count < plan.size() && g->count < options.group_records) {
+      const uint64_t len = location(first + g->count).length;
+      if (g->count > 0 && record_bytes + len > group_byte_limit) break;
+      record_bytes += len;
+      ++g->count;
+    }
+    std::vector<uint64_t> by_position(g->count);
+    for (uint64_t i = 0; i < g->count; ++i) by_position[i] = i;
+    std::sort(by_position.begin(), by_position.end(), [&](uint64_t a, uint64_t b) {
+      const auto &la = location(first + a), &lb = location(first + b);
+      return la.shard != lb.shard ? la.shard < lb.shard : la.offset < lb.offset;
+    });
+    g->record_at.resize(g->count);
+    uint64_t buffer_end = 0;
+    for (uint64_t i : by_position) {
+      const RecordLocation& loc = location(first + i);
+      Request* last = g->requests.empty() ? nullptr : &g->requests.back();
+      const uint64_t last_end = last ? last->offset + last->length : 0;
+      const bool merge =
+          last && last->shard == loc.shard && loc.offset <= last_end + options.coalesce_gap &&
+          std::max(last_end, loc.offset + loc.length) - last->offset <= options.max_request_bytes &&
+          // merging may add gap bytes, but never so many that the group outgrows the limit
+          buffer_end + (loc.offset > last_end ? loc.offset - last_end : 0) <= 2 * group_byte_limit;
+      if (merge) {
+        const uint64_t new_end = std::max(last_end, loc.offset + loc.length);
+        buffer_end += new_end - last_end;
+        last->length = new_end - last->offset;
+        g->record_at[i] = last->buffer_offset + (loc.offset - last->offset);
+      } else {
+        g->requests.push_back({loc.shard, loc.offset, loc.length, buffer_end});
+        g->record_at[i] = buffer_end;
+        buffer_end += loc.length;
+      }
+    }
+    g->bytes = page_round(std::max<uint64_t>(buffer_end, 1));
+    return g;
+  }
+
+  void run_scheduler() {
+    uint64_t first = 0;
+    while (first < plan.size()) {
+      std::unique_ptr<Group> g = build_group(first);
+      Group* raw = g.get();
+      {
+        std::unique_lock<std::mutex> lock(mutex);
+        budget_cv.wait(lock, [&] { return stop || reserved + raw->bytes <= options.memory_budget; });
+        if (stop) return;
+        reserved += raw->bytes;
+        stats.peak_reserved = std::max(stats.peak_reserved, reserved);
+      }
+      // Mapping outside the lock: the bytes are already reserved.
+      try {
+        raw->buffer = std::make_unique<Buffer>(raw->bytes);
+      } catch (...) {
+        raw->error = std::current_exception();
+        raw->pending = 0;
+      }
+      {
+        std::lock_guard<std::mutex> lock(mutex);
+        if (!raw->error) {
+          // Requests are sorted by shard and offset: bundle runs of one shard as its source likes.
+          const auto& reqs = raw->requests;
+          for (size_t r = 0; r < reqs.size();) {
+            const size_t per = std::max<size_t>(1, sources[reqs[r].shard]->ranges_per_request());
+            size_t end = r + 1;
+            while (end < reqs.size() && end - r < per && reqs[end].shard == reqs[r].shard) ++end;
+            jobs.push_back({raw, r, end - r});
+            ++raw->pending;
+            r = end;
+          }
+        }
+        first += raw->count;
+        groups_built_through = first;
+        groups.push_back(std::move(g));
+      }
+      jobs_cv.notify_all();
+      ready_cv.notify_all();
+    }
+  }
+
+  void run_fetcher() {
+    for (;;) {
+      Job job;
+      {
+        std::unique_lock<std::mutex> lock(mutex);
+        jobs_cv.wait(lock, [&] { return stop || !jobs.empty(); });
+        if (stop) return;
+        job = jobs.front();
+        jobs.pop_front();
+      }
+      const Request* reqs = job.group->requests.data() + job.first;
+      uint8_t* base = job.group->buffer->data();
+      std::exception_ptr error;
+      uint64_t bytes = 0;
+      try {
+        if (job.count == 1) {
+          sources[reqs[0].shard]->read_cancellable(reqs[0].offset, reqs[0].length,
+                                                   base + reqs[0].buffer_offset, &cancel);
+        } else {
+          std::vector<ByteRange> ranges(job.count);
+          for (size_t i = 0; i < job.count; ++i)
+            ranges[i] = {reqs[i].offset, reqs[i].length, base + reqs[i].buffer_offset};
+          sources[reqs[0].shard]->read_ranges(ranges, &cancel);
+        }
+        for (size_t i = 0; i < job.count; ++i) bytes += reqs[i].length;
+      } catch (...) {
+        error = std::current_exception();
+      }
+      {
+        std::lock_guard<std::mutex> lock(mutex);
+        ++stats.requests;
+        stats.bytes_fetched += bytes;
+        if (error && !job.group->error) job.group->error = error;
+        --job.group->pending;
+      }
+      ready_cv.notify_all();
+    }
+  }
+
+  void shutdown() {
+    {
+      std::lock_guard<std::mutex> lock(mutex);
+      stop = true;
+    }
+    cancel.cancel();
+    budget_cv.notify_all();
+    jobs_cv.notify_all();
+    ready_cv.notify_all();
+    if (scheduler.joinable()) scheduler.join();
+    for (auto& t : fetchers)
+      if (t.joinable()) t.join();
+  }
+};
+
+Prefetcher::Prefetcher(std::vector<std::shared_ptr<CancellableSource>> sources,
+                       std::shared_ptr<const std::vector<RecordLocation>> locations,
+                       std::vector<uint64_t> plan, PrefetchOptions options, RecordVerifier verify)
+    : state_(std::make_unique<State>()) {
+  TPF_CHECK(locations != nullptr, "locations: expected a list of record locations, got null");
+  TPF_CHECK(options.max_inflight >= 1,
+            "max_inflight: expected >= 1, got " + std::to_string(options.max_inflight));
+  TPF_CHECK(options.group_records >= 1, "group_records: expected >= 1, got 0");
+  TPF_CHECK(options.memory_budget >= kPage, "memory_budget: expected at least " +
+                                                std::to_string(kPage) + " bytes, got " +
+                                                std::to_string(options.memory_budget));
+  TPF_CHECK(options.verify_attempts >= 1,
+            "verify_attempts: expected >= 1, got " + std::to_string(options.verify_attempts));
+  for (size_t s = 0; s < sources.size(); ++s)
+    TPF_CHECK(sources[s] != nullptr, "sources[" + std::to_string(s) + "]: expected a source, got null");
+  for (uint64_t entry = 0; entry < plan.size(); ++entry) {
+    const uint64_t r = plan[entry];
+    TPF_CHECK(r < locations->size(), "plan[" + std::to_string(entry) + "]: record " +
+                                         std::to_string(r) + " is out of range (there are " +
+                                         std::to_string(locations->size()) + " records)");
+    const RecordLocation& loc = (*locations)[r];
+    TPF_CHECK(loc.shard < sources.size(), "record " + std::to_string(r) + ": shard " +
+                                              std::to_string(loc.shard) + " has no source (" +
+                                              std::to_string(sources.size()) + " sources)");
+    TPF_CHECK(page_round(std::max<uint64_t>(loc.length, 1)) <= options.memory_budget,
+              "memory_budget: record " + std::to_string(r) + " of '" +
+                  sources[loc.shard]->name() + "' has " + std::to_string(loc.length) +
+                  " bytes, more than the whole budget of " +
+                  std::to_string(options.memory_budget) + " bytes");
+  }
+  State& s = *state_;
+  s.sources = std::move(sources);
+  s.locations = std::move(locations);
+  s.plan = std::move(plan);
+  s.options = options;
+  s.verify = std::move(verify);
+  // A few groups fit in the budget at once, so fetching runs ahead while the consumer reads.
+  s.group_byte_limit = std::max<uint64_t>(options.memory_budget / 8, 1);
+  s.scheduler = std::thread([&s] { s.run_scheduler(); });
+  for (int i = 0; i < options.max_inflight; ++i) s.fetchers.emplace_back([&s] { s.run_fetcher(); });
+}
+
+Prefetcher::~Prefetcher() { state_->shutdown(); }
+
+bool Prefetcher::next(RecordView& out) {
+  State& s = *state_;
+  std::unique_lock<std::mutex> lock(s.mutex);
+  if (s.next_entry >= s.plan.size()) return false;
+  // Release the groups the consumer has moved past: nothing handed out from them is still valid.
+  bool released = false;
+  while (!s.groups.empty() && s.groups.front()->first + s.groups.front()->count <= s.next_entry &&
+         s.groups.front()->pending == 0) {
+    s.reserved -= s.groups.front()->bytes;
+    s.groups.pop_front();
+    released = true;
+  }
+  if (released) s.budget_cv.notify_all();
+
+  const uint64_t entry = s.next_entry;
+  Group* g = nullptr;
+  auto find = [&] {
+    for (auto& candidate : s.groups)
+      if (entry < candidate->first + candidate->count) return candidate.get();
+    return static_cast<Group*>(nullptr);
+  };
+  auto ready = [&] {
+    g = find();
+    return s.stop || (g && g->pending == 0);
+  };
+  if (!ready()) {
+    ++s.stats.consumer_waits;
+    s.ready_cv.wait(lock, ready);
+  }
+  if (s.stop) throw RuntimeError("the prefetcher was stopped");
+  if (g->error) std::rethrow_exception(g->error);
+  const uint64_t i = entry - g->first;
+  const uint64_t record = s.plan[entry];
+  const RecordLocation& loc = (*s.locations)[record];
+  uint8_t* data = g->buffer->data() + g->record_at[i];
+  lock.unlock();
+
+  if (s.verify) {
+    int attempts = 1;
+    while (!s.verify(record, data, loc.length)) {
+      if (attempts >= s.options.verify_attempts)
+        throw RuntimeError("record " + std::to_string(record) + " of '" +
+                           s.sources[loc.shard]->name() + "' (bytes " +
+                           std::to_string(loc.offset) + "-" +
+                           std::to_string(loc.offset + loc.length - 1) +
+                           ") failed its checksum " + std::to_string(attempts) +
+                           " times; the data at the source is corrupt");
+      // Rewriting the record's bytes in place is safe: any other record sharing them expects the
+      // same bytes, and no view into this group outlives this call.
+      s.sources[loc.shard]->read_cancellable(loc.offset, loc.length, data, &s.cancel);
+      ++attempts;
+      std::lock_guard<std::mutex> relock(s.mutex);
+      ++s.stats.refetches;
+    }
+  }
+  lock.lock();
+  ++s.next_entry;
+  out.data = data;
+  out.length = loc.length;
+  out.plan_index = entry;
+  out.record = record;
+  return true;
+}
+
+uint64_t Prefetcher::size() const { return state_->plan.size(); }
+
+uint64_t Prefetcher::reserved_bytes() const {
+  std::lock_guard<std::mutex> lock(state_->mutex);
+  return state_->reserved;
+}
+
+PrefetchStats Prefetcher::stats() const {
+  std::lock_guard<std::mutex> lock(state_->mutex);
+  return state_->stats;
+}
+
+}  // namespace tpf::stream

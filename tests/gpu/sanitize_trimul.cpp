@@ -1,0 +1,168 @@
+// A small forward + backward of the triangle multiplicative update through the C++ API with no
+// Python, for compute-sanitizer (memcheck, racecheck, synccheck, initcheck): bf16 and float32,
+// S not a tile multiple, D a multiple of 16 or not, both directions, with and without biases.
+// Exits non-zero on any CUDA error or non-finite output.
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <random>
+#include <vector>
+
+#include "tpf/trimul.h"
+
+namespace {
+
+void check(cudaError_t e, const char* what) {
+  if (e != cudaSuccess) {
+    std::fprintf(stderr, "%s: %s\n", what, cudaGetErrorString(e));
+    std::exit(1);
+  }
+}
+
+struct Buffer {
+  void* data = nullptr;
+  size_t bytes = 0;
+  explicit Buffer(size_t n) : bytes(n) { check(cudaMalloc(&data, n ? n : 1), "cudaMalloc"); }
+  ~Buffer() { cudaFree(data); }
+  Buffer(const Buffer&) = delete;
+  Buffer& operator=(const Buffer&) = delete;
+};
+
+template <typename T>
+T convert(float v) {
+  if constexpr (sizeof(T) == 2) return __float2bfloat16(v);
+  else return v;
+}
+
+template <typename T>
+float back(T v) {
+  if constexpr (sizeof(T) == 2) return __bfloat162float(v);
+  else return v;
+}
+
+std::mt19937 rng(7);
+
+// A device buffer of n normal values (scale, shift) of type T.
+template <typename T>
+Buffer* random_buffer(int64_t n, float scale = 1.0f, float shift = 0.0f) {
+  std::normal_distribution<float> normal;
+  std::vector<T> host(n);
+  for (auto& e : host) e = convert<T>(shift + scale * normal(rng));
+  auto* b = new Buffer(n * sizeof(T));
+  check(cudaMemcpy(b->data, host.data(), b->bytes, cudaMemcpyHostToDevice), "copy");
+  return b;
+}
+
+template <typename T>
+bool all_finite(const Buffer& b) {
+  std::vector<T> host(b.bytes / sizeof(T));
+  check(cudaMemcpy(host.data(), b.data, b.bytes, cudaMemcpyDeviceToHost), "copy back");
+  for (const T& v : host)
+    if (!std::isfinite(back(v))) return false;
+  return true;
+}
+
+template <typename T>
+bool run(int64_t B, int64_t S, int64_t D, bool outgoing, bool biases, tpf::DType dtype) {
+  using tpf::make_view;
+  const tpf::Device cuda = tpf::Device::cuda;
+  std::vector<Buffer*> owned;
+  auto keep = [&](Buffer* b) {
+    owned.push_back(b);
+    return b->data;
+  };
+  auto view = [&](void* p, tpf::DType dt, std::initializer_list<int64_t> shape) {
+    return make_view(p, dt, shape, cuda);
+  };
+  const float w_scale = 1.0f / std::sqrt(float(D));
+  const tpf::DType f32 = tpf::DType::f32;
+  tpf::TrimulWeights w;
+  w.norm_in_weight = view(keep(random_buffer<float>(D, 0.2f, 1.0f)), f32, {D});
+  w.norm_in_bias = view(keep(random_buffer<float>(D, 0.2f)), f32, {D});
+  w.p_in_weight = view(keep(random_buffer<float>(2 * D * D, w_scale)), f32, {2 * D, D});
+  w.g_in_weight = view(keep(random_buffer<float>(2 * D * D, w_scale)), f32, {2 * D, D});
+  w.norm_out_weight = view(keep(random_buffer<float>(D, 0.2f, 1.0f)), f32, {D});
+  w.norm_out_bias = view(keep(random_buffer<float>(D, 0.2f)), f32, {D});
+  w.p_out_weight = view(keep(random_buffer<float>(D * D, w_scale)), f32, {D, D});
+  w.g_out_weight = view(keep(random_buffer<float>(D * D, w_scale)), f32, {D, D});
+  if (biases) {
+    w.p_in_bias = {true, view(keep(random_buffer<float>(2 * D)), f32, {2 * D})};
+    w.g_in_bias = {true, view(keep(random_buffer<float>(2 * D)), f32, {2 * D})};
+    w.p_out_bias = {true, view(keep(random_buffer<float>(D)), f32, {D})};
+    w.g_out_bias = {true, view(keep(random_buffer<float>(D)), f32, {D})};
+  }
+  tpf::TrimulWeightGrads g = w;
+  std::vector<Buffer*> grads;
+  auto zeros_like = [&](tpf::TensorView& t) {
+    grads.push_back(new Buffer(t.numel() * 4));
+    t.data = keep(grads.back());
+  };
+  for (tpf::TensorView* t : {&g.norm_in_weight, &g.norm_in_bias, &g.p_in_weight, &g.g_in_weight,
+                             &g.norm_out_weight, &g.norm_out_bias, &g.p_out_weight,
+                             &g.g_out_weight})
+    zeros_like(*t);
+  for (tpf::OptionalTensor* t : {&g.p_in_bias, &g.g_in_bias, &g.p_out_bias, &g.g_out_bias})
+    if (t->present) zeros_like(t->view);
+
+  const int64_t n = B * S * S * D;
+  std::vector<T> mask_h(B * S * S);
+  for (size_t i = 0; i < mask_h.size(); ++i) mask_h[i] = convert<T>((i % 7) != 3 ? 1.0f : 0.0f);
+  auto* mask = new Buffer(mask_h.size() * sizeof(T));
+  owned.push_back(mask);
+  check(cudaMemcpy(mask->data, mask_h.data(), mask->bytes, cudaMemcpyHostToDevice), "copy mask");
+  Buffer y(n * sizeof(T)), a(n * sizeof(T)), b(n * sizeof(T)), z(n * sizeof(T)),
+      go(n * sizeof(T)), dx(n * sizeof(T));
+
+  const tpf::TrimulDims d{B, S, D};
+  Buffer fwd_ws(tpf::trimul_forward_workspace_bytes(d, dtype, cuda));
+  Buffer bwd_ws(tpf::trimul_backward_workspace_bytes(d, dtype, cuda));
+
+  tpf::TrimulForwardArgs f;
+  f.x = view(keep(random_buffer<T>(n)), dtype, {B, S, S, D});
+  f.mask = {true, view(mask->data, dtype, {B, S, S})};
+  f.w = w;
+  f.outgoing = outgoing;
+  f.y = view(y.data, dtype, {B, S, S, D});
+  f.saved = {view(a.data, dtype, {B, D, S, S}), view(b.data, dtype, {B, D, S, S}),
+             view(z.data, dtype, {B, D, S, S}), view(go.data, dtype, {B, S, S, D})};
+  f.workspace = fwd_ws.data;
+  f.workspace_bytes = fwd_ws.bytes;
+  tpf::trimul_forward(f);
+
+  tpf::TrimulBackwardArgs bw;
+  bw.x = f.x;
+  bw.mask = f.mask;
+  bw.w = w;
+  bw.outgoing = outgoing;
+  bw.saved = f.saved;
+  bw.dy = view(keep(random_buffer<T>(n)), dtype, {B, S, S, D});
+  bw.dx = view(dx.data, dtype, {B, S, S, D});
+  bw.dw = g;
+  bw.workspace = bwd_ws.data;
+  bw.workspace_bytes = bwd_ws.bytes;
+  tpf::trimul_backward(bw);
+  check(cudaDeviceSynchronize(), "kernels");
+
+  bool ok = all_finite<T>(y) && all_finite<T>(dx);
+  for (const Buffer* grad : grads) ok = ok && all_finite<float>(*grad);
+  for (Buffer* p : owned) delete p;
+  std::printf("trimul B=%lld S=%lld D=%lld %s %s biases=%d: %s\n", (long long)B, (long long)S,
+              (long long)D, sizeof(T) == 2 ? "bf16" : "fp32", outgoing ? "outgoing" : "incoming",
+              int(biases), ok ? "ok" : "NON-FINITE");
+  return ok;
+}
+
+}  // namespace
+
+int main() {
+  bool ok = true;
+  for (bool outgoing : {true, false}) {
+    ok &= run<__nv_bfloat16>(2, 70, 128, outgoing, true, tpf::DType::bf16);
+    ok &= run<__nv_bfloat16>(1, 70, 24, outgoing, false, tpf::DType::bf16);
+    ok &= run<float>(1, 33, 40, outgoing, true, tpf::DType::f32);
+  }
+  return ok ? 0 : 2;
+}

@@ -1,0 +1,69 @@
+"""Inputs, the FP64 reference and FlashAttention-3's error rule for triangle attention tests
+(shared by the CPU tests and the GPU tests)."""
+from __future__ import annotations
+
+import torch
+
+from turbopairformer import _C
+from turbopairformer.ops.torch_reference import triangle_attention_torch
+
+GRADS = ("dq", "dk", "dv", "dbias")
+
+
+def make_case(B, N, H, S, D, dtype, device, generator, fully_masked=True, keep=0.8):
+    """Random inputs with masked keys and (optionally) one slice whose keys are all masked."""
+    def randn(*shape):
+        return torch.randn(*shape, generator=generator).to(device=device, dtype=dtype)
+
+    q, k, v = randn(B, N, H, S, D), randn(B, N, H, S, D), randn(B, N, H, S, D)
+    bias = randn(B, 1, H, S, S)
+    mask = torch.rand(B, N, 1, 1, S, generator=generator) < keep
+    mask[..., 0] |= True  # most slices keep at least one key
+    if fully_masked:
+        mask[-1, N - 1] = False
+    grad = randn(B, N, H, S, D)
+    return q, k, v, bias, mask.to(device), grad
+
+
+def reference_fp64(q, k, v, bias, mask, grad, scale):
+    """O and the four gradients from the C++ FP64 reference (CPU), as float64."""
+    cpu = [t.detach().cpu() for t in (q, k, v, bias, grad)]
+    q, k, v, bias, grad = cpu
+    B, N, H, S, D = q.shape
+    bias4 = bias.reshape(B, H, S, S)
+    mask3 = None if mask is None else mask.detach().cpu().reshape(B, N, S)
+    o = torch.empty(q.shape, dtype=torch.float64)
+    lse = torch.empty((B, N, H, S), dtype=torch.float64)
+    _C.attention_forward_reference(q, k, v, bias4, mask3, o, lse, scale)
+    dq, dk, dv = (torch.empty(q.shape, dtype=torch.float64) for _ in range(3))
+    dbias = torch.empty((B, H, S, S), dtype=torch.float64)
+    _C.attention_backward_reference(q, k, v, bias4, mask3, o, lse, grad, dq, dk, dv, dbias, scale)
+    return {"o": o, "dq": dq, "dk": dk, "dv": dv, "dbias": dbias.reshape(bias.shape)}
+
+
+def run_with_grads(fn, q, k, v, bias, mask, grad, **kwargs):
+    leaves = [t.detach().clone().requires_grad_(True) for t in (q, k, v, bias)]
+    o = fn(*leaves, mask, **kwargs)
+    o.backward(grad)
+    return {"o": o.detach(), **{name: t.grad for name, t in zip(GRADS, leaves)}}
+
+
+def max_err(x, ref):
+    return (x.detach().double().cpu() - ref).abs().max().item()
+
+
+def rounding_noise(ref, dtype):
+    """The error of rounding the FP64 value once to the output dtype, at least 1e-5: a gradient
+    that is exactly zero in FP64 (one key: the softmax is constant) has no rounding of its own,
+    while FP32 arithmetic on O(1) values leaves ~1e-6 there."""
+    return max((ref.to(dtype).double() - ref).abs().max().item(), 1e-5)
+
+
+def check_fa3_rule(ours, baseline, ref, dtype, context=""):
+    """FlashAttention-3's rule: |ours - ref| <= 2 |baseline - ref| + rounding noise, per tensor."""
+    for name in ("o",) + GRADS:
+        assert torch.isfinite(ours[name]).all(), f"{name} has non-finite values {context}"
+        err, err_base = max_err(ours[name], ref[name]), max_err(baseline[name], ref[name])
+        noise = rounding_noise(ref[name], dtype)
+        assert err <= 2 * err_base + noise, (
+            f"{name}: error {err:.3e} > 2 x baseline {err_base:.3e} + noise {noise:.3e} {context}")

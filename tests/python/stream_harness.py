@@ -1,0 +1,311 @@
+"""Servers for the streaming tests, all on 127.0.0.1 and started here: Debian's nginx with a config
+written to a temp dir, moto's S3 server, and a small HTTP server that injects faults on demand.
+Every wait is bounded in time; every server is stopped by its context manager."""
+from __future__ import annotations
+
+import collections
+import json
+import os
+import shutil
+import socket
+import struct
+import subprocess
+import sys
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import numpy as np
+
+from turbopairformer.data import RecordWriter
+from turbopairformer.data.pack import MANIFEST_FORMAT
+
+START_TIMEOUT_S = 20.0
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_for_port(port: int, proc: subprocess.Popen, what: str, log: str | None = None) -> None:
+    deadline = time.monotonic() + START_TIMEOUT_S
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            detail = open(log).read() if log and os.path.exists(log) else ""
+            raise RuntimeError(f"{what} exited with {proc.returncode} before listening: {detail}")
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=0.5):
+                return
+        except OSError:
+            time.sleep(0.05)
+    proc.kill()
+    raise RuntimeError(f"{what} did not listen on 127.0.0.1:{port} within {START_TIMEOUT_S} s")
+
+
+def stop(proc: subprocess.Popen) -> None:
+    proc.terminate()
+    try:
+        proc.wait(timeout=10)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait(timeout=10)
+
+
+def nginx_binary() -> str:
+    found = shutil.which("nginx") or ("/usr/sbin/nginx" if os.path.exists("/usr/sbin/nginx") else None)
+    if found is None:
+        raise RuntimeError("nginx is not installed (scripts/setup installs Debian's nginx)")
+    return found
+
+
+class Nginx:
+    """nginx serving `root` on 127.0.0.1 (range requests are nginx's default for static files)."""
+
+    def __init__(self, root: str, workdir: str):
+        self.root, self.workdir = os.path.abspath(root), workdir
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+
+    def __enter__(self) -> "Nginx":
+        os.makedirs(self.workdir, exist_ok=True)
+        temp = {k: os.path.join(self.workdir, k) for k in ("body", "proxy", "fastcgi", "uwsgi", "scgi")}
+        for d in temp.values():
+            os.makedirs(d, exist_ok=True)
+        user = "user root root;\n" if os.geteuid() == 0 else ""
+        conf = os.path.join(self.workdir, "nginx.conf")
+        self.log = os.path.join(self.workdir, "error.log")
+        with open(conf, "w") as f:
+            f.write(f"""{user}worker_processes 1;
+daemon off;
+pid {self.workdir}/nginx.pid;
+error_log {self.log} warn;
+events {{ worker_connections 1024; }}
+http {{
+  access_log off;
+  sendfile on;
+  tcp_nodelay on;
+  keepalive_requests 1000000;
+  keepalive_timeout 60s;
+  client_body_temp_path {temp['body']};
+  proxy_temp_path {temp['proxy']};
+  fastcgi_temp_path {temp['fastcgi']};
+  uwsgi_temp_path {temp['uwsgi']};
+  scgi_temp_path {temp['scgi']};
+  server {{
+    listen 127.0.0.1:{self.port};
+    root {self.root};
+  }}
+}}
+""")
+        self.proc = subprocess.Popen([nginx_binary(), "-p", self.workdir, "-c", conf],
+                                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        wait_for_port(self.port, self.proc, "nginx", self.log)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        stop(self.proc)
+
+
+class MotoS3:
+    """moto's S3 server on 127.0.0.1, with `upload(dir, bucket, prefix)` through boto3."""
+
+    def __init__(self):
+        self.port = free_port()
+        self.endpoint = f"http://127.0.0.1:{self.port}"
+        self.env = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
+                    "AWS_REGION": "us-east-1", "AWS_ENDPOINT_URL": self.endpoint}
+
+    def __enter__(self) -> "MotoS3":
+        self.proc = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1",
+                                      "-p", str(self.port)],
+                                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        wait_for_port(self.port, self.proc, "moto S3 server")
+        return self
+
+    def __exit__(self, *exc) -> None:
+        stop(self.proc)
+
+    def upload(self, directory: str, bucket: str, prefix: str) -> None:
+        import boto3
+
+        s3 = boto3.client("s3", endpoint_url=self.endpoint, region_name="us-east-1",
+                          aws_access_key_id="testing", aws_secret_access_key="testing")
+        s3.create_bucket(Bucket=bucket)
+        for name in sorted(os.listdir(directory)):
+            s3.upload_file(os.path.join(directory, name), bucket, f"{prefix}/{name}")
+
+
+class FaultServer:
+    """A threaded HTTP/1.1 server of the files in `root` with range requests, that answers the next
+    requests for a path with scripted faults: fault(path, action, ...) queues actions, each used once.
+
+    Actions: ("status", code[, retry_after]) an error response; ("reset",) a TCP reset before any
+    response; ("truncate",) a 206 whose body stops halfway; ("slow", seconds) a response that starts
+    only after `seconds`; ("corrupt",) a 206 with one byte flipped; ("full",) a 200 with the whole
+    file (ignoring the range). Several ranges in one request get a multipart/byteranges answer, as
+    from nginx, unless single_range_only is set."""
+
+    def __init__(self, root: str):
+        self.root = os.path.abspath(root)
+        self.lock = threading.Lock()
+        self.faults: dict[str, collections.deque] = collections.defaultdict(collections.deque)
+        self.requests: collections.Counter = collections.Counter()
+        self.served_faults: collections.Counter = collections.Counter()
+        self.always: dict[str, tuple] = {}
+        self.single_range_only = False  # True: answer multi-range requests with the whole file
+
+    def fault(self, path: str, *actions: tuple) -> None:
+        with self.lock:
+            self.faults[path].extend(actions)
+
+    def fail_always(self, path: str, action: tuple) -> None:
+        with self.lock:
+            self.always[path] = action
+
+    def _next_action(self, path: str, is_range: bool) -> tuple | None:
+        with self.lock:
+            self.requests[path] += 1
+            if path in self.always:
+                action = self.always[path]
+            elif is_range and self.faults[path]:
+                action = self.faults[path].popleft()
+            else:
+                return None
+            self.served_faults[action[0]] += 1
+            return action
+
+    def __enter__(self) -> "FaultServer":
+        server = self
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def log_message(self, *args) -> None:
+                pass
+
+            def do_HEAD(self) -> None:
+                self.respond(head=True)
+
+            def do_GET(self) -> None:
+                self.respond(head=False)
+
+            def respond(self, head: bool) -> None:
+                path = self.path.split("?")[0]
+                file = os.path.join(server.root, path.lstrip("/"))
+                rng = self.headers.get("Range")
+                action = server._next_action(path, rng is not None or head)
+                if action and action[0] == "reset":
+                    self.connection.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER,
+                                               struct.pack("ii", 1, 0))
+                    self.close_connection = True
+                    self.connection.close()
+                    return
+                if action and action[0] == "slow":
+                    time.sleep(action[1])
+                if action and action[0] == "status":
+                    body = f"injected {action[1]}".encode()
+                    self.send_response(action[1])
+                    if len(action) > 2:
+                        self.send_header("Retry-After", str(action[2]))
+                    self.send_header("Content-Length", str(len(body)))
+                    self.end_headers()
+                    if not head:
+                        self.wfile.write(body)
+                    return
+                if not os.path.isfile(file):
+                    self.send_response(404)
+                    self.send_header("Content-Length", "0")
+                    self.end_headers()
+                    return
+                data = open(file, "rb").read()
+                if head:
+                    self.send_response(200)
+                    self.send_header("Content-Length", str(len(data)))
+                    self.end_headers()
+                    return
+                if rng is None or (action and action[0] == "full"):
+                    self.send_response(200)
+                    self.send_header("Content-Length", str(len(data)))
+                    self.end_headers()
+                    self.wfile.write(data)
+                    return
+                spans = [tuple(int(x) for x in part.split("-"))
+                         for part in rng.removeprefix("bytes=").split(",")]
+                if len(spans) > 1 and server.single_range_only:
+                    self.send_response(200)
+                    self.send_header("Content-Length", str(len(data)))
+                    self.end_headers()
+                    self.wfile.write(data)
+                    return
+                if len(spans) > 1:
+                    boundary = "tpfboundary"
+                    body = bytearray()
+                    flip = None  # a byte inside the first part's data
+                    for lo, hi in spans:
+                        body += (f"\r\n--{boundary}\r\nContent-Type: application/octet-stream\r\n"
+                                 f"Content-Range: bytes {lo}-{hi}/{len(data)}\r\n\r\n").encode()
+                        flip = len(body) + (hi - lo) // 2 if flip is None else flip
+                        body += data[lo:hi + 1]
+                    body += f"\r\n--{boundary}--\r\n".encode()
+                    content_type = f"multipart/byteranges; boundary={boundary}"
+                    content_range = None
+                else:
+                    lo, hi = spans[0]
+                    body = bytearray(data[lo:hi + 1])
+                    flip = len(body) // 2
+                    content_type = "application/octet-stream"
+                    content_range = f"bytes {lo}-{hi}/{len(data)}"
+                if action and action[0] == "corrupt":
+                    body[flip] ^= 0xFF
+                self.send_response(206)
+                self.send_header("Content-Type", content_type)
+                if content_range:
+                    self.send_header("Content-Range", content_range)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                try:
+                    if action and action[0] == "truncate":
+                        self.wfile.write(body[: len(body) // 2])
+                        self.wfile.flush()
+                        self.close_connection = True
+                        self.connection.shutdown(socket.SHUT_RDWR)
+                        return
+                    self.wfile.write(body)
+                except OSError:
+                    self.close_connection = True
+
+        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.httpd.daemon_threads = True
+        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
+        self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+
+def write_dataset(directory: str, rng: np.random.Generator, shards: int, records_per_shard: int,
+                  max_atoms: int = 40, codecs: tuple[str, ...] = ("none", "zstd", "lz4")) -> list[dict]:
+    """Shards of random records (an int64 `id` = global record number, `numbers`, `positions`) and a
+    manifest.json beside them. Returns each record's arrays, by id (the reference)."""
+    os.makedirs(directory, exist_ok=True)
+    reference, entries = [], []
+    for s in range(shards):
+        name = f"shard-{s:05d}.tpf"
+        path = os.path.join(directory, name)
+        with RecordWriter(path, compression=codecs[s % len(codecs)], overwrite=True) as w:
+            for _ in range(records_per_shard):
+                n = int(rng.integers(1, max_atoms + 1))
+                rec = {"id": np.int64(len(reference)),
+                       "numbers": rng.integers(1, 90, size=n).astype(np.int32),
+                       "positions": rng.standard_normal((n, 3)).astype(np.float32)}
+                w.append(rec)
+                reference.append(rec)
+        entries.append({"path": name, "records": records_per_shard, "bytes": os.path.getsize(path)})
+    with open(os.path.join(directory, "manifest.json"), "w") as f:
+        json.dump({"format": MANIFEST_FORMAT, "version": 1, "shards": entries}, f)
+    return reference

@@ -1,0 +1,162 @@
+"""Triangle attention on the CPU: the op against the FP64 reference (FlashAttention-3's rule),
+determinism, output-residual compensation, bad input, opcheck and torch.compile."""
+import math
+
+import pytest
+import torch
+
+import turbopairformer as tpf
+from turbopairformer.ops.attention import _attention_bwd, _attention_fwd
+from turbopairformer.ops.torch_reference import triangle_attention_torch
+
+from attention_cases import GRADS, check_fa3_rule, make_case, max_err, reference_fp64, run_with_grads
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("D", [16, 32, 64])
+@pytest.mark.parametrize("H", [1, 4])
+@pytest.mark.parametrize("S", [1, 7, 33, 100])
+def test_matches_fp64_reference(S, H, D, dtype, seed):
+    g = torch.Generator().manual_seed(seed)
+    N = min(S, 12)
+    q, k, v, bias, mask, grad = make_case(2, N, H, S, D, dtype, "cpu", g)
+    scale = 1 / math.sqrt(D)
+    ref = reference_fp64(q, k, v, bias, mask, grad, scale)
+    ours = run_with_grads(tpf.triangle_attention, q, k, v, bias, mask, grad)
+    base = run_with_grads(triangle_attention_torch, q, k, v, bias, mask, grad)
+    check_fa3_rule(ours, base, ref, dtype, f"(S={S}, H={H}, D={D}, {dtype})")
+    # The slice with no key: zeros and zero gradients, never NaN.
+    for name in ("o", "dq", "dk", "dv"):
+        assert (ours[name][-1, N - 1] == 0).all(), name
+
+
+def test_compact_and_cuequivariance_shapes_agree(seed):
+    g = torch.Generator().manual_seed(seed)
+    q, k, v, bias, mask, _ = make_case(2, 5, 3, 17, 16, torch.float32, "cpu", g)
+    B, N, H, S, _ = q.shape
+    a = tpf.triangle_attention(q, k, v, bias, mask)
+    b = tpf.triangle_attention(q, k, v, bias.reshape(B, H, S, S), mask.reshape(B, N, S))
+    assert torch.equal(a, b)
+
+
+def test_no_mask_equals_all_true_mask(seed):
+    g = torch.Generator().manual_seed(seed)
+    q, k, v, bias, mask, _ = make_case(1, 3, 2, 9, 16, torch.float32, "cpu", g)
+    assert torch.equal(tpf.triangle_attention(q, k, v, bias),
+                       tpf.triangle_attention(q, k, v, bias, torch.ones_like(mask)))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_bitwise_deterministic(dtype, seed):
+    g = torch.Generator().manual_seed(seed)
+    case = make_case(2, 6, 4, 70, 32, dtype, "cpu", g)
+    first = run_with_grads(tpf.triangle_attention, *case)
+    for _ in range(4):
+        again = run_with_grads(tpf.triangle_attention, *case)
+        for name in ("o",) + GRADS:
+            assert torch.equal(first[name], again[name]), name
+
+
+def test_residual_lowers_gradient_error(seed):
+    """Output-residual compensation: dQ, dK and dbias closer to FP64 for bfloat16 inputs.
+
+    Reports the reduction of the total error and of the error above the floor that rounding the
+    FP64 gradient once to bfloat16 sets (the part the algorithm controls)."""
+    g = torch.Generator().manual_seed(seed)
+    sq = {name: [0.0, 0.0, 0.0] for name in GRADS}  # squared errors: with, without, rounding floor
+    for _ in range(3):
+        q, k, v, bias, mask, grad = make_case(1, 16, 4, 64, 32, torch.bfloat16, "cpu", g)
+        ref = reference_fp64(q, k, v, bias, mask, grad, 1 / math.sqrt(32))
+        with_r = run_with_grads(tpf.triangle_attention, q, k, v, bias, mask, grad, residual=True)
+        without = run_with_grads(tpf.triangle_attention, q, k, v, bias, mask, grad, residual=False)
+        for name in GRADS:
+            sq[name][0] += (with_r[name].double() - ref[name]).square().sum().item()
+            sq[name][1] += (without[name].double() - ref[name]).square().sum().item()
+            sq[name][2] += (ref[name].to(torch.bfloat16).double() - ref[name]).square().sum().item()
+    total = {n: 1 - math.sqrt(a / b) for n, (a, b, _) in sq.items()}
+    excess = {n: 1 - math.sqrt(max(a - f, 0) / max(b - f, 1e-300)) for n, (a, b, f) in sq.items()}
+    print("residual: error reduction, total:", {n: f"{100 * r:.1f}%" for n, r in total.items()},
+          "above the bf16 rounding floor:", {n: f"{100 * r:.1f}%" for n, r in excess.items()})
+    for name in ("dq", "dk", "dbias"):
+        assert total[name] > 0.02 and excess[name] > 0.25, (name, total, excess)
+    assert total["dv"] == 0  # the residual enters only the softmax correction
+
+
+BAD_INPUTS = [
+    ("q must have 5 dimensions", lambda q, k, v, b, m: (q[0], k, v, b, m)),
+    ("k must have q's shape", lambda q, k, v, b, m: (q, k[:, :, :, :-1], v, b, m)),
+    ("bias must have shape", lambda q, k, v, b, m: (q, k, v, b[..., :-1], m)),
+    ("mask must have shape", lambda q, k, v, b, m: (q, k, v, b, m[..., :-1])),
+    ("mask must be a bool tensor", lambda q, k, v, b, m: (q, k, v, b, m.float())),
+    ("q must be float32, bfloat16 or float16", lambda q, k, v, b, m: (q.double(), k, v, b, m)),
+    ("k must have q's dtype", lambda q, k, v, b, m: (q, k.half(), v, b, m)),
+    ("q must have S >= 1 and D >= 1", lambda q, k, v, b, m: (q[..., :0], k[..., :0], v[..., :0], b, m)),
+    ("q must have S >= 1 and D >= 1",
+     lambda q, k, v, b, m: (q[:, :, :, :0], k[:, :, :, :0], v[:, :, :, :0], b[..., :0, :0], m[..., :0])),
+    ("v must be a torch.Tensor", lambda q, k, v, b, m: (q, k, v.numpy(), b, m)),
+]
+
+
+@pytest.mark.parametrize("message,mutate", BAD_INPUTS, ids=[m for m, _ in BAD_INPUTS])
+def test_bad_input_names_the_argument(message, mutate, seed):
+    g = torch.Generator().manual_seed(seed)
+    q, k, v, bias, mask, _ = make_case(1, 3, 2, 6, 8, torch.float32, "cpu", g)
+    with pytest.raises((ValueError, TypeError), match=message):
+        tpf.triangle_attention(*mutate(q, k, v, bias, mask))
+
+
+def test_non_contiguous_inputs(seed):
+    g = torch.Generator().manual_seed(seed)
+    q, k, v, bias, mask, _ = make_case(1, 4, 2, 11, 16, torch.float32, "cpu", g)
+    # Strided views (slice-major layouts, transposed feature storage) give the same result.
+    qt = q.transpose(1, 3).contiguous().transpose(1, 3)
+    kt = k.transpose(-1, -2).contiguous().transpose(-1, -2)
+    assert torch.equal(tpf.triangle_attention(qt, kt, v, bias, mask),
+                       tpf.triangle_attention(q, k, v, bias, mask))
+
+
+def test_scale_argument(seed):
+    g = torch.Generator().manual_seed(seed)
+    q, k, v, bias, mask, _ = make_case(1, 2, 1, 5, 8, torch.float32, "cpu", g)
+    ours = tpf.triangle_attention(q, k, v, bias, mask, scale=0.7)
+    base = triangle_attention_torch(q, k, v, bias, mask, scale=0.7)
+    assert max_err(ours, base.double()) < 1e-5
+    with pytest.raises(ValueError, match="scale"):
+        tpf.triangle_attention(q, k, v, bias, mask, scale=float("nan"))
+
+
+def test_rows_match_full_attention(seed):
+    g = torch.Generator().manual_seed(seed)
+    q, k, v, bias, mask, grad = make_case(2, 3, 2, 19, 16, torch.float32, "cpu", g)
+    B, N, H, S, _ = q.shape
+    full = run_with_grads(tpf.triangle_attention, q, k, v, bias, mask, grad)
+    rows = slice(5, 13)
+    part = tpf.triangle_attention_rows(q[:, :, :, rows], k, v, bias.reshape(B, H, S, S)[:, :, rows],
+                                       mask.reshape(B, N, S))
+    assert (part - full["o"][:, :, :, rows]).abs().max() < 1e-6
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_opcheck(dtype, seed):
+    g = torch.Generator().manual_seed(seed)
+    q, k, v, bias, mask, grad = make_case(1, 3, 2, 9, 16, dtype, "cpu", g)
+    B, N, H, S, _ = q.shape
+    args = [t.requires_grad_(True) for t in (q, k, v, bias.reshape(B, H, S, S))]
+    torch.library.opcheck(_attention_fwd, (*args, mask.reshape(B, N, S), 0.25, True))
+    o, lse, residual = _attention_fwd(*[a.detach() for a in args], mask.reshape(B, N, S), 0.25, True)
+    torch.library.opcheck(_attention_bwd, (grad, *[a.detach() for a in args], mask.reshape(B, N, S),
+                                           o, lse, residual, 0.25))
+
+
+def test_torch_compile(seed):
+    g = torch.Generator().manual_seed(seed)
+    q, k, v, bias, mask, grad = make_case(1, 4, 2, 13, 16, torch.float32, "cpu", g)
+
+    def model(q, k, v, bias, mask):
+        return torch.nn.functional.gelu(tpf.triangle_attention(q * 2, k, v, bias, mask)) * 3
+
+    compiled = torch.compile(model, fullgraph=True)
+    eager = run_with_grads(model, q, k, v, bias, mask, grad)
+    comp = run_with_grads(compiled, q, k, v, bias, mask, grad)
+    for name in ("o",) + GRADS:
+        assert torch.allclose(eager[name], comp[name], atol=1e-5, rtol=1e-5), name

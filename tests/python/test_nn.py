@@ -1,0 +1,278 @@
+"""The nn modules: `turbo` against `reference` by FlashAttention-3's rule, forward and every gradient.
+
+For each output and gradient: |turbo - fp64| <= 2 |reference - fp64| + rounding noise, where turbo and
+reference run in the same precision and fp64 is the reference module in float64.
+"""
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+
+from turbopairformer.nn import (
+    AttentionPairBias,
+    PairFormer,
+    PairFormerBlock,
+    Transition,
+    TriangleAttention,
+    TriangleMultiplication,
+    set_backend,
+)
+from turbopairformer.ops.torch_reference import triangle_multiplicative_update_torch
+
+
+def randomize(module: torch.nn.Module, gen: torch.Generator) -> torch.nn.Module:
+    """Random weights everywhere: AlphaFold3's zero-initialized output layers would make both
+    backends trivially agree on zeros."""
+    with torch.no_grad():
+        for name, p in module.named_parameters():
+            noise = torch.randn(p.shape, generator=gen, dtype=torch.float64)
+            if p.dim() == 2:
+                p.copy_(noise / p.shape[1] ** 0.5)
+            elif name.endswith("weight"):
+                p.copy_(1 + 0.2 * noise)
+            else:
+                p.copy_(0.2 * noise)
+    return module
+
+
+def masks(B: int, S: int, gen: torch.Generator):
+    """Token mask with a padded tail in the last sample (rows whose keys are all masked)."""
+    token = torch.ones(B, S, dtype=torch.bool)
+    if B > 1 and S > 2:
+        token[-1, S - int(torch.randint(1, S // 2 + 1, (1,), generator=gen)):] = False
+    return token, token[:, :, None] & token[:, None, :]
+
+
+def rounding_noise(ref64: torch.Tensor, dtype: torch.dtype) -> float:
+    r = ref64.to(dtype)
+    return 2 * ((r + 0.3 - 0.3) - r).abs().max().item()
+
+
+def assert_fa3(name: str, out: torch.Tensor, base: torch.Tensor, ref64: torch.Tensor, seed: int,
+               noise: float = None):
+    err = (out.double() - ref64).abs().max().item()
+    base_err = (base.double() - ref64).abs().max().item()
+    bound = 2 * base_err + (rounding_noise(ref64, out.dtype) if noise is None else noise)
+    assert err <= bound, (f"{name}: turbo error {err:.3e} > 2 x reference error {base_err:.3e} "
+                          f"+ rounding noise (bound {bound:.3e}); seed {seed}")
+
+
+def run(module, inputs, backend: str, dtype: torch.dtype, grad_out, call):
+    """Outputs and gradients (inputs and parameters) of call(module, *inputs) in dtype."""
+    m = set_backend(copy.deepcopy(module), backend).to(dtype)
+    xs = [x.detach().to(dtype).requires_grad_(True) if x.is_floating_point() else x
+          for x in inputs]
+    outs = call(m, *xs)
+    outs = outs if isinstance(outs, tuple) else (outs,)
+    torch.autograd.backward([o for o in outs if o is not None],
+                            [g.to(dtype) for g, o in zip(grad_out, outs) if o is not None])
+    grads = {f"d{i}": x.grad for i, x in enumerate(xs) if x.is_floating_point()}
+    grads.update({f"d[{n}]": p.grad for n, p in m.named_parameters()})
+    return [o for o in outs if o is not None], grads
+
+
+def check_backends_agree(module, inputs, call, dtype, seed, parameter_grads: bool = True):
+    """parameter_grads=False for a composition of modules (a block, a stack): its outputs and
+    input gradients are held to the rule, while its parameter gradients, each downstream of several
+    ops' rounding, are held to it in the test of the module that owns them."""
+    gen = torch.Generator().manual_seed(seed + 1)
+    with torch.no_grad():
+        shapes = call(set_backend(copy.deepcopy(module), "reference"), *inputs)
+    shapes = shapes if isinstance(shapes, tuple) else (shapes,)
+    grad_out = [None if o is None else torch.randn(o.shape, generator=gen, dtype=torch.float64)
+                for o in shapes]
+    out64, g64 = run(module, inputs, "reference", torch.float64, grad_out, call)
+    out_ref, g_ref = run(module, inputs, "reference", dtype, grad_out, call)
+    out_turbo, g_turbo = run(module, inputs, "turbo", dtype, grad_out, call)
+    for i, (o, b, r) in enumerate(zip(out_turbo, out_ref, out64)):
+        assert torch.isfinite(o).all(), f"output {i} not finite; seed {seed}"
+        assert_fa3(f"output {i}", o, b, r, seed)
+    assert set(g_turbo) == set(g64)
+    largest = max((g for g in g64.values() if g is not None), key=lambda g: g.abs().max())
+    for name in g64:
+        if not parameter_grads and name.startswith("d["):
+            continue
+        if g64[name] is None:
+            assert g_turbo[name] is None and g_ref[name] is None, name
+            continue
+        # Zero in exact arithmetic (a LayerNorm bias that only feeds a softmax bias, whose rows
+        # sum to zero): what both backends compute is a sum of cancelling terms, whose rounding
+        # grows like sqrt(terms) times the noise at the gradients' scale, not at its own.
+        exact_zero = g64[name].abs().max() <= 1e-9 * largest.abs().max()
+        noise = largest.numel() ** 0.5 * rounding_noise(largest, dtype) if exact_zero else None
+        assert_fa3(f"gradient {name}", g_turbo[name], g_ref[name], g64[name], seed, noise)
+
+
+DTYPES = [torch.float32, torch.bfloat16]
+SIZES = [1, 7, 33]
+
+
+PAIR_MODULES = {  # the modules that map z [B, S, S, 16] to an update of z
+    "tri_att_start": lambda: TriangleAttention(16, 8, 3, starting=True),
+    "tri_att_end": lambda: TriangleAttention(16, 8, 3, starting=False),
+    "tri_mul_out": lambda: TriangleMultiplication(16, outgoing=True),
+    "tri_mul_in": lambda: TriangleMultiplication(16, outgoing=False),
+}
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("S", SIZES)
+@pytest.mark.parametrize("name", PAIR_MODULES)
+def test_pair_module_backends_agree(name, S, dtype):
+    seed = 1000 + 100 * list(PAIR_MODULES).index(name) + S
+    gen = torch.Generator().manual_seed(seed)
+    module = randomize(PAIR_MODULES[name]().double(), gen)
+    z = torch.randn(2, S, S, 16, generator=gen, dtype=torch.float64)
+    _, pair_mask = masks(2, S, gen)
+    check_backends_agree(module, [z, pair_mask], lambda m, z, pm: m(z, pm), dtype, seed)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("S", SIZES)
+def test_attention_pair_bias_backends_agree(S, dtype):
+    seed = 2000 + S
+    gen = torch.Generator().manual_seed(seed)
+    module = randomize(AttentionPairBias(12, 16, 4, 3).double(), gen)
+    s = torch.randn(2, S, 12, generator=gen, dtype=torch.float64)
+    z = torch.randn(2, S, S, 16, generator=gen, dtype=torch.float64)
+    token_mask, _ = masks(2, S, gen)
+    check_backends_agree(module, [s, z, token_mask], lambda m, s, z, tm: m(s, z, tm), dtype, seed)
+
+
+def trimul_by_loops(x, w, outgoing: bool, mask):
+    """AlphaFold3 algorithms 12 and 13 with the triangle contraction written as loops over (i, j)."""
+    ln = torch.nn.functional.layer_norm
+    D = x.shape[-1]
+    x = ln(x, (D,), w["norm_in_weight"], w["norm_in_bias"])
+    p = x @ w["p_in_weight"].T
+    g = torch.sigmoid(x @ w["g_in_weight"].T)
+    ab = p * g * mask[..., None]
+    a, b = ab[..., :D], ab[..., D:]
+    B, S = x.shape[:2]
+    z = torch.zeros_like(x)
+    for i in range(S):
+        for j in range(S):
+            if outgoing:    # edges i->k and j->k
+                z[:, i, j] = (a[:, i, :] * b[:, j, :]).sum(1)
+            else:           # edges k->i and k->j
+                z[:, i, j] = (a[:, :, i] * b[:, :, j]).sum(1)
+    z = ln(z, (D,), w["norm_out_weight"], w["norm_out_bias"])
+    return torch.sigmoid(x @ w["g_out_weight"].T) * (z @ w["p_out_weight"].T)
+
+
+@pytest.mark.parametrize("S", [1, 7, 12])
+@pytest.mark.parametrize("outgoing", [True, False], ids=["outgoing", "incoming"])
+def test_triangle_multiplication_reference_matches_loops(outgoing, S):
+    seed = 3000 + S + outgoing
+    gen = torch.Generator().manual_seed(seed)
+    module = randomize(TriangleMultiplication(8, outgoing=outgoing).double(), gen)
+    x = torch.randn(2, S, S, 8, generator=gen, dtype=torch.float64)
+    _, pair_mask = masks(2, S, gen)
+    w = {"norm_in_weight": module.layer_norm_in.weight, "norm_in_bias": module.layer_norm_in.bias,
+         "p_in_weight": torch.cat([module.linear_a_p.weight, module.linear_b_p.weight]),
+         "g_in_weight": torch.cat([module.linear_a_g.weight, module.linear_b_g.weight]),
+         "norm_out_weight": module.layer_norm_out.weight,
+         "norm_out_bias": module.layer_norm_out.bias,
+         "p_out_weight": module.linear_z.weight, "g_out_weight": module.linear_g.weight}
+    with torch.no_grad():
+        expected = trimul_by_loops(x, w, outgoing, pair_mask.double())
+        got = module(x, pair_mask)
+        direct = triangle_multiplicative_update_torch(
+            x, "outgoing" if outgoing else "incoming", pair_mask, **w)
+    torch.testing.assert_close(got, expected, rtol=1e-10, atol=1e-10, msg=f"seed {seed}")
+    torch.testing.assert_close(direct, expected, rtol=1e-10, atol=1e-10, msg=f"seed {seed}")
+
+
+def test_transition_masks_rows_and_matches_swiglu():
+    seed = 4000
+    gen = torch.Generator().manual_seed(seed)
+    module = randomize(Transition(6, n=3).double(), gen)
+    x = torch.randn(2, 5, 6, generator=gen, dtype=torch.float64)
+    mask = torch.tensor([[True] * 5, [True, True, False, False, True]])
+    h = torch.nn.functional.layer_norm(x, (6,), module.layer_norm.weight, module.layer_norm.bias)
+    a, b = module.swiglu.linear_a, module.swiglu.linear_b
+    expected = (torch.nn.functional.silu(h @ a.weight.T) * (h @ b.weight.T)) @ module.linear_out.weight.T
+    expected = expected * mask[..., None]
+    with torch.no_grad():
+        torch.testing.assert_close(module(x, mask), expected, msg=f"seed {seed}")
+
+
+@pytest.mark.parametrize("S", [5, 19])
+def test_pairformer_block_backends_agree(S):
+    seed = 5000 + S
+    gen = torch.Generator().manual_seed(seed)
+    module = randomize(PairFormerBlock(16, c_s=8, c_hidden_pair_att=8, no_heads_pair=2,
+                                       c_hidden_pair_bias=4, no_heads_pair_bias=2,
+                                       transition_n=2).double(), gen)
+    s = torch.randn(2, S, 8, generator=gen, dtype=torch.float64)
+    z = torch.randn(2, S, S, 16, generator=gen, dtype=torch.float64)
+    token_mask, pair_mask = masks(2, S, gen)
+    check_backends_agree(module, [s, z, token_mask, pair_mask],
+                         lambda m, s, z, tm, pm: m(s, z, tm, pm), torch.float32, seed,
+                         parameter_grads=False)
+
+
+def test_pairformer_stack_backends_agree_with_checkpointing():
+    seed = 6000
+    gen = torch.Generator().manual_seed(seed)
+    module = randomize(PairFormer(2, 16, c_hidden_pair_att=8, no_heads_pair=2, transition_n=2,
+                                  checkpoint=True).double(), gen)
+    z = torch.randn(2, 11, 11, 16, generator=gen, dtype=torch.float64)
+    _, pair_mask = masks(2, 11, gen)
+    check_backends_agree(module, [z, pair_mask], lambda m, z, pm: m(None, z, None, pm)[1],
+                         torch.float32, seed, parameter_grads=False)
+
+
+def test_backend_and_shape_errors():
+    with pytest.raises(ValueError, match="backend must be one of"):
+        TriangleAttention(8, 4, 2, backend="cuda")
+    with pytest.raises(ValueError, match="backend must be one of"):
+        set_backend(PairFormer(1, 8, c_hidden_pair_att=4, no_heads_pair=2), "fast")
+    with pytest.raises(ValueError, match="no_blocks must be >= 1"):
+        PairFormer(0, 8)
+    block = PairFormerBlock(8, c_s=4, c_hidden_pair_att=4, no_heads_pair=2, c_hidden_pair_bias=2,
+                            no_heads_pair_bias=2)
+    with pytest.raises(ValueError, match="s must be"):
+        block(None, torch.zeros(1, 3, 3, 8))
+
+
+def test_parameter_names_follow_openfold3():
+    names = set(dict(PairFormer(1, 8, c_s=4, c_hidden_pair_att=4, no_heads_pair=2,
+                                c_hidden_pair_bias=2, no_heads_pair_bias=2).named_parameters()))
+    for expected in ("blocks.0.pair_stack.tri_mul_out.linear_a_p.weight",
+                     "blocks.0.pair_stack.tri_mul_in.layer_norm_out.bias",
+                     "blocks.0.pair_stack.tri_att_start.mha.linear_q.weight",
+                     "blocks.0.pair_stack.tri_att_end.linear_z.weight",
+                     "blocks.0.pair_stack.pair_transition.swiglu.linear_a.weight",
+                     "blocks.0.attn_pair_bias.layer_norm_z.weight",
+                     "blocks.0.attn_pair_bias.mha.linear_q.bias",
+                     "blocks.0.single_transition.linear_out.weight"):
+        assert expected in names, expected
+
+
+def test_turbo_backend_runs_our_ops_and_reference_does_not(monkeypatch):
+    import turbopairformer.nn.attention as attention_module
+    import turbopairformer.nn.trimul as trimul_module
+
+    calls = {"attention": 0, "trimul": 0}
+
+    def counted(name, fn):
+        def wrapper(*args, **kwargs):
+            calls[name] += 1
+            return fn(*args, **kwargs)
+        return wrapper
+
+    monkeypatch.setattr(attention_module, "triangle_attention",
+                        counted("attention", attention_module.triangle_attention))
+    monkeypatch.setattr(trimul_module, "triangle_multiplicative_update",
+                        counted("trimul", trimul_module.triangle_multiplicative_update))
+    block = PairFormerBlock(8, c_s=4, c_hidden_pair_att=4, no_heads_pair=2, c_hidden_pair_bias=2,
+                            no_heads_pair_bias=2)
+    s, z = torch.randn(1, 5, 4), torch.randn(1, 5, 5, 8)
+    block(s, z)
+    assert calls == {"attention": 0, "trimul": 0}
+    set_backend(block, "turbo")(s, z)
+    # triangle attention twice and the single track once; trimul outgoing and incoming
+    assert calls == {"attention": 3, "trimul": 2}

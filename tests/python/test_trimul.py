@@ -1,0 +1,147 @@
+"""Triangle multiplicative update on the CPU: the op against the FP64 reference (FlashAttention-3's
+rule against plain PyTorch in the same precision), the reference against PyTorch in float64,
+cuEquivariance's argument conventions, opcheck, torch.compile and errors."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+import turbopairformer as tpf
+from trimul_cases import (
+    WEIGHT_NAMES,
+    check_against_reference,
+    make_inputs,
+    ours,
+    reference,
+    run_with_grads,
+)
+from turbopairformer.ops.torch_reference import triangle_multiplicative_update_torch
+from turbopairformer.ops.trimul import _lecun_normal, _trimul_bwd, _trimul_fwd
+
+
+@pytest.mark.parametrize("S", [1, 7, 33, 100])
+@pytest.mark.parametrize("direction", ["outgoing", "incoming"])
+@pytest.mark.parametrize("mask", [False, True])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_cpu_against_fp64_reference(S, direction, mask, dtype, seed):
+    check_against_reference(2, S, 16, dtype, "cpu", direction, mask, seed)
+
+
+@pytest.mark.parametrize("direction", ["outgoing", "incoming"])
+def test_cpu_channels_not_a_multiple_of_16_no_bias(direction, seed):
+    check_against_reference(2, 33, 24, torch.float32, "cpu", direction, True, seed, bias=False)
+
+
+@pytest.mark.parametrize("direction", ["outgoing", "incoming"])
+def test_reference_matches_pytorch_in_float64(direction, seed):
+    """The C++ reference and the PyTorch implementation (cuEquivariance's formulas) agree."""
+    x, m, w, grad = make_inputs(2, 9, 8, torch.float64, "cpu", seed, mask=True)
+    y_ref, g_ref = reference(x, m, w, grad, direction)
+    y_pt, g_pt = run_with_grads(triangle_multiplicative_update_torch, x, m, w, grad, direction)
+    torch.testing.assert_close(y_ref, y_pt, rtol=1e-10, atol=1e-12)
+    for name in g_ref:
+        torch.testing.assert_close(g_ref[name], g_pt[name], rtol=1e-10, atol=1e-12,
+                                   msg=lambda s: f"d{name}: {s}; seed {seed}")
+
+
+def test_mask_dtypes_and_leading_dimensions():
+    x, m, w, _ = make_inputs(2, 10, 8, torch.float32, "cpu", 9, mask=True)
+    y = tpf.triangle_multiplicative_update(x, "outgoing", m, **w)
+    torch.testing.assert_close(tpf.triangle_multiplicative_update(x, "outgoing", m.float(), **w), y)
+    y0 = tpf.triangle_multiplicative_update(x[0], "outgoing", m[0], **w)  # [S, S, D]
+    torch.testing.assert_close(y0, y[0])
+    x5, m4 = x.reshape(1, 2, *x.shape[1:]), m.reshape(1, 2, *m.shape[1:])
+    torch.testing.assert_close(tpf.triangle_multiplicative_update(x5, "outgoing", m4, **w),
+                               y.reshape(x5.shape))
+
+
+def test_missing_weights_follow_cuequivariance_defaults():
+    x, _, _, _ = make_inputs(1, 6, 8, torch.float32, "cpu", 2, mask=False)
+    torch.manual_seed(1234)
+    y = tpf.triangle_multiplicative_update(x)
+    torch.manual_seed(1234)
+    drawn = {name: _lecun_normal(shape, x.device) for name, shape in
+             (("p_in_weight", (16, 8)), ("g_in_weight", (16, 8)), ("p_out_weight", (8, 8)),
+              ("g_out_weight", (8, 8)))}
+    ones, zeros = torch.ones(8), torch.zeros(8)
+    want = triangle_multiplicative_update_torch(
+        x, "outgoing", None, ones, zeros, drawn["p_in_weight"], None, drawn["g_in_weight"], None,
+        ones, zeros, drawn["p_out_weight"], None, drawn["g_out_weight"], None)
+    torch.testing.assert_close(y, want, rtol=1e-5, atol=1e-5)
+
+
+def test_float32_weights_with_bfloat16_x():
+    x, m, w, grad = make_inputs(1, 9, 8, torch.bfloat16, "cpu", 4, mask=True,
+                                weight_dtype=torch.float32)
+    y, g = ours(x, m, w, grad, "incoming")
+    assert y.dtype == torch.bfloat16 and g["x"].dtype == torch.bfloat16
+    for name in WEIGHT_NAMES:
+        assert g[name].dtype == torch.float32
+
+
+def test_cpu_bitwise_deterministic(seed):
+    x, m, w, grad = make_inputs(2, 40, 16, torch.float32, "cpu", seed, mask=True)
+    y0, g0 = ours(x, m, w, grad, "outgoing")
+    for _ in range(2):
+        y1, g1 = ours(x, m, w, grad, "outgoing")
+        assert torch.equal(y0, y1)
+        for name in g0:
+            assert torch.equal(g0[name], g1[name]), name
+
+
+def _op_args(device="cpu", dtype=torch.float32, bias=True):
+    x, m, w, grad = make_inputs(2, 5, 8, dtype, device, 6, mask=True, bias=bias)
+    weights = [torch.empty(0) if w[k] is None else w[k].float() for k in WEIGHT_NAMES]
+    return x, m.to(dtype), weights, grad
+
+
+@pytest.mark.parametrize("bias", [True, False])
+def test_opcheck(bias):
+    x, m, weights, grad = _op_args(bias=bias)
+    x.requires_grad_(True)
+    for w in weights:
+        if w.numel():
+            w.requires_grad_(True)
+    torch.library.opcheck(_trimul_fwd, (x, m, weights, True, 1e-5))
+    plain = [w.detach() for w in weights]
+    y, a, b, z, go = _trimul_fwd(x.detach(), m, plain, False, 1e-5)
+    torch.library.opcheck(_trimul_bwd, (grad, x.detach(), m, plain, a, b, z, go, False, 1e-5))
+
+
+def test_torch_compile_matches_eager():
+    x, m, w, grad = make_inputs(1, 12, 8, torch.float32, "cpu", 10, mask=True)
+
+    def fn(x, direction, mask, **weights):
+        return tpf.triangle_multiplicative_update(x, direction, mask, **weights) * 2
+
+    compiled = torch.compile(fn, fullgraph=True)
+    y_e, g_e = run_with_grads(fn, x, m, w, grad, "incoming")
+    y_c, g_c = run_with_grads(compiled, x, m, w, grad, "incoming")
+    torch.testing.assert_close(y_c, y_e)
+    for name in g_e:
+        torch.testing.assert_close(g_c[name], g_e[name])
+
+
+def test_errors_name_the_argument():
+    x, m, w, _ = make_inputs(1, 5, 8, torch.float32, "cpu", 1, mask=True)
+    op = tpf.triangle_multiplicative_update
+    with pytest.raises(ValueError, match="direction"):
+        op(x, "sideways", m, **w)
+    with pytest.raises(TypeError, match="x must be float32"):
+        op(x.to(torch.int32), "outgoing", m, **w)
+    with pytest.raises(ValueError, match="mask must have shape"):
+        op(x, "outgoing", m[:, :4], **w)
+    with pytest.raises(ValueError, match="p_in_weight must have shape"):
+        op(x, "outgoing", m, **{**w, "p_in_weight": w["p_in_weight"].t()})
+    with pytest.raises(ValueError, match="g_out_bias must have shape"):
+        op(x, "outgoing", m, **{**w, "g_out_bias": w["g_out_bias"][:-1]})
+    with pytest.raises(ValueError, match="x must be square"):
+        op(x[:, :, :4], "outgoing", None, **w)
+    with pytest.raises(ValueError, match="mask must not require grad"):
+        op(x, "outgoing", m.float().requires_grad_(True), **w)
+    with pytest.raises(ValueError, match="precision"):
+        op(x, "outgoing", m, **w, precision="tf32")
+    with pytest.raises(ValueError, match="eps"):
+        op(x, "outgoing", m, **w, eps=0.0)
+    with pytest.raises(TypeError, match="norm_in_weight must be a torch.Tensor"):
+        op(x, "outgoing", m, **{**w, "norm_in_weight": [1.0] * 8})

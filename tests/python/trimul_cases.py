@@ -1,0 +1,95 @@
+"""Inputs, the FP64 reference and FlashAttention-3's error rule for the triangle multiplicative
+update tests (shared by the CPU tests and the GPU tests)."""
+from __future__ import annotations
+
+import torch
+
+from attention_cases import max_err, rounding_noise
+from turbopairformer import _C
+from turbopairformer.ops.torch_reference import triangle_multiplicative_update_torch
+from turbopairformer.ops.trimul import WEIGHT_NAMES, triangle_multiplicative_update
+
+GRAD_NAMES = ("x",) + WEIGHT_NAMES
+
+
+def make_inputs(B: int, S: int, D: int, dtype: torch.dtype, device, seed: int, mask: bool,
+                bias: bool = True, weight_dtype: torch.dtype | None = None):
+    """x, mask, weights (by name), grad_out. Weights are scaled like trained ones (LayerNorm near
+    identity, projections of variance 1/D); a tenth of the positions is masked."""
+    g = torch.Generator().manual_seed(seed)
+    weight_dtype = weight_dtype or dtype
+
+    def randn(*shape, scale=1.0, shift=0.0):
+        return (shift + scale * torch.randn(shape, generator=g)).to(device=device)
+
+    x = randn(B, S, S, D).to(dtype)
+    m = (torch.rand((B, S, S), generator=g) > 0.1).to(device) if mask else None
+    w = {
+        "norm_in_weight": randn(D, scale=0.2, shift=1.0), "norm_in_bias": randn(D, scale=0.2),
+        "p_in_weight": randn(2 * D, D, scale=D ** -0.5), "g_in_weight": randn(2 * D, D, scale=D ** -0.5),
+        "p_in_bias": randn(2 * D, scale=0.5) if bias else None,
+        "g_in_bias": randn(2 * D, scale=0.5) if bias else None,
+        "norm_out_weight": randn(D, scale=0.2, shift=1.0), "norm_out_bias": randn(D, scale=0.2),
+        "p_out_weight": randn(D, D, scale=D ** -0.5), "g_out_weight": randn(D, D, scale=D ** -0.5),
+        "p_out_bias": randn(D, scale=0.5) if bias else None,
+        "g_out_bias": randn(D, scale=0.5) if bias else None,
+    }
+    w = {k: None if v is None else v.to(weight_dtype) for k, v in w.items()}
+    grad = randn(B, S, S, D).to(dtype)
+    return x, m, w, grad
+
+
+def run_with_grads(fn, x, mask, weights, grad, direction):
+    """y and the gradients of sum(y * grad) by name (None for absent biases)."""
+    leaves = {"x": x.detach().clone().requires_grad_(True)}
+    for name, w in weights.items():
+        leaves[name] = None if w is None else w.detach().clone().requires_grad_(True)
+    y = fn(leaves["x"], direction, mask, **{k: leaves[k] for k in WEIGHT_NAMES})
+    y.backward(grad)
+    return y.detach(), {k: None if v is None else v.grad for k, v in leaves.items()}
+
+
+def reference(x, mask, weights, grad, direction, eps=1e-5):
+    """The C++ FP64 reference on the CPU: y and gradients, float64."""
+    f64 = lambda t: None if t is None else t.detach().to("cpu", torch.float64).contiguous()
+    xd, gd = f64(x), f64(grad)
+    md = f64(mask)
+    wd = [f64(weights[k]) for k in WEIGHT_NAMES]
+    y = torch.empty_like(xd)
+    _C.trimul_forward_reference(xd, md, wd, direction == "outgoing", eps, y)
+    dx = torch.empty_like(xd)
+    dw = [None if w is None else torch.empty_like(w) for w in wd]
+    _C.trimul_backward_reference(xd, md, wd, direction == "outgoing", eps, gd, dx, dw)
+    return y, {"x": dx, **dict(zip(WEIGHT_NAMES, dw))}
+
+
+def ours(x, mask, weights, grad, direction):
+    return run_with_grads(triangle_multiplicative_update, x, mask, weights, grad, direction)
+
+
+def torch_same_precision(x, mask, weights, grad, direction):
+    return run_with_grads(triangle_multiplicative_update_torch, x, mask, weights, grad, direction)
+
+
+def assert_fa3_rule(name: str, got: torch.Tensor, same: torch.Tensor, ref: torch.Tensor,
+                    context: str) -> None:
+    """|got - ref| <= 2 |same - ref| + rounding noise (max over elements), ref in FP64."""
+    assert torch.isfinite(got).all(), f"{name} has non-finite values; {context}"
+    err, base = max_err(got, ref), max_err(same, ref)
+    noise = rounding_noise(ref, got.dtype)
+    assert err <= 2 * base + noise, (f"{name}: max error {err:.3e} > 2 x PyTorch's {base:.3e} + "
+                                     f"noise {noise:.3e}; {context}")
+
+
+def check_against_reference(B, S, D, dtype, device, direction, mask, seed, bias=True):
+    x, m, w, grad = make_inputs(B, S, D, dtype, device, seed, mask, bias)
+    context = f"B={B} S={S} D={D} {dtype} {direction} mask={mask} seed={seed}"
+    y_ref, g_ref = reference(x, m, w, grad, direction)
+    y, g = ours(x, m, w, grad, direction)
+    y_pt, g_pt = torch_same_precision(x, m, w, grad, direction)
+    assert_fa3_rule("y", y, y_pt, y_ref, context)
+    for name in GRAD_NAMES:
+        if g_ref[name] is None:
+            assert g[name] is None
+            continue
+        assert_fa3_rule(f"d{name}", g[name], g_pt[name], g_ref[name], context)

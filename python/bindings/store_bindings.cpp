@@ -10,6 +10,7 @@
 #define NPY_NO_DEPRECATED_API NPY_1_7_API_VERSION
 #include <numpy/arrayobject.h>
 
+#include <algorithm>
 #include <cstring>
 #include <functional>
 #include <memory>
@@ -451,27 +452,51 @@ class PyReader {
         if (PyDict_SetItemString(out.ptr(), ("_len_" + key).c_str(), la) != 0) throw nb::python_error();
       }
     }
+    // Where each record's share of each output starts, so records can be copied in file order
+    // (neighbours in the file share pages and cache lines) rather than in the order asked for.
+    std::vector<uint64_t> start(size_t(B) * F);
+    std::vector<std::pair<uint64_t, npy_intp>> order(static_cast<size_t>(B));
     {
-      nb::gil_scoped_release release;
       std::vector<uint64_t> at(F, 0);
-      const std::span<const std::byte> file = r_->bytes();
       for (npy_intp b = 0; b < B; ++b) {
         const store::RecordEntry e = ix.entry(idx[size_t(b)]);
+        order[size_t(b)] = {e.offset, b};
+        const store::Layout& l = ix.layout(e.layout_id);
+        for (size_t a = 0; a < F; ++a) {
+          const size_t t = size_t(slot[e.layout_id][a]);
+          const store::Field& f = l.fields[a];
+          start[size_t(b) * F + t] = at[t];
+          at[t] += store::dtype_size(f.dtype) ? f.nbytes : f.nbytes / f.itemsize * width[t];
+        }
+      }
+    }
+    {
+      nb::gil_scoped_release release;
+      std::sort(order.begin(), order.end());
+      const std::span<const std::byte> file = r_->bytes();
+      for (size_t k = 0; k < order.size(); ++k) {
+        const npy_intp b = order[k].second;
+        const store::RecordEntry e = ix.entry(idx[size_t(b)]);
+        // Records of a shuffled batch are far apart in the file: start loading the next one while
+        // this one is checked and copied.
+        if (k + 1 < order.size()) {
+          const store::RecordEntry next = ix.entry(idx[size_t(order[k + 1].second)]);
+          for (uint64_t line = 0; line < next.stored_length; line += 64)
+            __builtin_prefetch(file.data() + next.offset + line);
+        }
         const store::Record rec = store::decode_record(
             ix, idx[size_t(b)], file.subspan(e.offset, e.stored_length), r_->verify_checksums());
-        const uint32_t lid = e.layout_id;
         for (size_t a = 0; a < F; ++a) {
-          const size_t t = size_t(slot[lid][a]);
+          const size_t t = size_t(slot[e.layout_id][a]);
           const store::Field& f = rec.field(a);
+          std::byte* out_at = dst[t] + start[size_t(b) * F + t];
           if (store::dtype_size(f.dtype) != 0) {
-            std::memcpy(dst[t] + at[t], rec.data(a), f.nbytes);
-            at[t] += f.nbytes;
+            std::memcpy(out_at, rec.data(a), f.nbytes);
             continue;
           }
           const uint64_t count = f.nbytes / f.itemsize;
-          for (uint64_t e = 0; e < count; ++e)
-            std::memcpy(dst[t] + at[t] + e * width[t], rec.data(a) + e * f.itemsize, f.itemsize);
-          at[t] += count * width[t];
+          for (uint64_t k = 0; k < count; ++k)
+            std::memcpy(out_at + k * width[t], rec.data(a) + k * f.itemsize, f.itemsize);
         }
       }
     }

@@ -47,6 +47,13 @@ bool compress(Codec codec, int level, std::span<const std::byte> raw, std::vecto
   return false;
 }
 
+bool may_decompress_to(Codec codec, std::span<const std::byte> stored, uint64_t raw_size) {
+  if (codec == Codec::zstd)
+    return ZSTD_getFrameContentSize(stored.data(), stored.size()) == raw_size;
+  if (codec == Codec::lz4) return raw_size <= 255 * uint64_t(stored.size()) + 16;
+  return stored.size() == raw_size;
+}
+
 bool decompress(Codec codec, std::span<const std::byte> stored, std::span<std::byte> raw) {
   if (codec == Codec::zstd) {
     const size_t n = ZSTD_decompressDCtx(zstd().d, raw.data(), raw.size(), stored.data(), stored.size());

@@ -12,6 +12,10 @@ namespace tpf::store::detail {
 // smaller, in which case the caller stores it uncompressed.
 bool compress(Codec codec, int level, std::span<const std::byte> raw, std::vector<std::byte>& out);
 
+// A cheap check that `stored` can decode to `raw_size` bytes: a zstd frame must declare that
+// content size, and an LZ4 block cannot expand more than 255-fold.
+bool may_decompress_to(Codec codec, std::span<const std::byte> stored, uint64_t raw_size);
+
 // Decompresses `stored` into exactly `raw.size()` bytes; false when the input is malformed or does
 // not decode to that size.
 bool decompress(Codec codec, std::span<const std::byte> stored, std::span<std::byte> raw);

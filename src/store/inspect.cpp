@@ -95,7 +95,7 @@ std::string describe(const std::string& path) {
       per_layout[e.layout_id] += 1;
     }
     o << "index       " << human(ix.header().index_length) << "\n";
-    o << "records     " << human(stored) << " stored, " << human(raw) << " decoded\n";
+    o << "data        " << human(stored) << " stored, " << human(raw) << " decoded\n";
     for (const auto& [codec, v] : by_codec)
       o << "  " << codec_name(codec) << std::string(10 - std::strlen(codec_name(codec)), ' ')
         << v.first << " records, " << human(v.second) << "\n";

@@ -35,6 +35,10 @@ Record decode_record(const Index& index, uint64_t i, std::span<const std::byte> 
     return r;
   }
   const uint64_t raw_size = r.layout_->raw_size;
+  // Reject, before allocating raw_size bytes, stored bytes that cannot decode to raw_size.
+  if (!detail::may_decompress_to(e.codec, stored, raw_size))
+    throw fail(std::string("does not decompress (") + codec_name(e.codec) + ") to its " +
+               std::to_string(raw_size) + "-byte layout");
   // 8-byte-aligned storage so every decoded array is naturally aligned.
   std::shared_ptr<std::byte[]> buf(
       reinterpret_cast<std::byte*>(new uint64_t[(raw_size + 7) / 8 + 1]),

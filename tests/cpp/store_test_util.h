@@ -24,7 +24,7 @@ class MemorySource final : public ByteSource {
   void read(uint64_t offset, size_t length, void* dst) const override {
     if (offset > bytes_.size() || length > bytes_.size() - offset)
       throw Error("read past the end of " + name_);
-    std::memcpy(dst, bytes_.data() + offset, length);
+    if (length) std::memcpy(dst, bytes_.data() + offset, length);
   }
   std::string name() const override { return name_; }
   const std::vector<std::byte>& bytes() const { return bytes_; }

@@ -17,6 +17,7 @@
 #include <string>
 #include <vector>
 
+#include "core/parallel.h"
 #include "store_records.h"
 #include "tpf/error.h"
 #include "tpf/store.h"
@@ -474,31 +475,39 @@ class PyReader {
       nb::gil_scoped_release release;
       std::sort(order.begin(), order.end());
       const std::span<const std::byte> file = r_->bytes();
-      for (size_t k = 0; k < order.size(); ++k) {
-        const npy_intp b = order[k].second;
-        const store::RecordEntry e = ix.entry(idx[size_t(b)]);
-        // Records of a shuffled batch are far apart in the file: start loading the next one while
-        // this one is checked and copied.
-        if (k + 1 < order.size()) {
-          const store::RecordEntry next = ix.entry(idx[size_t(order[k + 1].second)]);
-          for (uint64_t line = 0; line < next.stored_length; line += 64)
-            __builtin_prefetch(file.data() + next.offset + line);
-        }
-        const store::Record rec = store::decode_record(
-            ix, idx[size_t(b)], file.subspan(e.offset, e.stored_length), r_->verify_checksums());
-        for (size_t a = 0; a < F; ++a) {
-          const size_t t = size_t(slot[e.layout_id][a]);
-          const store::Field& f = rec.field(a);
-          std::byte* out_at = dst[t] + start[size_t(b) * F + t];
-          if (store::dtype_size(f.dtype) != 0) {
-            std::memcpy(out_at, rec.data(a), f.nbytes);
-            continue;
+      // Contiguous runs of the file-ordered records go to the thread pool: every record has its
+      // own output region (start[]), so the result does not depend on which thread copies what.
+      const int64_t parts =
+          B >= 64 ? std::max<int64_t>(1, std::min<int64_t>(num_threads(), B / 32)) : 1;
+      parallel_for(parts, [&](int64_t part) {
+        const size_t k0 = order.size() * size_t(part) / size_t(parts);
+        const size_t k1 = order.size() * size_t(part + 1) / size_t(parts);
+        for (size_t k = k0; k < k1; ++k) {
+          const npy_intp b = order[k].second;
+          const store::RecordEntry e = ix.entry(idx[size_t(b)]);
+          // Records of a shuffled batch are far apart in the file: start loading the next one
+          // while this one is checked and copied.
+          if (k + 1 < k1) {
+            const store::RecordEntry next = ix.entry(idx[size_t(order[k + 1].second)]);
+            for (uint64_t line = 0; line < next.stored_length; line += 64)
+              __builtin_prefetch(file.data() + next.offset + line);
           }
-          const uint64_t count = f.nbytes / f.itemsize;
-          for (uint64_t k = 0; k < count; ++k)
-            std::memcpy(out_at + k * width[t], rec.data(a) + k * f.itemsize, f.itemsize);
+          const store::Record rec = store::decode_record(
+              ix, idx[size_t(b)], file.subspan(e.offset, e.stored_length), r_->verify_checksums());
+          for (size_t a = 0; a < F; ++a) {
+            const size_t t = size_t(slot[e.layout_id][a]);
+            const store::Field& f = rec.field(a);
+            std::byte* out_at = dst[t] + start[size_t(b) * F + t];
+            if (store::dtype_size(f.dtype) != 0) {
+              std::memcpy(out_at, rec.data(a), f.nbytes);
+              continue;
+            }
+            const uint64_t count = f.nbytes / f.itemsize;
+            for (uint64_t c = 0; c < count; ++c)
+              std::memcpy(out_at + c * width[t], rec.data(a) + c * f.itemsize, f.itemsize);
+          }
         }
-      }
+      });
     }
     for (size_t t = 0; t < F; ++t) {
       const store::Field& g = first.fields[t];

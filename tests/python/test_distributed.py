@@ -1,4 +1,4 @@
-"""Context parallelism on CPU: 2 and 3 gloo ranks (spawned here) against the single-process result.
+"""Context parallelism on CPU: 2, 3, 4 and 8 gloo ranks (spawned here) against the single-process result.
 
 The ranks run distributed_checks.py (one process group per world size, all checks in it); each
 check is reported as its own test. The row-sharding arithmetic is tested in this process.
@@ -11,7 +11,7 @@ import torch
 from distributed_checks import CHECKS, failures_of, run_ranks
 from turbopairformer.distributed import RowSharding
 
-WORLDS = (2, 3)
+WORLDS = (2, 3, 4, 8)
 
 
 @pytest.fixture(scope="module", params=WORLDS, ids=lambda w: f"{w}ranks")

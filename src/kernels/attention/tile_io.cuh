@@ -34,8 +34,4 @@ __device__ __forceinline__ void load_tile(T* s, const T* g, int64_t stride, int 
   }
 }
 
-__device__ __forceinline__ bool aligned16(const void* p, int64_t row_stride_elems, int elem_bytes) {
-  return (reinterpret_cast<uintptr_t>(p) % 16 == 0) && ((row_stride_elems * elem_bytes) % 16 == 0);
-}
-
 }  // namespace tpf::cuda

@@ -122,6 +122,21 @@ struct WarpTile<T, true> {
                                         nvcuda::wmma::mem_row_major);
     }
   }
+
+  // C^T: element (m, n) at C[n * ldc + m], for epilogues that walk one column over consecutive
+  // rows (channel-major outputs): those reads are then conflict-free.
+  __device__ void store_col_major(float* C, int ldc, int N) const {
+    const int warp = threadIdx.x / 32, m0 = (warp & 1) * 32, n0 = (warp >> 1) * 32;
+#pragma unroll
+    for (int j = 0; j < 2; ++j) {
+      const int n = n0 + 16 * j;
+      if (n >= N) break;
+#pragma unroll
+      for (int i = 0; i < 2; ++i)
+        nvcuda::wmma::store_matrix_sync(C + n * ldc + m0 + 16 * i, acc[i][j], ldc,
+                                        nvcuda::wmma::mem_col_major);
+    }
+  }
 };
 
 // float: each lane owns 8 consecutive columns of one row of every 16 x 16 fragment.
@@ -176,6 +191,21 @@ struct WarpTile<T, false> {
           C[(m0 + 16 * i + row) * ldc + n0 + 16 * j + col + e] = acc[i][j][e];
     }
   }
+
+  __device__ void store_col_major(float* C, int ldc, int N) const {
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    const int m0 = (warp & 1) * 32, n0 = (warp >> 1) * 32;
+    const int row = lane >> 1, col = (lane & 1) * 8;
+#pragma unroll
+    for (int j = 0; j < 2; ++j) {
+      if (n0 + 16 * j >= N) break;
+#pragma unroll
+      for (int i = 0; i < 2; ++i)
+#pragma unroll
+        for (int e = 0; e < 8; ++e)
+          C[(n0 + 16 * j + col + e) * ldc + m0 + 16 * i + row] = acc[i][j][e];
+    }
+  }
 };
 
 // ---- Tiles: kRows consecutive positions j0..j0+n-1 of one (b, i).
@@ -198,14 +228,36 @@ struct Tile {
   }
 };
 
+// Loop trip counts of the tile passes at the largest D: every pass is fully unrolled with these
+// compile-time counts (elements past D or past the tile are predicated off), so that each thread
+// issues all of its global loads before it waits for the first one. With the loads in one
+// dependent chain per element instead, a CTA keeps only a few hundred bytes in flight and the
+// kernels run at DRAM latency rather than bandwidth.
+constexpr int kRowsPerWarp = kRows / kWarps;             // rows of a tile per warp in row passes
+constexpr int kPerLane = kMaxD / 32;                     // row elements per lane in row passes
+constexpr int kTileElemsPerThread = kMaxD * kRows / kThreads;  // channel-major tile passes
+static_assert(kRows % kWarps == 0 && kMaxD % 32 == 0 && (kMaxD * kRows) % kThreads == 0,
+              "the tile passes divide evenly among the threads");
+static_assert(kThreads % kRows == 0, "a thread keeps one row in channel-major passes");
+
 // dst[r][c] = src[b, c, i, j0 + r] for a channel-major src; zeros past the tile and past D (to Dp).
-// Consecutive threads read consecutive j.
+// Thread t takes row t % kRows of channels t / kRows + (kThreads / kRows) k: consecutive threads
+// read consecutive j (coalesced). All loads first, then the shared-memory stores.
 template <typename T>
 __device__ void load_channel_major_tile(const Params& p, const Tile& tile, const T* src, T* dst,
                                         int ld) {
-  for (int idx = threadIdx.x; idx < p.Dp * kRows; idx += kThreads) {
-    const int c = idx / kRows, r = idx % kRows;
-    dst[r * ld + c] = (c < p.D && r < tile.n) ? src[tile.channel_major(p, c, r)] : from_f<T>(0.0f);
+  const int r = threadIdx.x % kRows, c0 = threadIdx.x / kRows;
+  constexpr int kStep = kThreads / kRows;
+  T v[kTileElemsPerThread];
+#pragma unroll
+  for (int k = 0; k < kTileElemsPerThread; ++k) {
+    const int c = c0 + kStep * k;
+    v[k] = (c < p.D && r < tile.n) ? src[tile.channel_major(p, c, r)] : from_f<T>(0.0f);
+  }
+#pragma unroll
+  for (int k = 0; k < kTileElemsPerThread; ++k) {
+    const int c = c0 + kStep * k;
+    if (c < p.Dp) dst[r * ld + c] = v[k];
   }
 }
 
@@ -215,23 +267,21 @@ struct RowStats {
   float mean, rstd;
 };
 
-template <int kPerLane>
-__device__ __forceinline__ RowStats row_stats(const float (&v)[kPerLane], int D, float eps) {
+template <int N>
+__device__ __forceinline__ RowStats row_stats(const float (&v)[N], int D, float eps) {
   const int lane = threadIdx.x % 32;
   float s = 0.0f;
 #pragma unroll
-  for (int t = 0; t < kPerLane; ++t) s += v[t];
+  for (int t = 0; t < N; ++t) s += v[t];
   const float mean = warp_sum(s) / float(D);
   float q = 0.0f;
 #pragma unroll
-  for (int t = 0; t < kPerLane; ++t) {
+  for (int t = 0; t < N; ++t) {
     const float d = lane + 32 * t < D ? v[t] - mean : 0.0f;
     q += d * d;
   }
   return {mean, rsqrtf(warp_sum(q) / float(D) + eps)};
 }
-
-constexpr int kPerLane = kMaxD / 32;  // row elements per lane in row passes
 
 // Shared memory carved into 128-byte aligned regions.
 struct SmemCarver {

@@ -4,7 +4,8 @@
 // Forward:  pack weights -> input_forward (a, b, go) -> contraction (z) -> output_forward (y).
 // Backward: pack weights -> output_backward (dz, dgo, dpo, z_ln, partials) -> d p_out_weight ->
 //           contraction backward (dA, dB) -> input_backward (dx, x_ln, dP | dG, partials) ->
-//           d p_in_weight, d g_in_weight, d g_out_weight -> ordered sums of the partials.
+//           d p_in_weight | d g_in_weight | d g_out_weight (one GEMM over dP | dG | dgo) ->
+//           ordered sums of the partials -> the float32 gradients assembled (finish).
 #include <cuda_runtime.h>
 
 #include "kernels/trimul/api.h"
@@ -110,14 +111,19 @@ void backward(const TrimulBackwardArgs& a, const TrimulDims& d, cudaStream_t str
   p.dx = a.dx.data;
   p.dz = ws + layout.dz_xln;
   p.xln = ws + layout.dz_xln;
-  p.dgo = ws + layout.dgo;
   p.dpo = ws + layout.dpo_da;
   p.da = ws + layout.dpo_da;
   p.zln = ws + layout.zln_db;
   p.db = ws + layout.zln_db;
   p.dpg = ws + layout.dpg;
-  p.partials_out = reinterpret_cast<float*>(ws + layout.partials_out);
-  p.partials_in = reinterpret_cast<float*>(ws + layout.partials_in);
+  p.ld_dpg = 5 * d.D;
+  p.dgo = ws + layout.dpg + 4 * d.D * sizeof(T);
+  p.partials_bias_out = reinterpret_cast<float*>(ws + layout.partials_bias_out);
+  p.partials_norm_out = reinterpret_cast<float*>(ws + layout.partials_norm_out);
+  p.partials_bias_in = reinterpret_cast<float*>(ws + layout.partials_bias_in);
+  p.partials_norm_in = reinterpret_cast<float*>(ws + layout.partials_norm_in);
+  p.sums = reinterpret_cast<double*>(ws + layout.sums);
+  float* dw_in = reinterpret_cast<float*>(ws + layout.dw_in);
   const Blas blas(stream, ws + layout.cublas, kCublasWorkspaceBytes, cuda_type(a.x.dtype));
   const TrimulWeightGrads& g = a.dw;
   const int64_t D = d.D, R = p.positions;
@@ -127,23 +133,17 @@ void backward(const TrimulBackwardArgs& a, const TrimulDims& d, cudaStream_t str
   weight_gradient(blas, D, D, R, p.dpo, D, p.zln, D, f32_out(g.p_out_weight));
   contract_backward(blas, p);  // dA, dB overwrite dpo and z_ln
   launch_input_backward<T>(p, stream);  // x_ln overwrites dz
-  const char* dpg = static_cast<const char*>(p.dpg);
-  weight_gradient(blas, 2 * D, D, R, dpg, 4 * D, p.xln, D, f32_out(g.p_in_weight));
-  weight_gradient(blas, 2 * D, D, R, dpg + 2 * D * sizeof(T), 4 * D, p.xln, D,
-                  f32_out(g.g_in_weight));
-  weight_gradient(blas, D, D, R, p.dgo, D, p.xln, D, f32_out(g.g_out_weight));
-
-  const int rows = 2 * p.grid_backward;
-  launch_reduce_partials(p.partials_out, rows, int(4 * D),
-                         ColumnSinks{{f32_out(g.norm_out_weight), f32_out(g.norm_out_bias),
-                                      f32_out(g.p_out_bias), f32_out(g.g_out_bias)},
-                                     {0, int(D), int(2 * D), int(3 * D), int(4 * D)}},
-                         stream);
-  launch_reduce_partials(p.partials_in, rows, int(6 * D),
-                         ColumnSinks{{f32_out(g.norm_in_weight), f32_out(g.norm_in_bias),
-                                      f32_out(g.p_in_bias), f32_out(g.g_in_bias)},
-                                     {0, int(D), int(2 * D), int(4 * D), int(6 * D)}},
-                         stream);
+  // [d p_in_weight | d g_in_weight | d g_out_weight] = [dP | dG | dgo]^T x_ln: one pass over both.
+  weight_gradient(blas, 5 * D, D, R, p.dpg, p.ld_dpg, p.xln, D, dw_in);
+  launch_reduce_sums(p, stream);
+  const TrimulWeights& w = a.w;
+  launch_finish_backward(
+      FinishArgs{p.sums, dw_in, f32(w.p_in_weight), f32(w.g_in_weight), f32(w.p_out_weight),
+                 f32(w.g_out_weight), f32_out(g.norm_in_weight), f32_out(g.norm_in_bias),
+                 f32_out(g.norm_out_weight), f32_out(g.norm_out_bias), f32_out(g.p_in_bias),
+                 f32_out(g.g_in_bias), f32_out(g.p_out_bias), f32_out(g.g_out_bias),
+                 f32_out(g.p_in_weight), f32_out(g.g_in_weight), f32_out(g.g_out_weight), int(D)},
+      stream);
 }
 
 }  // namespace

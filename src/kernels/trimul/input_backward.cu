@@ -1,7 +1,12 @@
 // Input-side backward: gates, mask, the input projections and LayerNorm_in, giving dx, and x_ln and
-// dP | dG (for the cuBLAS weight gradients). Persistent CTAs as in output_backward.cu; each thread
-// keeps running sums of one column over half of every tile's rows (d p_in_bias and d g_in_bias per
-// input step, d norm_in_weight, d norm_in_bias), written as two partial rows per CTA.
+// dP | dG (for the cuBLAS weight gradients). Persistent CTAs as in output_backward.cu, with the
+// same two kinds of running sums:
+//   column pass (thread = slot of a kChunkN step, half of every tile's rows): d p_in_bias and
+//     d g_in_bias -> two rows of partials_bias_in [2 grid, 4D] per CTA;
+//   row pass (warp = rows, lane = columns): d norm_in_weight -> kWarps rows of
+//     partials_norm_in [kWarps grid, D] per CTA.
+// d norm_in_bias needs no sum of its own: it is Wp_in^T d p_in_bias + Wg_in^T d g_in_bias +
+// Wg_out^T d g_out_bias (see pack.cu).
 //
 //   X  [kRows, Dp]        x_ln (T)
 //   W  [kChunkN, Dp]      one packed weight block (T), as in input_forward.cu
@@ -26,6 +31,9 @@ struct InputBackwardSmem {
   float* mask;
   float* mean;
   float* rstd;
+  // The running sums of each thread (kMaxInputChunks bias slots, then kPerLane norm columns) at
+  // sums[k * kThreads + thread]: in registers they push the kernel past 128 registers (spills).
+  float* sums;
   size_t bytes;
   __host__ __device__ InputBackwardSmem(unsigned char* base, int Dp) {
     SmemCarver s{base};
@@ -36,6 +44,7 @@ struct InputBackwardSmem {
     mask = s.take<float>(kRows);
     mean = s.take<float>(kRows);
     rstd = s.take<float>(kRows);
+    sums = s.take<float>(size_t(kMaxInputChunks + kPerLane) * kThreads);
     bytes = s.at;
   }
 };
@@ -44,7 +53,7 @@ template <typename T>
 __global__ void __launch_bounds__(kThreads, 2) input_backward_kernel(const Params p) {
   extern __shared__ __align__(128) unsigned char smem_raw[];
   InputBackwardSmem<T> s(smem_raw, p.Dp);
-  const int ld = p.Dp + kPad, D = int(p.D), lane = threadIdx.x % 32;
+  const int ld = p.Dp + kPad, D = int(p.D), lane = threadIdx.x % 32, warp = threadIdx.x / 32;
   // Column-pass role: slot `col` of kChunkN, rows [half * kRows / 2, (half + 1) * kRows / 2).
   const int col = threadIdx.x % kChunkN, half = threadIdx.x / kChunkN;
   const int r_begin = half * (kRows / 2), r_end = r_begin + kRows / 2;
@@ -52,8 +61,9 @@ __global__ void __launch_bounds__(kThreads, 2) input_backward_kernel(const Param
   // kChunkChannels) or of dG.
   const bool slot_is_g = col >= kChunkChannels;
   const int slot_channel = col % kChunkChannels;
-  float sum_pg[kMaxInputChunks] = {};
-  float sum_ln_w = 0.0f, sum_ln_b = 0.0f;
+  float* sum_pg = s.sums + threadIdx.x;                           // [q * kThreads]
+  float* sum_ln_w = s.sums + kMaxInputChunks * kThreads + threadIdx.x;  // [e * kThreads]
+  for (int k = 0; k < kMaxInputChunks + kPerLane; ++k) s.sums[k * kThreads + threadIdx.x] = 0.0f;
 
   const T* w_in = static_cast<const T*>(p.w_in);
   const T* x = static_cast<const T*>(p.x);
@@ -69,16 +79,12 @@ __global__ void __launch_bounds__(kThreads, 2) input_backward_kernel(const Param
     copy_tile_async(s.w, ld, w_in, p.Dp, kChunkN, p.Dp);
     normalize_input_rows(p, tile, s.x, ld, s.mask, s.mean, s.rstd);
     __syncthreads();
-    for (int idx = threadIdx.x; idx < kRows * D; idx += kThreads) {
-      const int r = idx / D, c = idx % D;
-      if (r < tile.n) xln_out[(tile.row0 + r) * D + c] = s.x[r * ld + c];
-    }
+    for (int r = warp; r < tile.n; r += kWarps)
+      for (int c = lane; c < D; c += 32) xln_out[(tile.row0 + r) * D + c] = s.x[r * ld + c];
 
     WarpTile<T> dxln;
     dxln.zero();
-#pragma unroll
-    for (int q = 0; q < kMaxInputChunks; ++q) {
-      if (q >= p.input_chunks) break;
+    for (int q = 0; q < p.input_chunks; ++q) {
       cp_async_wait_all();
       __syncthreads();
       {
@@ -89,23 +95,42 @@ __global__ void __launch_bounds__(kThreads, 2) input_backward_kernel(const Param
       }
       __syncthreads();
 
-      // dP = dab sg m, dG = dab P m sg (1 - sg) from channel-major dA | dB (consecutive j per
-      // thread), in place in C (fp32) and into G (T).
-      for (int idx = threadIdx.x; idx < kChunkChannels * kRows; idx += kThreads) {
-        const int cl = idx / kRows, r = idx % kRows;
-        const int c = q * kChunkChannels + cl;
-        float dp = 0.0f, dg = 0.0f;
-        if (c < 2 * D && r < tile.n) {
-          const float pv = s.c[r * kLdC + cl] + p.bias_in[c];
-          const float sg = sigmoid(s.c[r * kLdC + kChunkChannels + cl] + p.bias_in[2 * D + c]);
-          const float dab = to_f((c < D ? da : db)[tile.channel_major(p, c < D ? c : c - D, r)]);
-          dp = dab * sg * s.mask[r];
-          dg = dab * pv * s.mask[r] * sg * (1.0f - sg);
+      // dP = dab sg m, dG = dab P m sg (1 - sg) from channel-major dA | dB, in place in C (fp32)
+      // and into G (T). Thread t takes row t % kRows of channels t / kRows + (kThreads / kRows) k
+      // (consecutive j per warp); all dA | dB loads first.
+      {
+        const int r = threadIdx.x % kRows, cl0 = threadIdx.x / kRows;
+        constexpr int kStep = kThreads / kRows, kIters = kChunkChannels / kStep;
+        // Half of the loads per batch: all at once spill, with dx_ln's accumulators live.
+        constexpr int kBatch = kIters / 2;
+        const float m = s.mask[r];
+#pragma unroll
+        for (int k0 = 0; k0 < kIters; k0 += kBatch) {
+        float dab[kBatch];
+#pragma unroll
+        for (int k = 0; k < kBatch; ++k) {
+          const int c = q * kChunkChannels + cl0 + kStep * (k0 + k);
+          dab[k] = (c < 2 * D && r < tile.n)
+                       ? to_f((c < D ? da : db)[tile.channel_major(p, c < D ? c : c - D, r)])
+                       : 0.0f;
         }
-        s.c[r * kLdC + cl] = dp;
-        s.c[r * kLdC + kChunkChannels + cl] = dg;
-        s.g[r * kLdG + cl] = from_f<T>(dp);
-        s.g[r * kLdG + kChunkChannels + cl] = from_f<T>(dg);
+#pragma unroll
+        for (int k = 0; k < kBatch; ++k) {
+          const int cl = cl0 + kStep * (k0 + k);
+          const int c = q * kChunkChannels + cl;
+          float dp = 0.0f, dg = 0.0f;
+          if (c < 2 * D && r < tile.n) {
+            const float pv = s.c[r * kLdC + cl] + p.bias_in[c];
+            const float sg = sigmoid(s.c[r * kLdC + kChunkChannels + cl] + p.bias_in[2 * D + c]);
+            dp = dab[k] * sg * m;
+            dg = dab[k] * pv * m * sg * (1.0f - sg);
+          }
+          s.c[r * kLdC + cl] = dp;
+          s.c[r * kLdC + kChunkChannels + cl] = dg;
+          s.g[r * kLdG + cl] = from_f<T>(dp);
+          s.g[r * kLdG + kChunkChannels + cl] = from_f<T>(dg);
+        }
+        }
       }
       __syncthreads();
 
@@ -114,10 +139,12 @@ __global__ void __launch_bounds__(kThreads, 2) input_backward_kernel(const Param
         const int c = q * kChunkChannels + slot_channel;
         if (c < 2 * D) {
           const int64_t gcol = (slot_is_g ? 2 * D : 0) + c;
+          float sum = 0.0f;
           for (int r = r_begin; r < r_end && r < tile.n; ++r) {
-            sum_pg[q] += s.c[r * kLdC + col];
-            dpg_out[(tile.row0 + r) * 4 * D + gcol] = s.g[r * kLdG + col];
+            sum += s.c[r * kLdC + col];
+            dpg_out[(tile.row0 + r) * p.ld_dpg + gcol] = s.g[r * kLdG + col];
           }
+          sum_pg[q * kThreads] += sum;
         }
       }
 
@@ -127,10 +154,31 @@ __global__ void __launch_bounds__(kThreads, 2) input_backward_kernel(const Param
       copy_tile_async(s.w, ld, w_in + int64_t(q + 1) * kChunkN * p.Dp, p.Dp, kChunkN, p.Dp);
     }
 
-    // dx_ln += dgo Wg_out (the last packed block).
-    for (int idx = threadIdx.x; idx < kRows * p.Dp; idx += kThreads) {
-      const int r = idx / p.Dp, c = idx % p.Dp;
-      s.g[r * kLdG + c] = (r < tile.n && c < D) ? dgo[(tile.row0 + r) * D + c] : from_f<T>(0.0f);
+    // dx_ln += dgo Wg_out (the last packed block). Warp w loads rows w, w + kWarps, ... (lane =
+    // columns), kDgoBatch rows' loads before the first store (fewer would leave DRAM latency
+    // exposed; more spill, with dx_ln's accumulators live).
+    constexpr int kDgoBatch = kRowsPerWarp / 2;
+#pragma unroll
+    for (int k0 = 0; k0 < kRowsPerWarp; k0 += kDgoBatch) {
+      T v[kDgoBatch][kPerLane];
+#pragma unroll
+      for (int k = 0; k < kDgoBatch; ++k) {
+        const int r = warp + kWarps * (k0 + k);
+#pragma unroll
+        for (int e = 0; e < kPerLane; ++e) {
+          const int c = lane + 32 * e;
+          v[k][e] = (r < tile.n && c < D) ? dgo[(tile.row0 + r) * p.ld_dpg + c] : from_f<T>(0.0f);
+        }
+      }
+#pragma unroll
+      for (int k = 0; k < kDgoBatch; ++k) {
+        const int r = warp + kWarps * (k0 + k);
+#pragma unroll
+        for (int e = 0; e < kPerLane; ++e) {
+          const int c = lane + 32 * e;
+          if (c < p.Dp) s.g[r * kLdG + c] = v[k][e];
+        }
+      }
     }
     cp_async_wait_all();
     __syncthreads();
@@ -138,44 +186,55 @@ __global__ void __launch_bounds__(kThreads, 2) input_backward_kernel(const Param
     dxln.store(s.c, kLdC, p.Dp);
     __syncthreads();
 
-    // d norm_in_weight += dx_ln * x_hat, d norm_in_bias += dx_ln (x re-read: row-major, coalesced).
-    if (col < D) {
-      for (int r = r_begin; r < r_end && r < tile.n; ++r) {
-        const float dxl = s.c[r * kLdC + col];
-        const float xhat = (to_f(x[(tile.row0 + r) * D + col]) - s.mean[r]) * s.rstd[r];
-        sum_ln_w += dxl * xhat;
-        sum_ln_b += dxl;
-      }
-    }
-
-    // dx from dx_ln.
-    for (int r = threadIdx.x / 32; r < tile.n; r += kWarps) {
-      float dxl[kPerLane], xhat[kPerLane], dx[kPerLane];
+    // dx from dx_ln (x re-read, kXBatch of the warp's rows before the first is used);
+    // d norm_in_weight += dx_ln * x_hat on the way.
+    constexpr int kXBatch = kRowsPerWarp / 2;
 #pragma unroll
-      for (int k = 0; k < kPerLane; ++k) {
-        const int c = lane + 32 * k;
-        dxl[k] = c < D ? s.c[r * kLdC + c] : 0.0f;
-        xhat[k] = c < D ? (to_f(x[(tile.row0 + r) * D + c]) - s.mean[r]) * s.rstd[r] : 0.0f;
-      }
-      layer_norm_backward_row(dxl, xhat, p.ln_in_w, D, s.rstd[r], dx);
+    for (int k0 = 0; k0 < kRowsPerWarp; k0 += kXBatch) {
+      float xv[kXBatch][kPerLane];
 #pragma unroll
-      for (int k = 0; k < kPerLane; ++k) {
-        const int c = lane + 32 * k;
-        if (c < D) dx_out[(tile.row0 + r) * D + c] = from_f<T>(dx[k]);
+      for (int k = 0; k < kXBatch; ++k) {
+        const int r = warp + kWarps * (k0 + k);
+#pragma unroll
+        for (int e = 0; e < kPerLane; ++e) {
+          const int c = lane + 32 * e;
+          xv[k][e] = (r < tile.n && c < D) ? to_f(x[(tile.row0 + r) * D + c]) : 0.0f;
+        }
+      }
+#pragma unroll
+      for (int k = 0; k < kXBatch; ++k) {
+        const int r = warp + kWarps * (k0 + k);
+        if (r >= tile.n) break;
+        float dxl[kPerLane], xhat[kPerLane], dx[kPerLane];
+#pragma unroll
+        for (int e = 0; e < kPerLane; ++e) {
+          const int c = lane + 32 * e;
+          dxl[e] = c < D ? s.c[r * kLdC + c] : 0.0f;
+          xhat[e] = c < D ? (xv[k][e] - s.mean[r]) * s.rstd[r] : 0.0f;
+          sum_ln_w[e * kThreads] += dxl[e] * xhat[e];
+        }
+        layer_norm_backward_row(dxl, xhat, p.ln_in_w, D, s.rstd[r], dx);
+#pragma unroll
+        for (int e = 0; e < kPerLane; ++e) {
+          const int c = lane + 32 * e;
+          if (c < D) dx_out[(tile.row0 + r) * D + c] = from_f<T>(dx[e]);
+        }
       }
     }
     __syncthreads();
   }
 
-  float* row = p.partials_in + (int64_t(blockIdx.x) * 2 + half) * 6 * D;
-  if (col < D) {
-    row[col] = sum_ln_w;
-    row[D + col] = sum_ln_b;
-  }
+  float* bias_row = p.partials_bias_in + (int64_t(blockIdx.x) * 2 + half) * 4 * D;
 #pragma unroll
   for (int q = 0; q < kMaxInputChunks; ++q) {
     const int c = q * kChunkChannels + slot_channel;
-    if (q < p.input_chunks && c < 2 * D) row[(slot_is_g ? 4 * D : 2 * D) + c] = sum_pg[q];
+    if (q < p.input_chunks && c < 2 * D) bias_row[(slot_is_g ? 2 * D : 0) + c] = sum_pg[q * kThreads];
+  }
+  float* norm_row = p.partials_norm_in + (int64_t(blockIdx.x) * kWarps + warp) * D;
+#pragma unroll
+  for (int e = 0; e < kPerLane; ++e) {
+    const int c = lane + 32 * e;
+    if (c < D) norm_row[c] = sum_ln_w[e * kThreads];
   }
 }
 

@@ -4,7 +4,8 @@
 //   X  [kRows, Dp]     x_ln (T), the A operand of every step
 //   W  [kChunkN, Dp]   one packed weight block (T): kChunkChannels rows of Wp_in, then the same
 //                      rows of Wg_in; the last block is Wg_out
-//   C  [kRows, kLdC]   the step's product (fp32)
+//   C  [kChunkN, kLdCT] the product of a step q < input_chunks (fp32, transposed: column-major
+//                      reads for the channel-major a and b); [kRows, kLdC] for the last step
 // Step q < input_chunks writes a and b channel-major; the last step writes go row-major. The next
 // block's weights load while the epilogue runs.
 #include "kernels/trimul/device.cuh"
@@ -25,7 +26,7 @@ struct InputForwardSmem {
     SmemCarver s{base};
     x = s.take<T>(size_t(kRows) * (Dp + kPad));
     w = s.take<T>(size_t(kChunkN) * (Dp + kPad));
-    c = s.take<float>(size_t(kRows) * kLdC);
+    c = s.take<float>(kStagingFloats);
     mask = s.take<float>(kRows);
     bytes = s.at;
   }
@@ -43,30 +44,48 @@ __global__ void __launch_bounds__(kThreads, 2) input_forward_kernel(const Params
   normalize_input_rows(p, tile, s.x, ld, s.mask, nullptr, nullptr);
 
   for (int q = 0; q <= p.input_chunks; ++q) {
+    const bool gate_step = q == p.input_chunks;
     cp_async_wait_all();
     __syncthreads();
     WarpTile<T> acc;
     acc.zero();
     acc.template mma<WLayout::kNK>(s.x, ld, s.w, ld, p.Dp, kChunkN);
-    acc.store(s.c, kLdC, kChunkN);
+    if (gate_step) acc.store(s.c, kLdC, kChunkN);
+    else acc.store_col_major(s.c, kLdCT, kChunkN);
     __syncthreads();
-    if (q < p.input_chunks)
+    if (!gate_step)
       copy_tile_async(s.w, ld, w_in + int64_t(q + 1) * kChunkN * p.Dp, p.Dp, kChunkN, p.Dp);
 
-    if (q < p.input_chunks) {
-      // a | b = sigmoid(G) * P * mask, channel-major: consecutive threads take consecutive j.
-      for (int idx = threadIdx.x; idx < kChunkChannels * kRows; idx += kThreads) {
-        const int cl = idx / kRows, r = idx % kRows;
+    if (!gate_step) {
+      // a | b = sigmoid(G) * P * mask, channel-major: thread t takes row t % kRows of channels
+      // t / kRows + (kThreads / kRows) k, so a warp reads one column of C over consecutive rows
+      // and writes consecutive j.
+      const int r = threadIdx.x % kRows, cl0 = threadIdx.x / kRows;
+      constexpr int kStep = kThreads / kRows;
+      constexpr int kIters = kChunkChannels / kStep;
+      const float m = s.mask[r];
+      // The biases first: each is a dependent L1 round trip when loaded next to its use.
+      float bias_p[kIters], bias_g[kIters];
+#pragma unroll
+      for (int k = 0; k < kIters; ++k) {
+        const int c = q * kChunkChannels + cl0 + kStep * k;
+        bias_p[k] = c < 2 * D ? p.bias_in[c] : 0.0f;
+        bias_g[k] = c < 2 * D ? p.bias_in[2 * D + c] : 0.0f;
+      }
+#pragma unroll
+      for (int k = 0; k < kIters; ++k) {
+        const int cl = cl0 + kStep * k;
         const int c = q * kChunkChannels + cl;
         if (c >= 2 * D || r >= tile.n) continue;
-        const float pv = s.c[r * kLdC + cl] + p.bias_in[c];
-        const float gv = s.c[r * kLdC + kChunkChannels + cl] + p.bias_in[2 * D + c];
+        const float pv = s.c[cl * kLdCT + r] + bias_p[k];
+        const float gv = s.c[(kChunkChannels + cl) * kLdCT + r] + bias_g[k];
         T* dst = static_cast<T*>(c < D ? p.a : p.b);
-        dst[tile.channel_major(p, c < D ? c : c - D, r)] = from_f<T>(sigmoid(gv) * pv * s.mask[r]);
+        dst[tile.channel_major(p, c < D ? c : c - D, r)] = from_f<T>(sigmoid(gv) * pv * m);
       }
     } else {
       // Output gate logits, row-major: consecutive threads take consecutive channels.
       T* go = static_cast<T*>(p.go);
+#pragma unroll 4
       for (int idx = threadIdx.x; idx < kRows * kChunkN; idx += kThreads) {
         const int r = idx / kChunkN, c = idx % kChunkN;
         if (c < D && r < tile.n)

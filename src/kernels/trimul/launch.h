@@ -36,15 +36,25 @@ template <typename T> void launch_output_forward(const Params& p, cudaStream_t s
 template <typename T> void launch_output_backward(const Params& p, cudaStream_t s);
 template <typename T> void launch_input_backward(const Params& p, cudaStream_t s);
 
-// Sums rows [0, rows) of partials [rows, cols] in row order; column c goes to segment k with
-// begin[k] <= c < begin[k + 1], at dst[k][c - begin[k]] (skipped where dst[k] is null).
-struct ColumnSinks {
-  static constexpr int kMax = 4;
-  float* dst[kMax];
-  int begin[kMax + 1];
+// Sums the backward kernels' per-CTA partials (Params::partials_*) in row order, in double, into
+// Params::sums; one launch, no atomics.
+void launch_reduce_sums(const Params& p, cudaStream_t s);
+
+// Everything the backward gives in float32 that is not a cuBLAS output: the sums copied out, the
+// two LayerNorm bias gradients from the projection bias sums (d norm_out_bias = Wp_out^T d bp_out,
+// d norm_in_bias = Wp_in^T d bp_in + Wg_in^T d bg_in + Wg_out^T d bg_out: each is the sum over
+// positions of dz_ln or dx_ln, which are linear in dpo | dP | dG | dgo), and the input-side weight
+// gradients split out of the one [5D, D] GEMM result dw_in. A null destination is an absent bias.
+struct FinishArgs {
+  const double* sums;
+  const float* dw_in;                                  // [5D, D]
+  const float *p_in_weight, *g_in_weight, *p_out_weight, *g_out_weight;  // float32 weights
+  float *d_norm_in_weight, *d_norm_in_bias, *d_norm_out_weight, *d_norm_out_bias;
+  float *d_p_in_bias, *d_g_in_bias, *d_p_out_bias, *d_g_out_bias;
+  float *d_p_in_weight, *d_g_in_weight, *d_g_out_weight;
+  int D;
 };
-void launch_reduce_partials(const float* partials, int rows, int cols, const ColumnSinks& sinks,
-                            cudaStream_t s);
+void launch_finish_backward(const FinishArgs& a, cudaStream_t s);
 
 }  // namespace tpf::cuda::trimul
 

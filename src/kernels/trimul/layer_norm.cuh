@@ -5,32 +5,42 @@
 
 namespace tpf::cuda::trimul {
 
-// x_ln of the tile's rows into X (zeros past the tile and past D); mask values per row.
+// x_ln of the tile's rows into X (zeros past the tile and past D); mask values per row. Warp w
+// takes rows w, w + kWarps, ...; it loads all of its rows (and their mask values) before it
+// reduces the first one.
 template <typename T>
-__device__ inline void normalize_input_rows(const Params& p, const Tile& tile, T* X, int ldx, float* mask,
-                                     float* mean_out, float* rstd_out) {
+__device__ inline void normalize_input_rows(const Params& p, const Tile& tile, T* X, int ldx,
+                                            float* mask, float* mean_out, float* rstd_out) {
   const T* x = static_cast<const T*>(p.x);
-  const int D = int(p.D), lane = threadIdx.x % 32;
-  for (int r = threadIdx.x / 32; r < kRows; r += kWarps) {
-    float v[kPerLane];
+  const T* m = static_cast<const T*>(p.mask);
+  const int D = int(p.D), lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  float v[kRowsPerWarp][kPerLane];
+  float mv[kRowsPerWarp];
+#pragma unroll
+  for (int k = 0; k < kRowsPerWarp; ++k) {
+    const int r = warp + kWarps * k;
 #pragma unroll
     for (int t = 0; t < kPerLane; ++t) {
       const int c = lane + 32 * t;
-      v[t] = (r < tile.n && c < D) ? to_f(x[(tile.row0 + r) * D + c]) : 0.0f;
+      v[k][t] = (r < tile.n && c < D) ? to_f(x[(tile.row0 + r) * D + c]) : 0.0f;
     }
-    const RowStats st = row_stats(v, D, p.eps);
+    mv[k] = (m && r < tile.n) ? to_f(m[tile.row0 + r]) : 1.0f;
+  }
+#pragma unroll
+  for (int k = 0; k < kRowsPerWarp; ++k) {
+    const int r = warp + kWarps * k;
+    const RowStats st = row_stats(v[k], D, p.eps);
 #pragma unroll
     for (int t = 0; t < kPerLane; ++t) {
       const int c = lane + 32 * t;
       if (c < p.Dp) {
         const bool valid = r < tile.n && c < D;
         X[r * ldx + c] =
-            from_f<T>(valid ? (v[t] - st.mean) * st.rstd * p.ln_in_w[c] + p.ln_in_b[c] : 0.0f);
+            from_f<T>(valid ? (v[k][t] - st.mean) * st.rstd * p.ln_in_w[c] + p.ln_in_b[c] : 0.0f);
       }
     }
     if (lane == 0) {
-      const T* m = static_cast<const T*>(p.mask);
-      mask[r] = (m && r < tile.n) ? to_f(m[tile.row0 + r]) : 1.0f;
+      mask[r] = mv[k];
       if (mean_out) {
         mean_out[r] = st.mean;
         rstd_out[r] = st.rstd;

@@ -1,8 +1,12 @@
 // Output-side backward: the output gate, the output projection and LayerNorm_out, giving dz
 // (channel-major, for the contraction's backward), dgo, and dpo and z_ln (for the cuBLAS weight
-// gradients). Persistent CTAs walk tiles blockIdx.x, + gridDim.x, ...; each thread keeps running
-// sums of one column over half of every tile's rows (d norm_out_weight, d norm_out_bias,
-// d p_out_bias, d g_out_bias), written as two partial rows per CTA and summed in order later.
+// gradients). Persistent CTAs walk tiles blockIdx.x, + gridDim.x, ...; every thread keeps running
+// sums in fixed roles, written once per CTA and summed in a fixed order later (launch_reduce_sums):
+//   column pass (thread = column, half of every tile's rows): d p_out_bias, d g_out_bias
+//     -> two rows of partials_bias_out [2 grid, 2D] per CTA;
+//   row pass (warp = rows w, w + kWarps, ...; lane = columns): d norm_out_weight
+//     -> kWarps rows of partials_norm_out [kWarps grid, D] per CTA.
+// d norm_out_bias needs no sum of its own: it is Wp_out^T d p_out_bias (see pack.cu).
 //
 //   Z  [kRows, Dp]     z of the tile (T), transposed; kept for z_hat
 //   X  [kRows, Dp]     z_ln (T), then dpo (T)
@@ -40,11 +44,14 @@ template <typename T>
 __global__ void __launch_bounds__(kThreads, 2) output_backward_kernel(const Params p) {
   extern __shared__ __align__(128) unsigned char smem_raw[];
   OutputBackwardSmem<T> s(smem_raw, p.Dp);
-  const int ld = p.Dp + kPad, D = int(p.D), lane = threadIdx.x % 32;
+  const int ld = p.Dp + kPad, D = int(p.D), lane = threadIdx.x % 32, warp = threadIdx.x / 32;
   // Column-pass role: column `col`, rows [half * kRows / 2, (half + 1) * kRows / 2) of each tile.
   const int col = threadIdx.x % kChunkN, half = threadIdx.x / kChunkN;
-  const int r_begin = half * (kRows / 2), r_end = r_begin + kRows / 2;
-  float sum_ln_w = 0.0f, sum_ln_b = 0.0f, sum_bp = 0.0f, sum_bg = 0.0f;
+  const int r_begin = half * (kRows / 2);
+  constexpr int kHalfRows = kRows / 2, kBatch = 8;
+  static_assert(kThreads == 2 * kChunkN && kHalfRows % kBatch == 0, "two halves of columns");
+  float sum_bp = 0.0f, sum_bg = 0.0f;
+  float sum_ln_w[kPerLane] = {};
 
   const T* go = static_cast<const T*>(p.go);
   const T* dy = static_cast<const T*>(p.dy);
@@ -74,23 +81,38 @@ __global__ void __launch_bounds__(kThreads, 2) output_backward_kernel(const Para
     }
     __syncthreads();
 
-    // Output gate: dpo = dy * sg, dgo = dy * po * sg (1 - sg); dpo also into X for dz_ln.
+    // Output gate: dpo = dy * sg, dgo = dy * po * sg (1 - sg); dpo also into X for dz_ln. The go
+    // and dy loads of kBatch rows are issued before the first is used.
     if (col < p.Dp) {
-      for (int r = r_begin; r < r_end; ++r) {
-        float dpo = 0.0f;
-        if (col < D && r < tile.n) {
+      const bool col_valid = col < D;
+      const float bias = col_valid ? p.bias_out[col] : 0.0f;
+#pragma unroll
+      for (int b0 = 0; b0 < kHalfRows; b0 += kBatch) {
+        float gv[kBatch], dv[kBatch];
+#pragma unroll
+        for (int k = 0; k < kBatch; ++k) {
+          const int r = r_begin + b0 + k;
+          const bool valid = col_valid && r < tile.n;
           const int64_t at = (tile.row0 + r) * D + col;
-          const float po = s.c[r * kLdC + col] + p.bias_out[col];
-          const float sg = sigmoid(to_f(go[at]));
-          const float d = to_f(dy[at]);
-          dpo = d * sg;
-          const float dgo = d * po * sg * (1.0f - sg);
-          sum_bp += dpo;
-          sum_bg += dgo;
-          dpo_out[at] = from_f<T>(dpo);
-          dgo_out[at] = from_f<T>(dgo);
+          gv[k] = valid ? to_f(go[at]) : 0.0f;
+          dv[k] = valid ? to_f(dy[at]) : 0.0f;
         }
-        s.x[r * ld + col] = from_f<T>(dpo);
+#pragma unroll
+        for (int k = 0; k < kBatch; ++k) {
+          const int r = r_begin + b0 + k;
+          float dpo = 0.0f;
+          if (col_valid && r < tile.n) {
+            const float po = s.c[r * kLdC + col] + bias;
+            const float sg = sigmoid(gv[k]);
+            dpo = dv[k] * sg;
+            const float dgo = dv[k] * po * sg * (1.0f - sg);
+            sum_bp += dpo;
+            sum_bg += dgo;
+            dpo_out[(tile.row0 + r) * D + col] = from_f<T>(dpo);
+            dgo_out[(tile.row0 + r) * p.ld_dpg + col] = from_f<T>(dgo);
+          }
+          s.x[r * ld + col] = from_f<T>(dpo);
+        }
       }
     }
     __syncthreads();
@@ -104,24 +126,15 @@ __global__ void __launch_bounds__(kThreads, 2) output_backward_kernel(const Para
     }
     __syncthreads();
 
-    // d norm_out_weight += dz_ln * z_hat, d norm_out_bias += dz_ln.
-    if (col < D) {
-      for (int r = r_begin; r < r_end && r < tile.n; ++r) {
-        const float dzl = s.c[r * kLdC + col];
-        sum_ln_w += dzl * (to_f(s.z[r * ld + col]) - s.mean[r]) * s.rstd[r];
-        sum_ln_b += dzl;
-      }
-    }
-    __syncthreads();
-
-    // dz from dz_ln, in place in C.
-    for (int r = threadIdx.x / 32; r < tile.n; r += kWarps) {
+    // dz from dz_ln, in place in C; d norm_out_weight += dz_ln * z_hat on the way.
+    for (int r = warp; r < tile.n; r += kWarps) {
       float dzl[kPerLane], zhat[kPerLane], dz[kPerLane];
 #pragma unroll
       for (int k = 0; k < kPerLane; ++k) {
         const int c = lane + 32 * k;
         dzl[k] = c < D ? s.c[r * kLdC + c] : 0.0f;
         zhat[k] = c < D ? (to_f(s.z[r * ld + c]) - s.mean[r]) * s.rstd[r] : 0.0f;
+        sum_ln_w[k] += dzl[k] * zhat[k];
       }
       layer_norm_backward_row(dzl, zhat, p.ln_out_w, D, s.rstd[r], dz);
 #pragma unroll
@@ -133,19 +146,28 @@ __global__ void __launch_bounds__(kThreads, 2) output_backward_kernel(const Para
     __syncthreads();
 
     // dz channel-major: consecutive threads take consecutive j.
-    for (int idx = threadIdx.x; idx < D * kRows; idx += kThreads) {
-      const int c = idx / kRows, r = idx % kRows;
-      if (r < tile.n) dz_out[tile.channel_major(p, c, r)] = from_f<T>(s.c[r * kLdC + c]);
+    {
+      const int r = threadIdx.x % kRows, c0 = threadIdx.x / kRows;
+      constexpr int kStep = kThreads / kRows;
+#pragma unroll 8
+      for (int k = 0; k < kTileElemsPerThread; ++k) {
+        const int c = c0 + kStep * k;
+        if (c < D && r < tile.n) dz_out[tile.channel_major(p, c, r)] = from_f<T>(s.c[r * kLdC + c]);
+      }
     }
     __syncthreads();
   }
 
   if (col < D) {
-    float* row = p.partials_out + (int64_t(blockIdx.x) * 2 + half) * 4 * D;
-    row[col] = sum_ln_w;
-    row[D + col] = sum_ln_b;
-    row[2 * D + col] = sum_bp;
-    row[3 * D + col] = sum_bg;
+    float* row = p.partials_bias_out + (int64_t(blockIdx.x) * 2 + half) * 2 * D;
+    row[col] = sum_bp;
+    row[D + col] = sum_bg;
+  }
+  float* norm_row = p.partials_norm_out + (int64_t(blockIdx.x) * kWarps + warp) * D;
+#pragma unroll
+  for (int k = 0; k < kPerLane; ++k) {
+    const int c = lane + 32 * k;
+    if (c < D) norm_row[c] = sum_ln_w[k];
   }
 }
 

@@ -50,13 +50,25 @@ __global__ void __launch_bounds__(kThreads, 2) output_forward_kernel(const Param
   acc.store(s.c, kLdC, p.Dp);
   __syncthreads();
 
+  // y = sigmoid(go) * (C + bp_out): thread t takes channel t % kChunkN of rows
+  // t / kChunkN + (kThreads / kChunkN) k; all go loads first.
   const T* go = static_cast<const T*>(p.go);
   T* y = static_cast<T*>(p.y);
-  for (int idx = threadIdx.x; idx < kRows * kChunkN; idx += kThreads) {
-    const int r = idx / kChunkN, c = idx % kChunkN;
-    if (c >= D || r >= tile.n) continue;
-    const int64_t at = (tile.row0 + r) * D + c;
-    y[at] = from_f<T>(sigmoid(to_f(go[at])) * (s.c[r * kLdC + c] + p.bias_out[c]));
+  const int c = threadIdx.x % kChunkN, r0 = threadIdx.x / kChunkN;
+  constexpr int kStep = kThreads / kChunkN, kIters = kRows / kStep;
+  float g[kIters];
+#pragma unroll
+  for (int k = 0; k < kIters; ++k) {
+    const int r = r0 + kStep * k;
+    g[k] = (c < D && r < tile.n) ? to_f(go[(tile.row0 + r) * D + c]) : 0.0f;
+  }
+  if (c >= D) return;
+  const float bias = p.bias_out[c];
+#pragma unroll
+  for (int k = 0; k < kIters; ++k) {
+    const int r = r0 + kStep * k;
+    if (r < tile.n)
+      y[(tile.row0 + r) * D + c] = from_f<T>(sigmoid(g[k]) * (s.c[r * kLdC + c] + bias));
   }
 }
 

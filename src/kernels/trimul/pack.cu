@@ -1,5 +1,6 @@
 // Small kernels around the fused ones: packing the float32 weights into the blocks the kernels
-// load (T, zero padded), and the ordered sum of the backward's per-CTA column partials.
+// load (T, zero padded), the ordered sum of the backward's per-CTA partials, and the float32
+// gradients assembled from those sums.
 #include "kernels/trimul/device.cuh"
 #include "kernels/trimul/launch.h"
 
@@ -53,18 +54,60 @@ __global__ void pack_weights_kernel(const Params p, const WeightPointers w, T* w
   }
 }
 
-__global__ void reduce_partials_kernel(const float* partials, int rows, int cols,
-                                       const ColumnSinks sinks) {
+// One segment of partials: rows x cols, summed over rows into sums[offset + c].
+struct SumSegment {
+  const float* partials;
+  int rows, cols, offset;
+};
+struct SumSegments {
+  static constexpr int kCount = 4;
+  SumSegment s[kCount];
+};
+
+// blockIdx.y picks the segment. In double: hundreds of partials, each already a sum of many rows.
+__global__ void reduce_sums_kernel(const SumSegments segs, double* sums) {
+  const SumSegment seg = segs.s[blockIdx.y];
   const int c = blockIdx.x * blockDim.x + threadIdx.x;
-  if (c >= cols) return;
-  // In double: hundreds of partials, each already a sum of many rows.
+  if (c >= seg.cols) return;
   double acc = 0.0;
-  for (int r = 0; r < rows; ++r) acc += partials[int64_t(r) * cols + c];
-  for (int k = 0; k < ColumnSinks::kMax; ++k) {
-    if (c >= sinks.begin[k] && c < sinks.begin[k + 1]) {
-      if (sinks.dst[k]) sinks.dst[k][c - sinks.begin[k]] = float(acc);
-      return;
+  for (int r = 0; r < seg.rows; ++r) acc += seg.partials[int64_t(r) * seg.cols + c];
+  sums[seg.offset + c] = acc;
+}
+
+// Thread g of the grid: element g of dw_in (split into the three weight gradients); the first D
+// threads also give channel g's LayerNorm gradients and the first 2D the projection bias ones.
+__global__ void finish_backward_kernel(const FinishArgs a) {
+  using C = SumColumns;
+  const int D = a.D;
+  const int64_t g = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
+  const double* sums = a.sums;
+  if (g < int64_t(5) * D * D) {
+    const int64_t in_block = int64_t(2) * D * D;
+    const float v = a.dw_in[g];
+    if (g < in_block) a.d_p_in_weight[g] = v;
+    else if (g < 2 * in_block) a.d_g_in_weight[g - in_block] = v;
+    else a.d_g_out_weight[g - 2 * in_block] = v;
+  }
+  if (g < 2 * D) {
+    if (a.d_p_in_bias) a.d_p_in_bias[g] = float(sums[C::kPInBias * D + g]);
+    if (a.d_g_in_bias) a.d_g_in_bias[g] = float(sums[C::kGInBias * D + g]);
+  }
+  if (g < D) {
+    const int c = int(g);
+    if (a.d_p_out_bias) a.d_p_out_bias[c] = float(sums[C::kPOutBias * D + c]);
+    if (a.d_g_out_bias) a.d_g_out_bias[c] = float(sums[C::kGOutBias * D + c]);
+    a.d_norm_out_weight[c] = float(sums[C::kNormOutWeight * D + c]);
+    a.d_norm_in_weight[c] = float(sums[C::kNormInWeight * D + c]);
+    double out_bias = 0.0, in_bias = 0.0;
+    for (int o = 0; o < D; ++o) {
+      out_bias += double(a.p_out_weight[o * D + c]) * sums[C::kPOutBias * D + o];
+      in_bias += double(a.g_out_weight[o * D + c]) * sums[C::kGOutBias * D + o];
     }
+    for (int k = 0; k < 2 * D; ++k)
+      in_bias += double(a.p_in_weight[k * D + c]) * sums[C::kPInBias * D + k] +
+                 double(a.g_in_weight[k * D + c]) * sums[C::kGInBias * D + k];
+    a.d_norm_out_bias[c] = float(out_bias);
+    a.d_norm_in_bias[c] = float(in_bias);
   }
 }
 
@@ -89,11 +132,26 @@ template void launch_pack_weights<__nv_bfloat16>(const Params&, const float* con
 template void launch_pack_weights<__half>(const Params&, const float* const*, const float* const*,
                                           void*, void*, float*, float*, cudaStream_t);
 
-void launch_reduce_partials(const float* partials, int rows, int cols, const ColumnSinks& sinks,
-                            cudaStream_t stream) {
-  reduce_partials_kernel<<<unsigned((cols + 127) / 128), 128, 0, stream>>>(partials, rows, cols,
-                                                                           sinks);
-  check_launch("trimul reduce_partials");
+void launch_reduce_sums(const Params& p, cudaStream_t stream) {
+  using C = SumColumns;
+  const int D = int(p.D), grid = p.grid_backward;
+  const SumSegments segs{{{p.partials_norm_out, kWarps * grid, D, C::kNormOutWeight * D},
+                          {p.partials_bias_out, 2 * grid, 2 * D, C::kPOutBias * D},
+                          {p.partials_norm_in, kWarps * grid, D, C::kNormInWeight * D},
+                          {p.partials_bias_in, 2 * grid, 4 * D, C::kPInBias * D}}};
+  static_assert(C::kGOutBias == C::kPOutBias + 1 && C::kGInBias == C::kPInBias + 2,
+                "each bias segment holds its P and G halves back to back");
+  constexpr int kBlock = 128;
+  reduce_sums_kernel<<<dim3(unsigned((4 * D + kBlock - 1) / kBlock), SumSegments::kCount), kBlock,
+                       0, stream>>>(segs, p.sums);
+  check_launch("trimul reduce_sums");
+}
+
+void launch_finish_backward(const FinishArgs& a, cudaStream_t stream) {
+  constexpr int kBlock = 256;
+  const int64_t threads = int64_t(5) * a.D * a.D;
+  finish_backward_kernel<<<unsigned((threads + kBlock - 1) / kBlock), kBlock, 0, stream>>>(a);
+  check_launch("trimul finish_backward");
 }
 
 }  // namespace tpf::cuda::trimul

@@ -41,16 +41,28 @@ struct Params {
   const void* dy;
   void* dx;
   void* dz;               // channel-major
-  void* dgo;              // row-major [positions, D]
+  void* dgo;              // row-major [positions, D] with row stride ld_dpg: columns 4D.. of dpg
   void* dpo;              // row-major [positions, D]
   void* zln;              // row-major [positions, D]
   void* da;               // channel-major
   void* db;               // channel-major
   void* xln;              // row-major [positions, D]
-  void* dpg;              // row-major [positions, 4D]: dP (2D) | dG (2D)
-  float* partials_out;    // [2 * grid_out, 4D]: d norm_out_weight | d norm_out_bias | d p_out_bias | d g_out_bias
-  float* partials_in;     // [2 * grid_in, 6D]: d norm_in_weight | d norm_in_bias | d p_in_bias | d g_in_bias
+  void* dpg;              // row-major [positions, ld_dpg]: dP (2D) | dG (2D) | dgo (D)
+  int64_t ld_dpg;         // 5D: one GEMM gives d p_in_weight | d g_in_weight | d g_out_weight
+  // Per-CTA running sums (see output_backward.cu and input_backward.cu), reduced in a fixed order
+  // into `sums` (double, [8D]: see SumColumns).
+  float* partials_bias_out;  // [2 * grid_backward, 2D]: d p_out_bias | d g_out_bias
+  float* partials_norm_out;  // [kWarps * grid_backward, D]: d norm_out_weight
+  float* partials_bias_in;   // [2 * grid_backward, 4D]: d p_in_bias | d g_in_bias
+  float* partials_norm_in;   // [kWarps * grid_backward, D]: d norm_in_weight
+  double* sums;
   int grid_backward;      // persistent CTAs of both backward kernels
+};
+
+// Where each reduced sum lives in Params::sums, in units of D.
+struct SumColumns {
+  static constexpr int kNormOutWeight = 0, kPOutBias = 1, kGOutBias = 2, kNormInWeight = 3,
+                       kPInBias = 4, kGInBias = 6, kTotal = 8;
 };
 
 inline int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
@@ -62,7 +74,8 @@ struct Workspace {
   size_t w_in, w_out, bias_in, bias_out, cublas;
   // Backward only. Slots are reused once their first contents are consumed (stream order):
   // dz then x_ln, dpo then dA, z_ln then dB.
-  size_t dz_xln, dgo, dpo_da, zln_db, dpg, partials_out, partials_in;
+  size_t dz_xln, dpo_da, zln_db, dpg, partials_bias_out, partials_norm_out, partials_bias_in,
+      partials_norm_in, sums, dw_in;
   size_t total;
 };
 
@@ -87,12 +100,15 @@ inline Workspace workspace_layout(int64_t B, int64_t S, int64_t D, int elem_byte
   if (backward) {
     const size_t unit = size_t(B) * S * S * D * elem_bytes;
     w.dz_xln = take(unit);
-    w.dgo = take(unit);
     w.dpo_da = take(unit);
     w.zln_db = take(unit);
-    w.dpg = take(4 * unit);
-    w.partials_out = take(size_t(2) * kBackwardCtas * 4 * D * sizeof(float));
-    w.partials_in = take(size_t(2) * kBackwardCtas * 6 * D * sizeof(float));
+    w.dpg = take(5 * unit);
+    w.partials_bias_out = take(size_t(2) * kBackwardCtas * 2 * D * sizeof(float));
+    w.partials_norm_out = take(size_t(kWarps) * kBackwardCtas * D * sizeof(float));
+    w.partials_bias_in = take(size_t(2) * kBackwardCtas * 4 * D * sizeof(float));
+    w.partials_norm_in = take(size_t(kWarps) * kBackwardCtas * D * sizeof(float));
+    w.sums = take(size_t(SumColumns::kTotal) * D * sizeof(double));
+    w.dw_in = take(size_t(5) * D * D * sizeof(float));
   }
   w.total = at;
   return w;

@@ -21,6 +21,11 @@ constexpr int kMaxInputChunks = 2 * kMaxD / kChunkChannels;
 // different banks.
 constexpr int kPad = 8;
 constexpr int kLdC = kChunkN + 4;  // fp32 staging rows (a multiple of 4, as WMMA stores need)
+// The same staging stored transposed (column n at n * kLdCT): for epilogues that write
+// channel-major outputs, a warp then reads 32 consecutive rows of one column, conflict-free.
+constexpr int kLdCT = kRows + 4;
+// fp32 staging large enough for either layout.
+constexpr int kStagingFloats = kRows * kLdC > kChunkN * kLdCT ? kRows * kLdC : kChunkN * kLdCT;
 // Persistent CTAs of the backward kernels (two per SM on a 132-SM H100/H200). A constant, not the
 // device's SM count: the order of the bias and LayerNorm gradient sums follows from it.
 constexpr int kBackwardCtas = 264;

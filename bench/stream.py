@@ -9,11 +9,15 @@ python that has it). Every measurement runs in its own process, whose RSS the pa
 from __future__ import annotations
 
 import argparse
-import asyncio
+import collections
 import datetime
+import fcntl
+import heapq
+import itertools
 import json
 import os
 import platform
+import selectors
 import socket
 import subprocess
 import sys
@@ -91,54 +95,129 @@ def shuffle_quality(order: np.ndarray, batch: int = 64, regions: int = 100) -> d
 
 # ---------------------------------------------------------------------------------------------
 # A proxy that delays each request by a fixed time (per connection, in order)
+#
+# It shares the machine's cores with the loader and nginx, so it must cost little: one thread, an
+# epoll loop, responses moved by the kernel (splice through a pipe, never copied into Python), and
+# only the requests, a few hundred bytes each, read into Python to be held for the delay. An
+# HTTP/1.1 client sends its next request on a connection only after the previous response, so
+# holding each request adds the delay to every request's round trip. Its CPU time is reported.
 
-async def _pipe_delayed(reader, writer, delay_s):
-    queue: asyncio.Queue = asyncio.Queue()
-
-    async def forward():
-        while True:
-            due, data = await queue.get()
-            if data is None:
-                break
-            wait = due - asyncio.get_running_loop().time()
-            if wait > 0:
-                await asyncio.sleep(wait)
-            writer.write(data)
-            await writer.drain()
-        writer.close()
-
-    task = asyncio.create_task(forward())
-    loop = asyncio.get_running_loop()
-    while True:
-        data = await reader.read(65536)
-        await queue.put((loop.time() + delay_s, data or None))
-        if not data:
-            break
-    await task
+_PIPE_BYTES = 1 << 20
 
 
-async def _pipe(reader, writer):
-    while True:
-        data = await reader.read(1 << 20)
-        if not data:
-            break
-        writer.write(data)
-        await writer.drain()
-    writer.close()
+class _Connection:
+    """One client connection and its own connection to nginx."""
+
+    def __init__(self, client: socket.socket, upstream: socket.socket):
+        self.client, self.upstream = client, upstream
+        self.pipe_r, self.pipe_w = os.pipe()
+        fcntl.fcntl(self.pipe_w, fcntl.F_SETPIPE_SZ, _PIPE_BYTES)
+        self.piped = 0                 # response bytes in the pipe, not yet sent to the client
+        self.upstream_open = True      # nginx has not closed its side
+        self.reading_upstream = False  # registered for responses (only while the pipe has room)
+        self.writing_client = False    # registered for room to send (only while bytes are piped)
+        self.requests: collections.deque[bytes] = collections.deque()  # held, in arrival order
+        self.closed = False
 
 
 def run_proxy(listen_port: int, upstream_port: int, delay_ms: float) -> None:
-    async def handle(client_reader, client_writer):
-        up_reader, up_writer = await asyncio.open_connection("127.0.0.1", upstream_port)
-        await asyncio.gather(_pipe_delayed(client_reader, up_writer, delay_ms / 1000),
-                             _pipe(up_reader, client_writer), return_exceptions=True)
+    delay_s = delay_ms / 1000
+    sel = selectors.EpollSelector()
+    server = socket.create_server(("127.0.0.1", listen_port), backlog=1024)
+    server.setblocking(False)
+    sel.register(server, selectors.EVENT_READ)
+    timers: list[tuple[float, int, _Connection]] = []  # (due, tie-break, connection)
+    arrivals = itertools.count()
 
-    async def main():
-        server = await asyncio.start_server(handle, "127.0.0.1", listen_port, backlog=1024)
-        async with server:
-            await server.serve_forever()
+    def close(c: _Connection) -> None:
+        if c.closed:
+            return
+        c.closed = True
+        for sock in (c.client, c.upstream):
+            try:
+                sel.unregister(sock)
+            except (KeyError, ValueError):
+                pass
+            sock.close()
+        os.close(c.pipe_r)
+        os.close(c.pipe_w)
 
-    asyncio.run(main())
+    def update(c: _Connection) -> None:
+        want_up = c.upstream_open and c.piped < _PIPE_BYTES
+        if want_up != c.reading_upstream:
+            (sel.register if want_up else sel.unregister)(*((c.upstream, selectors.EVENT_READ, c)
+                                                            if want_up else (c.upstream,)))
+            c.reading_upstream = want_up
+        want_write = c.piped > 0
+        if want_write != c.writing_client:
+            events = selectors.EVENT_READ | (selectors.EVENT_WRITE if want_write else 0)
+            sel.modify(c.client, events, c)
+            c.writing_client = want_write
+
+    def drain(c: _Connection) -> None:
+        while c.piped:
+            try:
+                c.piped -= os.splice(c.pipe_r, c.client.fileno(), c.piped, flags=os.SPLICE_F_NONBLOCK)
+            except BlockingIOError:
+                return
+        if not c.upstream_open:
+            c.client.shutdown(socket.SHUT_WR)
+
+    while True:
+        timeout = max(0.0, timers[0][0] - time.monotonic()) if timers else None
+        for key, events in sel.select(timeout):
+            if key.fileobj is server:
+                try:
+                    client, _ = server.accept()
+                    upstream = socket.create_connection(("127.0.0.1", upstream_port))
+                except OSError:
+                    continue
+                for sock in (client, upstream):
+                    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+                    sock.setblocking(False)
+                c = _Connection(client, upstream)
+                sel.register(client, selectors.EVENT_READ, c)
+                update(c)
+                continue
+            c = key.data
+            if c.closed:
+                continue
+            try:
+                if key.fileobj is c.upstream:
+                    try:
+                        n = os.splice(c.upstream.fileno(), c.pipe_w, _PIPE_BYTES - c.piped,
+                                      flags=os.SPLICE_F_NONBLOCK)
+                    except BlockingIOError:
+                        n = -1
+                    if n == 0:
+                        c.upstream_open = False
+                    elif n > 0:
+                        c.piped += n
+                    drain(c)
+                else:
+                    if events & selectors.EVENT_READ:
+                        data = c.client.recv(1 << 16)
+                        if not data:
+                            close(c)
+                            continue
+                        c.requests.append(data)
+                        heapq.heappush(timers, (time.monotonic() + delay_s, next(arrivals), c))
+                    if events & selectors.EVENT_WRITE:
+                        drain(c)
+                update(c)
+            except OSError:
+                close(c)
+        now = time.monotonic()
+        while timers and timers[0][0] <= now:
+            _, _, c = heapq.heappop(timers)
+            if c.closed:
+                continue
+            try:
+                # A request is a few hundred bytes and nginx has read the previous one: the send
+                # buffer has room, so this never blocks the loop.
+                c.upstream.sendall(c.requests.popleft())
+            except OSError:
+                close(c)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -183,7 +262,8 @@ def child(args: argparse.Namespace) -> None:
             return StreamingDataset(args.location, cache_bytes=args.budget_mib << 20,
                                     seed=args.seed, shuffle=True, block_size=args.block_size,
                                     max_inflight=args.max_inflight,
-                                    group_records=args.group_records)
+                                    group_records=args.group_records,
+                                    coalesce_gap=args.coalesce_gap)
         epoch = args.epoch
     else:
         import litdata
@@ -214,7 +294,7 @@ def measure(python: str, impl: str, location: str, budget_mib: int, opts: argpar
     cmd = [python, os.path.abspath(__file__), "--child", "--impl", impl, "--location", location,
            "--budget-mib", str(budget_mib), "--seed", str(opts.seed), "--epoch", "1",
            "--block-size", str(block_size), "--max-inflight", str(opts.max_inflight),
-           "--group-records", str(opts.group_records),
+           "--group-records", str(opts.group_records), "--coalesce-gap", str(opts.coalesce_gap),
            "--limit", str(opts.limit)]
     env = dict(os.environ, PYTHONPATH=os.path.join(REPO, "python"))
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
@@ -340,6 +420,8 @@ def main() -> int:
     p.add_argument("--max-inflight", type=int, default=64)
     p.add_argument("--group-records", type=int, default=256,
                    help="plan entries fetched together (the ranges of one shard share a request)")
+    p.add_argument("--coalesce-gap", type=int, default=64 << 10,
+                   help="bytes between two ranges of a group below which one request covers both")
     p.add_argument("--limit", type=int, default=0, help="records per measurement (0: an epoch)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--data-dir", default=os.path.join(tempfile.gettempdir(), "tpf-bench-stream"))

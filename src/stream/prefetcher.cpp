@@ -3,8 +3,9 @@
 //
 // The plan is cut into groups of consecutive entries. A scheduler thread walks the groups in
 // order: it waits until the group's bytes fit in the budget, takes a span of the ring (one mapping
-// of the whole budget), and queues the group's (coalesced) range requests. A pool of max_inflight
-// fetch threads runs the requests in queue order. The consumer waits for its group, hands its
+// of the whole budget), and queues the group's (coalesced) range requests. Queued requests start
+// in order while fewer than max_inflight run: those of asynchronous sources (HTTP, S3) on their
+// event loop, the others on a pool of fetch threads. The consumer waits for its group, hands its
 // records out one by one and gives the group's span back when it moves past it. Spans are taken and
 // given back in plan order, so the ring never fragments and the budget can never deadlock. Every
 // wait is on a condition variable.
@@ -123,13 +124,16 @@ struct Prefetcher::State {
 
   mutable std::mutex mutex;
   std::condition_variable budget_cv;    // scheduler: room in the budget, or stop
-  std::condition_variable jobs_cv;      // fetch threads: a request queued, or stop
+  std::condition_variable jobs_cv;      // fetch threads: a job for them, or stop
   std::condition_variable ready_cv;     // consumer: a group built or a request finished
+  std::condition_variable idle_cv;      // shutdown: no job in flight
   bool stop = false;
   CancelToken cancel;
 
   std::deque<std::unique_ptr<Group>> groups;  // reserved, not yet released, in plan order
-  std::deque<Job> jobs;
+  std::deque<Job> jobs;         // queued, in plan order, not started
+  std::deque<Job> thread_jobs;  // started, for the fetch threads (synchronous sources)
+  int inflight = 0;             // started, not finished (at most max_inflight)
   std::unique_ptr<Ring> ring;
   PrefetchStats stats;
 
@@ -188,7 +192,7 @@ struct Prefetcher::State {
     while (first < plan.size()) {
       std::unique_ptr<Group> g = build_group(first);
       Group* raw = g.get();
-      size_t queued = 0;
+      std::vector<Job> startable;
       {
         std::unique_lock<std::mutex> lock(mutex);
         budget_cv.wait(lock, [&] { return stop || ring->take(raw->bytes, raw->start, raw->charge); });
@@ -203,16 +207,73 @@ struct Prefetcher::State {
           while (end < reqs.size() && end - r < per && reqs[end].shard == reqs[r].shard) ++end;
           jobs.push_back({raw, r, end - r});
           ++raw->pending;
-          ++queued;
           r = end;
         }
         first += raw->count;
         groups.push_back(std::move(g));
+        startable = take_startable();
       }
-      // One waiting fetcher per job: waking all of them for a few jobs costs more than it fetches.
-      for (size_t i = 0; i < queued; ++i) jobs_cv.notify_one();
+      start(startable);
       ready_cv.notify_all();
     }
+  }
+
+  // Under the lock: starts queued jobs while fewer than max_inflight run. Jobs of synchronous
+  // sources go to the fetch threads; those of asynchronous sources are returned, to be started
+  // outside the lock (their completion takes it).
+  std::vector<Job> take_startable() {
+    std::vector<Job> now;
+    while (!stop && inflight < options.max_inflight && !jobs.empty()) {
+      const Job job = jobs.front();
+      jobs.pop_front();
+      ++inflight;
+      if (source_of(job).asynchronous()) {
+        now.push_back(job);
+      } else {
+        thread_jobs.push_back(job);
+        jobs_cv.notify_one();
+      }
+    }
+    return now;
+  }
+
+  CancellableSource& source_of(const Job& job) const {
+    return *sources[job.group->requests[job.first].shard];
+  }
+
+  std::vector<ByteRange> ranges_of(const Job& job) const {
+    const Request* reqs = job.group->requests.data() + job.first;
+    std::vector<ByteRange> ranges(job.count);
+    for (size_t i = 0; i < job.count; ++i)
+      ranges[i] = {reqs[i].offset, reqs[i].length, job.group->data + reqs[i].buffer_offset};
+    return ranges;
+  }
+
+  void start(const std::vector<Job>& now) {
+    for (const Job& job : now)
+      source_of(job).start_ranges(ranges_of(job), &cancel,
+                                  [this, job](std::exception_ptr error) { finish(job, error); });
+  }
+
+  // A job's end, on whichever thread ran it. Nothing here touches the state after the lock is
+  // released unless more jobs start, which never happens once stopping (shutdown may then free it).
+  void finish(const Job& job, std::exception_ptr error) {
+    std::vector<Job> next;
+    {
+      std::lock_guard<std::mutex> lock(mutex);
+      ++stats.requests;
+      if (error) {
+        if (!job.group->error) job.group->error = error;
+      } else {
+        for (const ByteRange& r : ranges_of(job)) stats.bytes_fetched += r.length;
+      }
+      // The consumer waits for whole groups only.
+      if (--job.group->pending == 0) ready_cv.notify_all();
+      --inflight;
+      next = take_startable();
+      if (inflight == 0) idle_cv.notify_all();
+    }
+    if (!next.empty()) start(next);
   }
 
   void run_fetcher() {
@@ -220,39 +281,18 @@ struct Prefetcher::State {
       Job job;
       {
         std::unique_lock<std::mutex> lock(mutex);
-        jobs_cv.wait(lock, [&] { return stop || !jobs.empty(); });
+        jobs_cv.wait(lock, [&] { return stop || !thread_jobs.empty(); });
         if (stop) return;
-        job = jobs.front();
-        jobs.pop_front();
+        job = thread_jobs.front();
+        thread_jobs.pop_front();
       }
-      const Request* reqs = job.group->requests.data() + job.first;
-      uint8_t* base = job.group->data;
       std::exception_ptr error;
-      uint64_t bytes = 0;
       try {
-        if (job.count == 1) {
-          sources[reqs[0].shard]->read_cancellable(reqs[0].offset, reqs[0].length,
-                                                   base + reqs[0].buffer_offset, &cancel);
-        } else {
-          std::vector<ByteRange> ranges(job.count);
-          for (size_t i = 0; i < job.count; ++i)
-            ranges[i] = {reqs[i].offset, reqs[i].length, base + reqs[i].buffer_offset};
-          sources[reqs[0].shard]->read_ranges(ranges, &cancel);
-        }
-        for (size_t i = 0; i < job.count; ++i) bytes += reqs[i].length;
+        source_of(job).read_ranges(ranges_of(job), &cancel);
       } catch (...) {
         error = std::current_exception();
       }
-      bool group_done;
-      {
-        std::lock_guard<std::mutex> lock(mutex);
-        ++stats.requests;
-        stats.bytes_fetched += bytes;
-        if (error && !job.group->error) job.group->error = error;
-        group_done = --job.group->pending == 0;
-      }
-      // The consumer waits for whole groups only.
-      if (group_done) ready_cv.notify_all();
+      finish(job, error);
     }
   }
 
@@ -260,7 +300,11 @@ struct Prefetcher::State {
     {
       std::lock_guard<std::mutex> lock(mutex);
       stop = true;
+      inflight -= int(thread_jobs.size());
+      thread_jobs.clear();
+      jobs.clear();
     }
+    // Wakes reads waiting out a backoff, and the event loops of asynchronous sources.
     cancel.cancel();
     budget_cv.notify_all();
     jobs_cv.notify_all();
@@ -268,6 +312,9 @@ struct Prefetcher::State {
     if (scheduler.joinable()) scheduler.join();
     for (auto& t : fetchers)
       if (t.joinable()) t.join();
+    // Asynchronous reads write into the ring until they end: wait for the last.
+    std::unique_lock<std::mutex> lock(mutex);
+    idle_cv.wait(lock, [&] { return inflight == 0; });
   }
 };
 
@@ -313,7 +360,11 @@ Prefetcher::Prefetcher(std::vector<std::shared_ptr<CancellableSource>> sources,
   // lone record passed the check above, and several records stay under budget / 2.
   s.ring = std::make_unique<Ring>(options.memory_budget / kPage * kPage);
   s.scheduler = std::thread([&s] { s.run_scheduler(); });
-  for (int i = 0; i < options.max_inflight; ++i) s.fetchers.emplace_back([&s] { s.run_fetcher(); });
+  // Threads only for sources that read synchronously: asynchronous ones need none per read.
+  const bool any_synchronous = std::any_of(s.sources.begin(), s.sources.end(),
+                                           [](const auto& src) { return !src->asynchronous(); });
+  if (any_synchronous)
+    for (int i = 0; i < options.max_inflight; ++i) s.fetchers.emplace_back([&s] { s.run_fetcher(); });
 }
 
 Prefetcher::~Prefetcher() { state_->shutdown(); }

@@ -420,7 +420,7 @@ def main() -> int:
     p.add_argument("--max-inflight", type=int, default=64)
     p.add_argument("--group-records", type=int, default=256,
                    help="plan entries fetched together (the ranges of one shard share a request)")
-    p.add_argument("--coalesce-gap", type=int, default=64 << 10,
+    p.add_argument("--coalesce-gap", type=int, default=4 << 10,
                    help="bytes between two ranges of a group below which one request covers both")
     p.add_argument("--limit", type=int, default=0, help="records per measurement (0: an epoch)")
     p.add_argument("--seed", type=int, default=0)

@@ -484,7 +484,7 @@ def main() -> int:
     p.add_argument("--shuffles", nargs="+", default=["full", "block64"],
                    help="full: uniform permutation; blockN: blocks of N neighbours shuffled")
     p.add_argument("--latency-ms", type=float, default=5.0)
-    p.add_argument("--max-inflight", type=int, default=64)
+    p.add_argument("--max-inflight", type=int, default=256)
     p.add_argument("--group-records", type=int, default=256,
                    help="plan entries fetched together (the ranges of one shard share a request)")
     p.add_argument("--coalesce-gap", type=int, default=4 << 10,

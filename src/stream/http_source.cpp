@@ -70,9 +70,6 @@ struct Transfer {
 };
 
 constexpr size_t kMaxPartHeader = 8192;
-// Bytes curl reads from a socket at once: a multipart answer of many small parts comes in few
-// reads and few callbacks (the default is 16 KiB). Per handle, so per request in flight.
-constexpr long kReceiveBuffer = 64 << 10;
 
 // The value of header `name` (lower case, with its colon) among the CRLF-separated lines of
 // [text, text + n), or nullptr. Only line starts are compared: a part's header block has a few.
@@ -404,7 +401,6 @@ class HttpSource final : public CancellableSource {
     curl_easy_setopt(h, CURLOPT_LOW_SPEED_LIMIT, 1024L);
     curl_easy_setopt(h, CURLOPT_LOW_SPEED_TIME, std::max(1L, long(options_.stall_timeout_s)));
     curl_easy_setopt(h, CURLOPT_TCP_KEEPALIVE, 1L);
-    curl_easy_setopt(h, CURLOPT_BUFFERSIZE, kReceiveBuffer);
     curl_easy_setopt(h, CURLOPT_HEADERFUNCTION, on_header);
     curl_easy_setopt(h, CURLOPT_HEADERDATA, &t);
     curl_easy_setopt(h, CURLOPT_WRITEFUNCTION, on_body);

@@ -26,6 +26,8 @@ namespace tpf::stream {
 namespace {
 
 constexpr uint64_t kPage = 4096;
+// Threads for synchronous sources: a local disk gains nothing from more reads at once.
+constexpr int kMaxFetchThreads = 32;
 // Spans start on cache lines, so neighbouring groups' writers never share one.
 constexpr uint64_t kSpanAlign = 64;
 
@@ -364,7 +366,8 @@ Prefetcher::Prefetcher(std::vector<std::shared_ptr<CancellableSource>> sources,
   const bool any_synchronous = std::any_of(s.sources.begin(), s.sources.end(),
                                            [](const auto& src) { return !src->asynchronous(); });
   if (any_synchronous)
-    for (int i = 0; i < options.max_inflight; ++i) s.fetchers.emplace_back([&s] { s.run_fetcher(); });
+    for (int i = 0; i < std::min(options.max_inflight, kMaxFetchThreads); ++i)
+      s.fetchers.emplace_back([&s] { s.run_fetcher(); });
 }
 
 Prefetcher::~Prefetcher() { state_->shutdown(); }

@@ -267,7 +267,8 @@ struct Prefetcher::State {
       if (error) {
         if (!job.group->error) job.group->error = error;
       } else {
-        for (const ByteRange& r : ranges_of(job)) stats.bytes_fetched += r.length;
+        const Request* reqs = job.group->requests.data() + job.first;
+        for (size_t i = 0; i < job.count; ++i) stats.bytes_fetched += reqs[i].length;
       }
       // The consumer waits for whole groups only.
       if (--job.group->pending == 0) ready_cv.notify_all();

@@ -298,14 +298,8 @@ class MemorySource final : public CancellableSource {
   void start_ranges(std::vector<ByteRange> ranges, const CancelToken* cancel,
                     Done done) const override {
     if (!threads_) return CancellableSource::start_ranges(std::move(ranges), cancel, std::move(done));
-    threads_->post([this, ranges = std::move(ranges), cancel, done = std::move(done)] {
-      std::exception_ptr error;
-      try {
-        read_ranges(ranges, cancel);
-      } catch (...) {
-        error = std::current_exception();
-      }
-      done(error);
+    threads_->post([this, ranges = std::move(ranges), cancel, done = std::move(done)]() mutable {
+      CancellableSource::start_ranges(std::move(ranges), cancel, std::move(done));
     });
   }
   bool asynchronous() const override { return threads_ != nullptr; }
@@ -394,18 +388,26 @@ void expect_stream_matches(Prefetcher& p, const Layout& l, const std::vector<uin
 TEST(StreamPrefetcher, HandsOutEveryPlannedRecordInOrderWithinTheBudget) {
   const uint32_t seed = fresh_seed();
   std::mt19937_64 rng(seed);
-  for (int trial = 0; trial < 12; ++trial) {
-    Layout l = random_layout(rng, 1 + rng() % 4, 50 + rng() % 300, 1 + rng() % 5000);
+  for (int trial = 0; trial < 18; ++trial) {
+    const uint64_t budget = (4 + rng() % 200) * 4096;
+    // Every other trial has records up to a third of the budget: spans often wrap around the
+    // ring's end.
+    const uint64_t max_len = trial % 2 ? 1 + rng() % 5000 : 1 + rng() % (budget / 3);
+    Layout l = random_layout(rng, 1 + rng() % 4, 50 + rng() % 300, max_len);
     const uint64_t n = l.locations->size();
-    std::vector<uint64_t> plan = epoch_order({n, rng(), true, trial % 2 ? 16u : 0u}, trial);
+    std::vector<uint64_t> plan = epoch_order({n, rng(), true, trial % 4 < 2 ? 16u : 0u}, trial);
     if (trial % 3 == 0) plan.insert(plan.end(), plan.begin(), plan.begin() + n / 3);  // repeats
     PrefetchOptions o;
-    o.memory_budget = (16 + rng() % 200) * 4096;
+    o.memory_budget = budget;
     o.max_inflight = 1 + rng() % 16;
     o.group_records = 1 + rng() % 100;
     o.coalesce_gap = rng() % 2 ? 0 : 4096;
     o.max_request_bytes = 4096 + rng() % 100000;
-    for (auto& src : l.sources) src->set_ranges_per_request(1 + rng() % 8);  // bundled reads
+    for (auto& src : l.sources) {
+      src->set_ranges_per_request(1 + rng() % 8);  // bundled reads
+      // Read by fetch threads, or asynchronously (the source's threads call back), or a mix.
+      if (trial % 3 != 1 && rng() % 2) src->make_asynchronous();
+    }
     Prefetcher p(as_sources(l), l.locations, plan, o, verifier_for(l));
     expect_stream_matches(p, l, plan, seed);
     const PrefetchStats s = p.stats();
@@ -430,66 +432,6 @@ TEST(StreamPrefetcher, CoalescesNeighbouringRanges) {
   // Blocks of 64 neighbours, groups of 64 entries: at most two requests per group (one per block
   // a misaligned group touches).
   EXPECT_LE(p.stats().requests, 2 * (n / 64 + 1)) << "seed " << seed;
-}
-
-TEST(StreamPrefetcher, AsynchronousSourcesStreamInOrderWithinTheBudget) {
-  const uint32_t seed = fresh_seed();
-  std::mt19937_64 rng(seed);
-  for (int trial = 0; trial < 8; ++trial) {
-    // Records up to a third of the budget: spans wrap around the ring's end often.
-    const uint64_t budget = (4 + rng() % 60) * 4096;
-    Layout l = random_layout(rng, 1 + rng() % 4, 50 + rng() % 200, 1 + rng() % (budget / 3));
-    const uint64_t n = l.locations->size();
-    std::vector<uint64_t> plan = epoch_order({n, rng(), true, trial % 2 ? 8u : 0u}, trial);
-    // Some shards asynchronous, the others read on fetch threads: both paths at once.
-    for (auto& src : l.sources) {
-      if (rng() % 3) src->make_asynchronous();
-      src->set_ranges_per_request(1 + rng() % 8);
-    }
-    PrefetchOptions o;
-    o.memory_budget = budget;
-    o.max_inflight = 1 + rng() % 16;
-    o.group_records = 1 + rng() % 40;
-    o.coalesce_gap = rng() % 2 ? 0 : 4096;
-    Prefetcher p(as_sources(l), l.locations, plan, o, verifier_for(l));
-    expect_stream_matches(p, l, plan, seed);
-    EXPECT_LE(p.stats().peak_reserved, o.memory_budget) << "seed " << seed;
-    EXPECT_LE(p.stats().requests, plan.size()) << "seed " << seed;
-  }
-}
-
-TEST(StreamPrefetcher, AsynchronousFailuresRaiseTheShardName) {
-  const uint32_t seed = fresh_seed();
-  std::mt19937_64 rng(seed);
-  Layout l = random_layout(rng, 2, 100, 200);
-  for (auto& src : l.sources) src->make_asynchronous();
-  l.sources[1]->fail_all();
-  std::vector<uint64_t> plan(l.locations->size());
-  for (uint64_t i = 0; i < plan.size(); ++i) plan[i] = i;
-  Prefetcher p(as_sources(l), l.locations, plan);
-  RecordView v;
-  try {
-    while (p.next(v)) ASSERT_EQ((*l.locations)[v.record].shard, 0u) << "seed " << seed;
-    FAIL() << "expected an error for shard 1, seed " << seed;
-  } catch (const RuntimeError& e) {
-    EXPECT_NE(std::string(e.what()).find("memory://shard-1"), std::string::npos) << e.what();
-  }
-}
-
-TEST(StreamPrefetcher, StopsPromptlyWithAsynchronousReadsInFlight) {
-  const uint32_t seed = fresh_seed();
-  std::mt19937_64 rng(seed);
-  Layout l = random_layout(rng, 1, 300, 100);
-  l.sources[0]->make_asynchronous();
-  l.sources[0]->delay(30.0);
-  std::vector<uint64_t> plan(l.locations->size());
-  for (uint64_t i = 0; i < plan.size(); ++i) plan[i] = i;
-  const auto start = std::chrono::steady_clock::now();
-  {
-    Prefetcher p(as_sources(l), l.locations, plan);
-    std::this_thread::sleep_for(std::chrono::milliseconds(50));
-  }
-  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(5));
 }
 
 TEST(StreamPrefetcher, BackpressureHoldsTheBudgetWhileTheConsumerIsSlow) {
@@ -554,41 +496,50 @@ TEST(StreamPrefetcher, RefetchesCorruptRecordsAndReportsPersistentCorruption) {
   }
 }
 
+// Each with synchronous sources (fetch threads) and asynchronous ones (their own threads call back).
 TEST(StreamPrefetcher, AnUnreachableShardRaisesItsNameAndNeverHangs) {
   const uint32_t seed = fresh_seed();
   std::mt19937_64 rng(seed);
-  Layout l = random_layout(rng, 3, 100, 200);
-  l.sources[1]->fail_all();
-  std::vector<uint64_t> plan(l.locations->size());
-  for (uint64_t i = 0; i < plan.size(); ++i) plan[i] = i;
-  Prefetcher p(as_sources(l), l.locations, plan);
-  RecordView v;
-  uint64_t delivered = 0;
-  try {
-    while (p.next(v)) {
-      ASSERT_EQ(v.record, delivered);
-      ASSERT_EQ((*l.locations)[v.record].shard, 0u) << "a record of the failing shard came out";
-      ++delivered;
+  for (const bool asynchronous : {false, true}) {
+    Layout l = random_layout(rng, 3, 100, 200);
+    if (asynchronous)
+      for (auto& src : l.sources) src->make_asynchronous();
+    l.sources[1]->fail_all();
+    std::vector<uint64_t> plan(l.locations->size());
+    for (uint64_t i = 0; i < plan.size(); ++i) plan[i] = i;
+    Prefetcher p(as_sources(l), l.locations, plan);
+    RecordView v;
+    uint64_t delivered = 0;
+    try {
+      while (p.next(v)) {
+        ASSERT_EQ(v.record, delivered);
+        ASSERT_EQ((*l.locations)[v.record].shard, 0u) << "a record of the failing shard came out";
+        ++delivered;
+      }
+      FAIL() << "expected an error for shard 1 (asynchronous " << asynchronous << ")";
+    } catch (const RuntimeError& e) {
+      EXPECT_NE(std::string(e.what()).find("memory://shard-1"), std::string::npos) << e.what();
     }
-    FAIL() << "expected an error for shard 1";
-  } catch (const RuntimeError& e) {
-    EXPECT_NE(std::string(e.what()).find("memory://shard-1"), std::string::npos) << e.what();
   }
 }
 
 TEST(StreamPrefetcher, StopsPromptlyWithSlowReadsInFlight) {
   const uint32_t seed = fresh_seed();
   std::mt19937_64 rng(seed);
-  Layout l = random_layout(rng, 1, 300, 100);
-  l.sources[0]->delay(30.0);  // every read would take 30 s
-  std::vector<uint64_t> plan(l.locations->size());
-  for (uint64_t i = 0; i < plan.size(); ++i) plan[i] = i;
-  const auto start = std::chrono::steady_clock::now();
-  {
-    Prefetcher p(as_sources(l), l.locations, plan);
-    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  for (const bool asynchronous : {false, true}) {
+    Layout l = random_layout(rng, 1, 300, 100);
+    if (asynchronous) l.sources[0]->make_asynchronous();
+    l.sources[0]->delay(30.0);  // every read would take 30 s
+    std::vector<uint64_t> plan(l.locations->size());
+    for (uint64_t i = 0; i < plan.size(); ++i) plan[i] = i;
+    const auto start = std::chrono::steady_clock::now();
+    {
+      Prefetcher p(as_sources(l), l.locations, plan);
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    }
+    EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(5))
+        << "asynchronous " << asynchronous;
   }
-  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(5));
 }
 
 TEST(StreamPrefetcher, RejectsBadArguments) {

@@ -11,7 +11,7 @@
 Writes bench/results/train-<gpu>-<date>.json (one row per backend and crop: backend, crop, step_ms,
 peak_gib, commit, gpu, date), train-stability-<gpu>-<date>.json, and a PNG plot of each.
     python bench/train.py                 # everything (about 10 minutes on an H200)
-    python bench/train.py --part timing   # or --part stability
+    python bench/train.py --part timing   # or --part stability, or --part profile (kernels of one step)
 """
 from __future__ import annotations
 
@@ -27,6 +27,7 @@ import torch
 from tqdm import tqdm
 
 from turbopairformer.benchmarks.attention import git_commit
+from turbopairformer.benchmarks.timing import kernel_times, print_kernel_times
 from turbopairformer.train.data import load_chains
 from turbopairformer.train.loop import Trainer, TrainConfig
 from turbopairformer.train.model import ModelConfig
@@ -112,6 +113,23 @@ def time_steps(args, chains, meta) -> list[dict]:
                      if row["step_ms"] else row["error"])
             print(f"  {backend:<18} crop {crop:4d}: {shown}", flush=True)
     return rows
+
+
+def profile_steps(args, chains) -> None:
+    """Per-kernel CUDA time of one training step of each backend at --profile-crop, after warm-up:
+    where the step time goes (kernels, and the host time the GPU is not busy)."""
+    for backend in args.backends:
+        trainer = make_trainer(args, backend, args.profile_crop, chains, args.seed, 10**6, 0,
+                               "constant")
+        for _ in range(args.compile_warmup if backend == "reference_compile" else args.warmup):
+            trainer.step()
+        per, wall = kernel_times(trainer.step)
+        busy = sum(v[0] for v in per.values())
+        print(f"{backend}, crop {args.profile_crop}: step {wall:.1f} ms (profiled), kernels "
+              f"{busy:.1f} ms in {sum(v[1] for v in per.values())} launches")
+        print_kernel_times(per, args.top)
+        del trainer
+        release()
 
 
 def run_steps(trainer: Trainer, steps: int, desc: str) -> tuple[list[float], list[int]]:
@@ -247,7 +265,9 @@ def plot_stability(result: dict, path: Path, title: str) -> None:
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--part", choices=("all", "timing", "stability"), default="all")
+    p.add_argument("--part", choices=("all", "timing", "stability", "profile"), default="all")
+    p.add_argument("--profile-crop", type=int, default=384, help="crop of --part profile")
+    p.add_argument("--top", type=int, default=25, help="kernels listed per backend by --part profile")
     p.add_argument("--data", default=str(ROOT / "data" / "structures"))
     p.add_argument("--crops", type=int, nargs="+", default=[384, 640, 768])
     p.add_argument("--backends", nargs="+", choices=BACKENDS, default=list(BACKENDS))
@@ -290,6 +310,8 @@ def main(argv=None) -> int:
         plot_timing(rows, path.with_suffix(".png"),
                     f"tpf training step, {model_desc}, {gpu}, {meta['commit']}")
         print(f"wrote {path} and {path.with_suffix('.png')}")
+    if args.part == "profile":
+        profile_steps(args, chains)
     if args.part in ("all", "stability"):
         result = stability(args, chains, meta)
         path = out / f"train-stability-{tag}.json"

@@ -36,8 +36,8 @@ def main() -> None:
             fb = median_ms(fwd_bwd, torch.device("cuda"), warmup=3, repeats=10)
             per, _ = kernel_times(fwd_bwd)
             top = sorted(((n, v[0]) for n, v in per.items()), key=lambda kv: -kv[1])[:6]
-            lean = "lean backward, " if os.environ.get("TPF_ATTENTION_BWD_LEAN") == "1" else ""
-            print(f"{lean}D={D} S={S}: fwd {f:.3f} ms, fwd+bwd {fb:.3f} ms | "
+            variant = "registers backward, " if os.environ.get("TPF_ATTENTION_BWD_LEAN") == "0" else ""
+            print(f"{variant}D={D} S={S}: fwd {f:.3f} ms, fwd+bwd {fb:.3f} ms | "
                   + ", ".join(f"{n} {t:.3f}" for n, t in top), flush=True)
 
 

@@ -16,10 +16,10 @@ struct BackwardWorkspaceLayout {
   size_t total;
 };
 
-// The lean backward (tile_config.h) when TPF_ATTENTION_BWD_LEAN=1 and the head dim has one.
+// The lean backward (tile_config.h) at head dims 16 and 32, unless TPF_ATTENTION_BWD_LEAN=0.
 inline bool backward_lean(int head_dim) {
   const char* env = std::getenv("TPF_ATTENTION_BWD_LEAN");
-  return env != nullptr && env[0] == '1' && head_dim <= 32;
+  return head_dim <= 32 && !(env != nullptr && env[0] == '0');
 }
 
 inline int backward_slices_per_block(int head_dim) {

@@ -130,8 +130,12 @@ void BatchPlan::decode(std::span<const std::byte> file, size_t begin, size_t end
   auto inside = [&](const RecordEntry& e) {
     return e.offset <= file.size() && e.stored_length <= file.size() - e.offset;
   };
-  // Compressed records decode here (8-byte aligned, like every field offset), then are copied.
+  // Compressed records decode into 8-byte-aligned words (every field offset is aligned for its
+  // type), kept per thread up to kKeepBytes so that a batch allocates nothing per record, while one
+  // huge record leaves no huge buffer behind.
+  constexpr uint64_t kKeepBytes = uint64_t(1) << 20;
   thread_local std::vector<uint64_t> scratch;
+  std::vector<uint64_t> large;
   // The records of a shuffled batch lie far apart: the next few are kept loading while one is
   // checked and copied, into L2 (locality 1), which keeps more misses in flight than L1. (Written
   // in the loop: GCC deletes calls to a function that only prefetches, as if it did nothing.)
@@ -155,8 +159,9 @@ void BatchPlan::decode(std::span<const std::byte> file, size_t begin, size_t end
     const std::byte* base = stored.data();
     if (e.codec != Codec::none) {
       const uint64_t raw_size = index_->layout(e.layout_id).raw_size;
-      if (scratch.size() < raw_size / 8 + 1) scratch.resize(raw_size / 8 + 1);
-      const std::span<std::byte> raw(reinterpret_cast<std::byte*>(scratch.data()), raw_size);
+      std::vector<uint64_t>& words = raw_size <= kKeepBytes ? scratch : large;
+      if (words.size() < raw_size / 8 + 1) words.resize(raw_size / 8 + 1);
+      const std::span<std::byte> raw(reinterpret_cast<std::byte*>(words.data()), raw_size);
       detail::decompress_record(*index_, i, e, stored, raw);
       base = raw.data();
     }

@@ -41,6 +41,12 @@ def ours_layout():
                 run=lambda q, k, v, b, m: tpf.triangle_attention(q, k, v, b, m))
 
 
+def ours_no_residual():
+    """Our kernels with output-residual compensation switched off: the accuracy line's baseline."""
+    return Impl(prepare=lambda q, k, v, b, m: ((q, k, v, b), m),
+                run=lambda q, k, v, b, m: tpf.triangle_attention(q, k, v, b, m, residual=False))
+
+
 def torch_eager():
     return Impl(prepare=lambda q, k, v, b, m: ((q, k, v, b), m),
                 run=lambda q, k, v, b, m: triangle_attention_torch(q, k, v, b, m))
@@ -89,6 +95,7 @@ def cuequivariance_impl():
 
 IMPLS = {
     "turbopairformer": ours_layout,
+    "turbopairformer_no_residual": ours_no_residual,
     "torch_eager": torch_eager,
     "torch_sdpa": torch_sdpa,
     "trifast": trifast_impl,
@@ -208,12 +215,41 @@ def main(argv=None) -> int:
                 torch.cuda.empty_cache()
             del ref, sets, inputs_sets, grad_sets
             torch.cuda.empty_cache()
+    print_acceptance(rows)
     if args.json:
         with open(args.json, "w") as f:
             json.dump(rows, f, indent=1)
     if args.plot:
         plot(rows, args.plot)
     return 0
+
+
+def print_acceptance(rows) -> None:
+    """Issue 3's lines: speed against TriFast, accuracy against SDPA and against our own kernel
+    without the residual, memory at S=768, D=32."""
+    at = {(r["impl"], r["D"], r["S"]): r for r in rows}
+    print("acceptance:")
+    for (impl, D, S), r in sorted(at.items()):
+        if impl != "turbopairformer":
+            continue
+        tf = at.get(("trifast", D, S))
+        if tf:
+            fr, fbr = r["fwd_ms"] / tf["fwd_ms"], r["fwd_bwd_ms"] / tf["fwd_bwd_ms"]
+            print(f"  D={D} S={S} vs TriFast: forward {fr:.2f} (at most 0.7: {'met' if fr <= 0.7 else 'MISSED'}), "
+                  f"forward+backward {fbr:.2f} (at most 0.6: {'met' if fbr <= 0.6 else 'MISSED'})")
+        sdpa = at.get(("torch_sdpa", D, S))
+        if sdpa:
+            worse = [k for k in ("O", "dQ", "dK", "dV", "dbias") if r[f"rel_err_{k}"] > sdpa[f"rel_err_{k}"]]
+            print(f"  D={D} S={S} error no worse than SDPA's: {'met' if not worse else 'MISSED on ' + ', '.join(worse)}")
+        off = at.get(("turbopairformer_no_residual", D, S))
+        if off:
+            gains = {k: 1 - r[f"rel_err_{k}"] / off[f"rel_err_{k}"] for k in ("dQ", "dK", "dbias")}
+            print(f"  D={D} S={S} error lower than without the residual: "
+                  + ", ".join(f"{k} {100 * g:.1f}%" for k, g in gains.items())
+                  + f" (at least 25%: {'met' if min(gains.values()) >= 0.25 else 'MISSED'})")
+        if D == 32 and S == 768:
+            print(f"  D=32 S=768 peak extra memory {r['peak_extra_gib']:.2f} GiB (at most 1.5: "
+                  f"{'met' if r['peak_extra_gib'] <= 1.5 else 'MISSED'})")
 
 
 def plot(rows, path):

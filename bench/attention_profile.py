@@ -4,14 +4,13 @@ PyTorch profiler (forward, backward's delta / main / dQ and dbias reductions), a
 from __future__ import annotations
 
 import argparse
-import collections
+import os
 
 import torch
-from torch.profiler import ProfilerActivity, profile
 
 import turbopairformer as tpf
 from turbopairformer.benchmarks.attention import make_inputs
-from turbopairformer.benchmarks.timing import median_ms
+from turbopairformer.benchmarks.timing import kernel_times, median_ms
 
 
 def main() -> None:
@@ -35,17 +34,10 @@ def main() -> None:
 
             f = median_ms(fwd, torch.device("cuda"), warmup=3, repeats=10)
             fb = median_ms(fwd_bwd, torch.device("cuda"), warmup=3, repeats=10)
-            with profile(activities=[ProfilerActivity.CUDA]) as prof:
-                fwd_bwd()
-                torch.cuda.synchronize()
-            per = collections.defaultdict(float)
-            for e in prof.events():
-                if e.device_type == torch.autograd.DeviceType.CUDA:
-                    name = e.name.replace("void ", "").split("<")[0].split("(")[0]
-                    name = name.replace("tpf::cuda::", "").replace("(anonymous namespace)::", "")
-                    per[name[:48]] += e.device_time_total / 1000 if hasattr(e, "device_time_total") else e.cuda_time_total / 1000
-            top = sorted(per.items(), key=lambda kv: -kv[1])[:6]
-            print(f"D={D} S={S}: fwd {f:.3f} ms, fwd+bwd {fb:.3f} ms | "
+            per, _ = kernel_times(fwd_bwd)
+            top = sorted(((n, v[0]) for n, v in per.items()), key=lambda kv: -kv[1])[:6]
+            variant = "registers backward, " if os.environ.get("TPF_ATTENTION_BWD_LEAN") == "0" else ""
+            print(f"{variant}D={D} S={S}: fwd {f:.3f} ms, fwd+bwd {fb:.3f} ms | "
                   + ", ".join(f"{n} {t:.3f}" for n, t in top), flush=True)
 
 

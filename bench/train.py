@@ -3,7 +3,9 @@
 
 1. Step time and peak memory of a full training step (forward, backward, Adam) of the distogram model
    with a 4-block trunk (c_z 128, 4 heads of dim 32, bf16 autocast, batch 1) at crops 384/640/768,
-   for `reference` eager, `reference` with each block under torch.compile, and `turbo`.
+   for `reference` eager, `reference` with each block under torch.compile, `turbo` eager, and
+   `turbo_compile` (each block under torch.compile: our ops stay custom ops, the code around them
+   is fused, as for the reference under compile).
 2. Stability: one shared warm-up from the same initial weights, then 400 steps at lr 1.8e-3 for each
    backend with the same data order, plus the reference again with another data order to measure
    seed-to-seed noise; every non-finite step is reported with its number.
@@ -11,7 +13,7 @@
 Writes bench/results/train-<gpu>-<date>.json (one row per backend and crop: backend, crop, step_ms,
 peak_gib, commit, gpu, date), train-stability-<gpu>-<date>.json, and a PNG plot of each.
     python bench/train.py                 # everything (about 10 minutes on an H200)
-    python bench/train.py --part timing   # or --part stability
+    python bench/train.py --part timing   # or --part stability, or --part profile (kernels of one step)
 """
 from __future__ import annotations
 
@@ -27,12 +29,13 @@ import torch
 from tqdm import tqdm
 
 from turbopairformer.benchmarks.attention import git_commit
+from turbopairformer.benchmarks.timing import kernel_times, print_kernel_times
 from turbopairformer.train.data import load_chains
 from turbopairformer.train.loop import Trainer, TrainConfig
 from turbopairformer.train.model import ModelConfig
 
 ROOT = Path(__file__).resolve().parents[1]
-BACKENDS = ("reference", "reference_compile", "turbo")
+BACKENDS = ("reference", "reference_compile", "turbo", "turbo_compile")
 
 
 def gpu_tag(name: str) -> str:
@@ -49,12 +52,8 @@ def make_trainer(args, backend: str, crop: int, chains, seed: int, steps: int, w
     cfg = TrainConfig(data=args.data, out="", steps=steps, batch_size=1, crop=crop, lr=args.lr,
                       warmup=warmup, schedule=schedule, device=args.device, precision="bf16",
                       seed=seed, val_fraction=0.0, model=model,
-                      backend="reference" if backend == "reference_compile" else backend)
+                      backend=backend.removesuffix("_compile"), compile=backend.endswith("_compile"))
     trainer = Trainer(cfg, chains=chains, progress=False)
-    if backend == "reference_compile":
-        # One compiled graph per block, shared by the blocks (same code, parameters as inputs).
-        for block in trainer.model.pairformer.blocks:
-            block.compile()
     return trainer
 
 
@@ -71,7 +70,7 @@ def time_one(args, backend: str, crop: int, chains, checkpointing: bool) -> dict
     try:
         trainer = make_trainer(args, backend, crop, chains, args.seed, 10**6, 0, "constant",
                                checkpointing)
-        warmup = args.compile_warmup if backend == "reference_compile" else args.warmup
+        warmup = args.compile_warmup if backend.endswith("_compile") else args.warmup
         for _ in range(warmup):
             trainer.step()
         on_gpu = trainer.device.type == "cuda"
@@ -112,6 +111,42 @@ def time_steps(args, chains, meta) -> list[dict]:
                      if row["step_ms"] else row["error"])
             print(f"  {backend:<18} crop {crop:4d}: {shown}", flush=True)
     return rows
+
+
+def profile_steps(args, chains) -> None:
+    """Per-kernel CUDA time of one training step of each backend at --profile-crop, after warm-up:
+    where the step time goes (kernels, and the host time the GPU is not busy)."""
+    for backend in args.backends:
+        trainer = make_trainer(args, backend, args.profile_crop, chains, args.seed, 10**6, 0,
+                               "constant")
+        for _ in range(args.compile_warmup if backend.endswith("_compile") else args.warmup):
+            trainer.step()
+        per, wall = kernel_times(trainer.step)
+        busy = sum(v[0] for v in per.values())
+        print(f"{backend}, crop {args.profile_crop}: step {wall:.1f} ms (profiled), kernels "
+              f"{busy:.1f} ms in {sum(v[1] for v in per.values())} launches")
+        print_kernel_times(per, args.top)
+        del trainer
+        release()
+
+
+def print_acceptance(rows: list[dict]) -> None:
+    """Issue 7's timing lines: turbo at most 0.5x reference eager at crop 384, and faster than the
+    reference under torch.compile at every crop (turbo eager, and turbo under compile)."""
+    ms = {(r["backend"], r["crop"]): r["step_ms"] for r in rows if r["step_ms"]}
+    print("acceptance (step time ratios):")
+    for crop in sorted({r["crop"] for r in rows}):
+        ref, ref_c = ms.get(("reference", crop)), ms.get(("reference_compile", crop))
+        for backend in ("turbo", "turbo_compile"):
+            t = ms.get((backend, crop))
+            if t is None:
+                continue
+            if ref and crop == 384:
+                print(f"  crop {crop} {backend} / reference: {t / ref:.3f} (at most 0.5: "
+                      f"{'met' if t <= 0.5 * ref else 'MISSED'})")
+            if ref_c:
+                print(f"  crop {crop} {backend} / reference_compile: {t / ref_c:.3f} (below 1: "
+                      f"{'met' if t < ref_c else 'MISSED'})")
 
 
 def run_steps(trainer: Trainer, steps: int, desc: str) -> tuple[list[float], list[int]]:
@@ -247,7 +282,9 @@ def plot_stability(result: dict, path: Path, title: str) -> None:
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--part", choices=("all", "timing", "stability"), default="all")
+    p.add_argument("--part", choices=("all", "timing", "stability", "profile"), default="all")
+    p.add_argument("--profile-crop", type=int, default=384, help="crop of --part profile")
+    p.add_argument("--top", type=int, default=25, help="kernels listed per backend by --part profile")
     p.add_argument("--data", default=str(ROOT / "data" / "structures"))
     p.add_argument("--crops", type=int, nargs="+", default=[384, 640, 768])
     p.add_argument("--backends", nargs="+", choices=BACKENDS, default=list(BACKENDS))
@@ -287,9 +324,12 @@ def main(argv=None) -> int:
         rows = time_steps(args, chains, meta)
         path = Path(args.json) if args.json else out / f"train-{tag}.json"
         path.write_text(json.dumps(rows, indent=1))
+        print_acceptance(rows)
         plot_timing(rows, path.with_suffix(".png"),
                     f"tpf training step, {model_desc}, {gpu}, {meta['commit']}")
         print(f"wrote {path} and {path.with_suffix('.png')}")
+    if args.part == "profile":
+        profile_steps(args, chains)
     if args.part in ("all", "stability"):
         result = stability(args, chains, meta)
         path = out / f"train-stability-{tag}.json"

@@ -351,6 +351,21 @@ RecordEntry Index::entry(uint64_t i) const {
   return r;
 }
 
+void Index::entries(std::span<const uint64_t> indices, RecordEntry* out) const {
+  // Far enough ahead that a load from memory completes while the entries before it are decoded.
+  constexpr size_t kAhead = 16;
+  const size_t n = indices.size();
+  for (size_t k = 0; k < n; ++k) {
+    if (k + kAhead < n && indices[k + kAhead] < record_count_)
+      __builtin_prefetch(entries_ + indices[k + kAhead] * detail::kEntryBytes);
+    if (indices[k] >= record_count_)
+      throw Error("indices[" + std::to_string(k) + "] = " + std::to_string(indices[k]) +
+                  " is out of range for " + name_ + " with " + std::to_string(record_count_) +
+                  " records");
+    out[k] = entry(indices[k]);
+  }
+}
+
 Index open_index(const ByteSource& source) {
   const std::string name = source.name();
   const uint64_t size = source.size();

@@ -56,6 +56,25 @@ def test_chunked_backward_matches_single_chunk(monkeypatch, seed):
     check_fa3_rule(ours, base, ref, torch.bfloat16, "(chunked)")
 
 
+@pytest.mark.parametrize("D", [16, 32])
+@pytest.mark.parametrize("S,N", [(33, 5), (257, 7)])
+def test_register_backward_matches_fp64_reference(monkeypatch, S, N, D, seed):
+    """The backward that keeps dbias in registers (TPF_ATTENTION_BWD_LEAN=0; the default at head
+    dims 16 and 32 is the lean one that every other test runs) within the FP64 rule, with an odd
+    slice count (a half-empty last group), bitwise reproducible."""
+    monkeypatch.setenv("TPF_ATTENTION_BWD_LEAN", "0")
+    g = torch.Generator().manual_seed(seed)
+    q, k, v, bias, mask, grad = make_case(2, N, 4, S, D, torch.bfloat16, "cuda", g)
+    ref = reference_fp64(q, k, v, bias, mask, grad, 1 / math.sqrt(D))
+    poison_allocator()
+    ours = run_with_grads(tpf.triangle_attention, q, k, v, bias, mask, grad)
+    base = run_with_grads(triangle_attention_torch, q, k, v, bias, mask, grad)
+    check_fa3_rule(ours, base, ref, torch.bfloat16, f"(registers, S={S}, N={N}, D={D}, seed {seed})")
+    again = run_with_grads(tpf.triangle_attention, q, k, v, bias, mask, grad)
+    for name in GRADS:
+        assert torch.equal(ours[name], again[name]), f"{name} differs between calls (registers)"
+
+
 def test_residual_lowers_gradient_error(seed):
     g = torch.Generator().manual_seed(seed)
     sq = {name: [0.0, 0.0] for name in GRADS}

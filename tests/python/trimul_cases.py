@@ -73,10 +73,16 @@ def torch_same_precision(x, mask, weights, grad, direction):
 
 def assert_fa3_rule(name: str, got: torch.Tensor, same: torch.Tensor, ref: torch.Tensor,
                     context: str) -> None:
-    """|got - ref| <= 2 |same - ref| + rounding noise (max over elements), ref in FP64."""
+    """|got - ref| <= 2 |same - ref| + rounding noise (max over elements), ref in FP64.
+
+    The noise is one unit in the last place: the output's own rounding plus one rounding of a value
+    that the design stores in x's dtype (a, b and z, as the GPU kernels do). At tiny S, where each
+    gradient sums two or three terms, that one rounding can tip an element to the other neighbour
+    while PyTorch's happens to land on the near one: with half a unit, 6 of 1600 bf16 cases at S = 1
+    failed by up to 1.31 half-units (seeds 268587075, 1559017843, 1879687360)."""
     assert torch.isfinite(got).all(), f"{name} has non-finite values; {context}"
     err, base = max_err(got, ref), max_err(same, ref)
-    noise = rounding_noise(ref, got.dtype)
+    noise = 2 * rounding_noise(ref, got.dtype)
     assert err <= 2 * base + noise, (f"{name}: max error {err:.3e} > 2 x PyTorch's {base:.3e} + "
                                      f"noise {noise:.3e}; {context}")
 

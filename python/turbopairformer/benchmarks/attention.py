@@ -57,13 +57,16 @@ def time_impl(fn: AttentionFn, inputs, device: torch.device, repeats: int) -> tu
 
 
 def git_commit() -> str:
-    """The commit being measured: git's HEAD, else TPF_COMMIT (set by scripts/gpu-check on the GPU
-    machine, whose copy of the tree has no .git), else 'unknown'."""
+    """The commit being measured: TPF_COMMIT (set by scripts/gpu-check on the GPU machine to the
+    commit its prebuilt kernels came from; that machine's copy of the tree may carry a stale .git),
+    else git's HEAD, else 'unknown'."""
+    if os.environ.get("TPF_COMMIT"):
+        return os.environ["TPF_COMMIT"]
     try:
         return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
                               text=True, check=True).stdout.strip()
     except (OSError, subprocess.CalledProcessError):
-        return os.environ.get("TPF_COMMIT", "unknown")
+        return "unknown"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

@@ -46,6 +46,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     opt.add_argument("--seed", type=int, default=d.seed, help="weights and data order (default: %(default)s)")
     run = parser.add_argument_group("run")
     run.add_argument("--backend", choices=BACKENDS, default=d.backend, help="(default: %(default)s)")
+    run.add_argument("--compile", action="store_true",
+                     help="run each PairFormer block under torch.compile (either backend)")
     run.add_argument("--device", default=d.device, help="cpu, cuda, cuda:1, ... (default: %(default)s)")
     run.add_argument("--precision", choices=PRECISIONS, default=d.precision,
                      help="bf16 = bfloat16 autocast (default: %(default)s)")

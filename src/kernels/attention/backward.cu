@@ -56,9 +56,10 @@ __global__ void attention_delta_kernel(const AttentionBackwardParams p) {
   }
 }
 
-template <typename T, int D>
+template <typename T, int D, bool Lean>
 struct BackwardSmem {
-  static constexpr int G = BackwardTiles<D>::kSlices;
+  static constexpr int G = BackwardTiles<D, Lean>::kSlices;
+  static constexpr int LDB = kTileK + 4;     // lean dbias tiles, [query][key] fp32, conflict-free
   static constexpr int LD = D + kPad;
   static constexpr int LDT = kTileK + kPad;  // bias and dS tiles, [query][key]
   T k[G][kTileK * LD];
@@ -69,15 +70,17 @@ struct BackwardSmem {
   T ds[2][kTileQ * LDT];
   float lse2[G][kTileQ];
   float delta[G][kTileQ];
-  float dbias_exchange[4][32][32];  // quad 1's dbias sums, [warp][register][lane]
+  // Default: quad 1's dbias sums, [warp][register][lane]. Lean: each quad's dS, [quad][query][key].
+  float dbias_buf[Lean ? 2 * kTileQ * LDB : 4 * 32 * 32];
   uint8_t key_ok[G][kTileK];
 };
 
-template <typename T, int D>
-__global__ void __launch_bounds__(BackwardTiles<D>::kWarps * 32, 1)
+template <typename T, int D, bool Lean>
+__global__ void __launch_bounds__(BackwardTiles<D, Lean>::kWarps * 32,
+                                  BackwardTiles<D, Lean>::kMinBlocksPerSm)
     attention_backward_kernel(const AttentionBackwardParams p, int n_begin, int n_end) {
-  using Tiles = BackwardTiles<D>;
-  using Smem = BackwardSmem<T, D>;
+  using Tiles = BackwardTiles<D, Lean>;
+  using Smem = BackwardSmem<T, D, Lean>;
   constexpr int G = Tiles::kSlices, GQ = Tiles::kSlicesPerQuad, THREADS = Tiles::kWarps * 32;
   constexpr int LD = Smem::LD, LDT = Smem::LDT;
   extern __shared__ __align__(16) uint8_t smem_raw[];
@@ -215,10 +218,20 @@ __global__ void __launch_bounds__(BackwardTiles<D>::kWarps * 32, 1)
             st[j][2 * r + 1] = p1;
             dpt[j][2 * r] = ds0;
             dpt[j][2 * r + 1] = ds1;
-            dbias[j][2 * r] += ds0;
-            dbias[j][2 * r + 1] += ds1;
+            if constexpr (!Lean) {
+              dbias[j][2 * r] += ds0;
+              dbias[j][2 * r + 1] += ds1;
+            }
           }
         }
+      }
+      if constexpr (Lean) {  // this slice's dS for the block's dbias sum (one slice per quad)
+        float* tile = sm.dbias_buf + quad * kTileQ * Smem::LDB;
+#pragma unroll
+        for (int j = 0; j < kTileQ / 8; ++j)
+#pragma unroll
+          for (int e = 0; e < 4; ++e)
+            tile[(j * 8 + (lane & 3) * 2 + (e & 1)) * Smem::LDB + key_lo + (e >> 1) * 8] = dpt[j][e];
       }
       // dv += p^T do, dk += ds^T q (scaled at the end). The packed ds^T fragments are also
       // exactly what stmatrix.trans needs to store ds as [query][key] for dq.
@@ -275,12 +288,27 @@ __global__ void __launch_bounds__(BackwardTiles<D>::kWarps * 32, 1)
       named_barrier(1 + quad, 128);  // sds is rewritten by the next slice
     }
 
+    if constexpr (Lean) {
+      // dbias partial of this group: slice n_first's dS plus slice n_first + 1's, row by row.
+      __syncthreads();
+      float* part = p.dbias_partial + ((int64_t(group) * f.B + b) * f.H + h) * f.Sq * int64_t(f.Sk);
+      const bool second = n_first + 1 < n_end;
+      for (int i = threadIdx.x; i < kTileQ * kTileK; i += THREADS) {
+        const int query = i / kTileK, key = i % kTileK;
+        if (query < qrows && key < krows) {
+          float v = sm.dbias_buf[query * Smem::LDB + key];
+          if (second) v += sm.dbias_buf[(kTileQ + query) * Smem::LDB + key];
+          part[int64_t(q0 + query) * f.Sk + k0 + key] = v;
+        }
+      }
+      continue;
+    }
     // dbias partial of this group: quad 0's sum plus quad 1's, in that order.
     if (quad == 1) {
 #pragma unroll
       for (int j = 0; j < kTileQ / 8; ++j)
 #pragma unroll
-        for (int e = 0; e < 4; ++e) sm.dbias_exchange[wq][j * 4 + e][lane] = dbias[j][e];
+        for (int e = 0; e < 4; ++e) sm.dbias_buf[(wq * 32 + j * 4 + e) * 32 + lane] = dbias[j][e];
     }
     __syncthreads();
     if (quad == 0) {
@@ -293,7 +321,7 @@ __global__ void __launch_bounds__(BackwardTiles<D>::kWarps * 32, 1)
           const int query = j * 8 + (lane & 3) * 2 + (e & 1);
           if (query < qrows && key < krows)
             part[int64_t(q0 + query) * f.Sk + k0 + key] =
-                dbias[j][e] + sm.dbias_exchange[wq][j * 4 + e][lane];
+                dbias[j][e] + sm.dbias_buf[(wq * 32 + j * 4 + e) * 32 + lane];
         }
     }
   }
@@ -380,17 +408,20 @@ int grid_for(int64_t work, int threads) {
   return int(blocks < 65535 * 8 ? (blocks > 0 ? blocks : 1) : 65535 * 8);
 }
 
-template <typename T, int D>
+template <typename T, int D, bool Lean>
 void launch(const AttentionBackwardParams& p, cudaStream_t stream) {
   const AttentionForwardParams& f = p.fwd;
-  using Tiles = BackwardTiles<D>;
+  using Tiles = BackwardTiles<D, Lean>;
   constexpr int G = Tiles::kSlices;
   const int64_t rows = int64_t(f.B) * f.N * f.H * f.Sq;
   attention_delta_kernel<T, D><<<grid_for(rows, 256), 256, 0, stream>>>(p);
 
-  const size_t smem = sizeof(BackwardSmem<T, D>);
-  auto kernel = attention_backward_kernel<T, D>;
+  const size_t smem = sizeof(BackwardSmem<T, D, Lean>);
+  auto kernel = attention_backward_kernel<T, D, Lean>;
   cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem));
+  if (Lean)  // room for two blocks' shared memory per SM
+    cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout,
+                         cudaSharedmemCarveoutMaxShared);
   const int key_tiles = (f.Sk + kTileK - 1) / kTileK;
   for (int n_begin = 0; n_begin < f.N; n_begin += p.chunk) {
     const int n_end = min(f.N, n_begin + p.chunk);
@@ -410,9 +441,9 @@ void launch(const AttentionBackwardParams& p, cudaStream_t stream) {
 template <typename T>
 void attention_backward_launch(const AttentionBackwardParams& p, int head_dim, cudaStream_t stream) {
   switch (head_dim) {
-    case 16: return launch<T, 16>(p, stream);
-    case 32: return launch<T, 32>(p, stream);
-    case 64: return launch<T, 64>(p, stream);
+    case 16: return backward_lean(16) ? launch<T, 16, true>(p, stream) : launch<T, 16, false>(p, stream);
+    case 32: return backward_lean(32) ? launch<T, 32, true>(p, stream) : launch<T, 32, false>(p, stream);
+    case 64: return launch<T, 64, false>(p, stream);
   }
 }
 

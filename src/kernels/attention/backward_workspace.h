@@ -16,7 +16,15 @@ struct BackwardWorkspaceLayout {
   size_t total;
 };
 
+// The lean backward (tile_config.h) at head dims 16 and 32, unless TPF_ATTENTION_BWD_LEAN=0.
+inline bool backward_lean(int head_dim) {
+  const char* env = std::getenv("TPF_ATTENTION_BWD_LEAN");
+  return head_dim <= 32 && !(env != nullptr && env[0] == '0');
+}
+
 inline int backward_slices_per_block(int head_dim) {
+  if (backward_lean(head_dim))
+    return head_dim == 16 ? BackwardTiles<16, true>::kSlices : BackwardTiles<32, true>::kSlices;
   return head_dim == 16 ? BackwardTiles<16>::kSlices
                         : head_dim == 32 ? BackwardTiles<32>::kSlices : BackwardTiles<64>::kSlices;
 }

@@ -98,6 +98,9 @@ void place_fields(Layout& layout, const char* what) {
         throw Error(std::string(what) + ": array size overflows 64 bits");
       n *= f.shape[d];
     }
+    // Both steps checked: a field of 2^64 - 14 bytes once passed the size check and let the next
+    // field's alignment wrap the offset round to a few bytes (found by the batch fuzzer).
+    if (at > UINT64_MAX - 7) throw Error(std::string(what) + ": record size overflows 64 bits");
     at = align_up(at, field_alignment(f.itemsize));
     if (n > UINT64_MAX - at) throw Error(std::string(what) + ": record size overflows 64 bits");
     f.offset = at;

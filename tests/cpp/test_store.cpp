@@ -390,6 +390,27 @@ TEST(StoreBatch, RejectsRecordsThatDoNotFitTogether) {
   EXPECT_NE(plan_error({}, false).find("at least one record"), std::string::npos);
 }
 
+// A layout whose field sizes only add up by wrapping round 2^64 (found by the batch fuzzer: a field
+// of 2^64 - 14 bytes passed the size check, then the next field's alignment wrapped the offset to 0,
+// so the layout claimed an 8-byte record).
+TEST(StoreFormat, LayoutWhoseSizesWrapRound64BitsIsRejected) {
+  tpf::store::Layout layout;
+  layout.fields.resize(3);
+  layout.fields[0].dtype = tpf::store::DType::i32;
+  layout.fields[0].itemsize = 4;
+  layout.fields[0].ndim = 1;
+  layout.fields[0].shape[0] = 3;
+  layout.fields[1].dtype = tpf::store::DType::u8;
+  layout.fields[1].itemsize = 1;
+  layout.fields[1].ndim = 1;
+  layout.fields[1].shape[0] = UINT64_MAX - 13;
+  layout.fields[2].dtype = tpf::store::DType::f64;
+  layout.fields[2].itemsize = 8;
+  layout.fields[2].ndim = 1;
+  layout.fields[2].shape[0] = 1;
+  EXPECT_THROW(tpf::store::detail::place_fields(layout, "layout"), tpf::Error);
+}
+
 TEST(Store, WriterRejectsBadRecords) {
   TempDir dir;
   Writer w(dir.file("bad.tpf"));

@@ -94,7 +94,6 @@ __global__ void __launch_bounds__(BackwardTiles<D, Lean>::kWarps * 32,
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int quad = warp >> 2, wq = warp & 3;
   const T* safe = static_cast<const T*>(f.q);
-  const float scale_log2 = f.scale * kLog2e;
 
   auto slice_ptr = [&](const void* base, const Strides4& st, int n) {
     return static_cast<const T*>(base) + b * st.b + int64_t(n) * st.n + h * st.h;
@@ -124,6 +123,7 @@ __global__ void __launch_bounds__(BackwardTiles<D, Lean>::kWarps * 32,
       for (int e = 0; e < 4; ++e) dk[gi][i][e] = dv[gi][i][e] = 0.f;
 
   const T* bias_base = static_cast<const T*>(f.bias) + b * f.bias_stride_b + h * f.bias_stride_h + k0;
+  const float scale = f.scale;  // in a register: read from the parameter bank per score otherwise
   const int query_tiles = (f.Sq + kTileQ - 1) / kTileQ;
   for (int qt = 0; qt < query_tiles; ++qt) {
     const int q0 = qt * kTileQ, qrows = min(kTileQ, f.Sq - q0);
@@ -210,9 +210,9 @@ __global__ void __launch_bounds__(BackwardTiles<D, Lean>::kWarps * 32,
 #pragma unroll
           for (int r = 0; r < 2; ++r) {  // key g, then g + 8
             const float2 bias = unpack2<T>(bias2[half * 2 + r]);
-            const float x0 = key_ok[r] ? fmaf(st[j][2 * r], scale_log2, bias.x * kLog2e) - lse2.x : -INFINITY;
-            const float x1 = key_ok[r] ? fmaf(st[j][2 * r + 1], scale_log2, bias.y * kLog2e) - lse2.y : -INFINITY;
-            const float p0 = exp2f(x0), p1 = exp2f(x1);
+            // p = exp(s scale + bias - lse) = 2^((s scale + bias) log2e - lse log2e).
+            const float p0 = key_ok[r] ? fast_exp2(fmaf(fmaf(st[j][2 * r], scale, bias.x), kLog2e, -lse2.x)) : 0.f;
+            const float p1 = key_ok[r] ? fast_exp2(fmaf(fmaf(st[j][2 * r + 1], scale, bias.y), kLog2e, -lse2.y)) : 0.f;
             const float ds0 = p0 * (dpt[j][2 * r] - delta.x), ds1 = p1 * (dpt[j][2 * r + 1] - delta.y);
             st[j][2 * r] = p0;
             st[j][2 * r + 1] = p1;

@@ -88,7 +88,7 @@ __global__ void __launch_bounds__(kForwardWarps * 32)
     for (int i = 0; i < D / 8; ++i) o[mt][i][0] = o[mt][i][1] = o[mt][i][2] = o[mt][i][3] = 0.f;
   }
 
-  const float scale_log2 = p.scale * kLog2e;
+  const float scale = p.scale;  // in a register: read from the parameter bank per score otherwise
   const int key_tiles = (p.Sk + kTileK - 1) / kTileK;
   for (int kt = 0; kt < key_tiles; ++kt) {
     const int stage = kt & 1;
@@ -140,8 +140,8 @@ __global__ void __launch_bounds__(kForwardWarps * 32)
 #pragma unroll
           for (int r = 0; r < 2; ++r) {
             const float2 bias = unpack2<T>(bias2[half * 2 + r]);
-            const float x0 = (ok & 0xff) ? fmaf(s[mt][j][2 * r], scale_log2, bias.x * kLog2e) : -INFINITY;
-            const float x1 = (ok >> 8) ? fmaf(s[mt][j][2 * r + 1], scale_log2, bias.y * kLog2e) : -INFINITY;
+            const float x0 = (ok & 0xff) ? fmaf(s[mt][j][2 * r], scale, bias.x) : -INFINITY;
+            const float x1 = (ok >> 8) ? fmaf(s[mt][j][2 * r + 1], scale, bias.y) : -INFINITY;
             s[mt][j][2 * r] = x0;
             s[mt][j][2 * r + 1] = x1;
             tile_max[r] = fmaxf(tile_max[r], fmaxf(x0, x1));
@@ -155,14 +155,15 @@ __global__ void __launch_bounds__(kForwardWarps * 32)
         tile_max[r] = fmaxf(tile_max[r], __shfl_xor_sync(0xffffffffu, tile_max[r], 2));
         const float m_new = fmaxf(m[mt][r], tile_max[r]);
         const float m_use = m_new == -INFINITY ? 0.f : m_new;  // a row with no key yet stays zero
-        correction[r] = exp2f(m[mt][r] - m_use);
+        const float m_log2 = m_use * kLog2e;
+        correction[r] = fast_exp2(fmaf(m[mt][r], kLog2e, -m_log2));
         m[mt][r] = m_new;
         l[mt][r] *= correction[r];
-        // p = exp2(s - m), kept in s.
+        // p = exp(s - m) = 2^(s log2e - m log2e), one FFMA and the SFU per score; kept in s.
 #pragma unroll
         for (int j = 0; j < kTileK / 8; ++j) {
-          s[mt][j][2 * r] = exp2f(s[mt][j][2 * r] - m_use);
-          s[mt][j][2 * r + 1] = exp2f(s[mt][j][2 * r + 1] - m_use);
+          s[mt][j][2 * r] = fast_exp2(fmaf(s[mt][j][2 * r], kLog2e, -m_log2));
+          s[mt][j][2 * r + 1] = fast_exp2(fmaf(s[mt][j][2 * r + 1], kLog2e, -m_log2));
           l[mt][r] += s[mt][j][2 * r] + s[mt][j][2 * r + 1];
         }
       }
@@ -228,7 +229,7 @@ __global__ void __launch_bounds__(kForwardWarps * 32)
         }
       }
       if ((lane & 3) == 0) {
-        const float lse = sum > 0.f ? (m[mt][r] + log2f(sum)) * kLn2 : INFINITY;
+        const float lse = sum > 0.f ? m[mt][r] + log2f(sum) * kLn2 : INFINITY;
         p.lse[b * p.lse_stride_b + n * p.lse_stride_n + h * p.lse_stride_h + row * p.lse_stride_s] =
             lse;
       }

@@ -9,6 +9,10 @@ with single-record calls and with batch calls, in 1 and 2 worker processes. Rate
 reads are also given per CPU-second of the reading process (`*_cpu_per_s`), which other load on
 the machine disturbs far less than wall-clock time.
 
+Not every system does the same work per read. TurboPairFormer verifies each record's XXH3-64
+checksum on every read (its default, kept here); atompack-db keeps no per-record checksum (a byte
+flipped in a stored record reads back silently, with either codec), so its reads skip that step.
+
     python bench/store.py --records 200000            # writes bench/results/store-<machine>-<date>.json + .png
 """
 from __future__ import annotations

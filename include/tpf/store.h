@@ -122,6 +122,10 @@ class Index {
   const HeaderSlot& header() const { return header_; }
   // Entry i; throws tpf::Error naming `index` when i >= size().
   RecordEntry entry(uint64_t i) const;
+  // Entries of records `indices` into out[0, indices.size()). The entries of a shuffled batch lie
+  // far apart in the table, so each is loaded well before it is decoded and the misses overlap.
+  // Throws tpf::Error naming the position of the first index >= size().
+  void entries(std::span<const uint64_t> indices, RecordEntry* out) const;
   const std::vector<std::string>& keys() const { return keys_; }
   const std::vector<Layout>& layouts() const { return layouts_; }
   const Layout& layout(uint32_t id) const { return layouts_.at(id); }
@@ -172,6 +176,63 @@ class Record {
 // The Record refers to `index` (keep it alive).
 Record decode_record(const Index& index, uint64_t i, std::span<const std::byte> stored,
                      bool verify_checksum = true);
+
+// ---------------------------------------------------------------------------------------------
+// Batch reads: many records gathered into one array per key, as a training step consumes them.
+// 0-d fields become [B]. With `stack`, every field becomes [B, *shape] (shapes must be equal);
+// otherwise fields of 1 or more dims are concatenated along their first axis and `lengths` gives
+// each record's number of rows. `bytes` and `utf8` elements are widened, zero padded, to the
+// widest element in the batch.
+struct BatchOutput {
+  uint32_t key_id = 0;
+  DType dtype = DType::f32;
+  uint32_t itemsize = 0;        // bytes per output element
+  std::vector<uint64_t> shape;  // of the output array
+  bool concatenated = false;
+  std::vector<int64_t> lengths;  // rows of each record, when concatenated
+  uint64_t nbytes = 0;
+};
+
+class BatchPlan {
+ public:
+  // Plans reading records `indices` of `index` (any order, repeats allowed; at least one). The
+  // first record's layout fixes the keys. Throws tpf::Error naming the record whose keys, dtypes or
+  // dims differ from the first record's, or the position of an index >= index.size(). The plan
+  // refers to `index` (keep it alive).
+  BatchPlan(const Index& index, std::span<const uint64_t> indices, bool stack);
+
+  size_t size() const { return order_.size(); }
+  // In the order of the first record's fields.
+  const std::vector<BatchOutput>& outputs() const { return outputs_; }
+
+  // Decodes the records at positions [begin, end) of the file order (neighbours in the file are
+  // read together) from `file`, all bytes of the file `index` describes, into out[t]
+  // (outputs()[t].nbytes bytes each; zeroed beforehand where the dtype is bytes or utf8). Calls on
+  // disjoint ranges may run on different threads at once, and the outputs do not depend on how the
+  // records are split. With `verify` each record's checksum is checked. Throws tpf::Error naming
+  // the record on a checksum mismatch, a record that does not decode, or one outside `file`.
+  void decode(std::span<const std::byte> file, size_t begin, size_t end,
+              std::span<std::byte* const> out, bool verify) const;
+
+ private:
+  // One field of a layout used by the batch: where it is in a decoded record and where it goes.
+  struct FieldCopy {
+    uint64_t offset = 0;
+    uint64_t nbytes = 0;
+    uint64_t out_nbytes = 0;  // more than nbytes where text is widened
+    uint64_t rows = 0;        // first-axis length; 1 for a 0-d field
+    uint32_t output = 0;
+    uint32_t itemsize = 0;  // < the output's itemsize when text is widened
+  };
+  const Index* index_ = nullptr;
+  std::vector<uint64_t> indices_;
+  std::vector<RecordEntry> entries_;
+  std::vector<uint32_t> order_;        // positions in file order
+  std::vector<uint32_t> plan_of_;      // per position: which of copies_
+  std::vector<std::vector<FieldCopy>> copies_;  // per distinct layout in the batch
+  std::vector<uint64_t> start_;        // [position * outputs + t]: byte offset in output t
+  std::vector<BatchOutput> outputs_;
+};
 
 // ---------------------------------------------------------------------------------------------
 // Memory-mapped reader of a local file.

@@ -17,6 +17,7 @@
 #include <condition_variable>
 #include <cstddef>
 #include <cstdint>
+#include <exception>
 #include <functional>
 #include <memory>
 #include <mutex>
@@ -48,18 +49,24 @@ struct SourceOptions {
   uint64_t expected_size = 0;
 };
 
-// Set once to abandon work: whoever waits through wait_for() (a retry's backoff) wakes at once.
+// Set once to abandon work: whoever waits through wait_for() (a retry's backoff) wakes at once,
+// and so does every event loop that asked to be told (on_cancel).
 class CancelToken {
  public:
   void cancel();
   bool cancelled() const { return flag_.load(std::memory_order_acquire); }
   // Waits up to `seconds`; returns true when cancelled meanwhile.
   bool wait_for(double seconds) const;
+  // Calls `wake` once cancel() is called (at once, here, when it already was). Registrations with
+  // the same `key` after the first are ignored, so a loop may register on every request it starts.
+  // `wake` runs on the cancelling thread and must not block.
+  void on_cancel(uint64_t key, std::function<void()> wake) const;
 
  private:
   std::atomic<bool> flag_{false};
   mutable std::mutex mutex_;
   mutable std::condition_variable cv_;
+  mutable std::vector<std::pair<uint64_t, std::function<void()>>> listeners_;
 };
 
 // A ByteSource whose reads can be abandoned: the read throws tpf::RuntimeError soon after `cancel`
@@ -72,6 +79,9 @@ struct ByteRange {
 
 class CancellableSource : public ByteSource {
  public:
+  // The end of an asynchronous read: nullptr, or the exception read_ranges would have thrown.
+  using Done = std::function<void(std::exception_ptr)>;
+
   virtual void read_cancellable(uint64_t offset, size_t length, void* dst,
                                 const CancelToken* cancel) const = 0;
   void read(uint64_t offset, size_t length, void* dst) const override {
@@ -84,6 +94,24 @@ class CancellableSource : public ByteSource {
   }
   // How many ranges one read_ranges call should carry: 1 where they are not fetched together.
   virtual size_t ranges_per_request() const { return 1; }
+
+  // read_ranges without waiting: `done` runs exactly once, with any error read_ranges would have
+  // thrown, when the bytes are in place or the read failed. Asynchronous sources return at once and
+  // call `done` from their own I/O thread, which `done` must not block; the others read here and
+  // call `done` before returning. The destination buffers must stay valid and the source alive
+  // until `done` has run.
+  virtual void start_ranges(std::vector<ByteRange> ranges, const CancelToken* cancel,
+                            Done done) const {
+    std::exception_ptr error;
+    try {
+      read_ranges(ranges, cancel);
+    } catch (...) {
+      error = std::current_exception();
+    }
+    done(error);
+  }
+  // True when start_ranges returns at once, so a caller needs no thread of its own per read.
+  virtual bool asynchronous() const { return false; }
 };
 
 // A source for `location`: a path or file:// URL, http:// or https:// (range requests), or
@@ -139,11 +167,18 @@ struct PrefetchOptions {
   // Hard limit on the bytes of fetched data held at once (in flight, ready, and the record being
   // consumed). A single record larger than this is an error.
   uint64_t memory_budget = 256ull << 20;
-  // Range requests in flight at once (the fetch pool's size).
-  int max_inflight = 32;
+  // Range requests in flight at once. Enough must be in flight to cover the source's latency at
+  // the rate the consumer reads: records/s x round trip / ranges per request (at 150,000
+  // records/s, 5 ms plus the server's queue and ~20 ranges per request, over 40). An HTTP or S3
+  // request in flight costs a connection, no thread; sources that read synchronously (files) are
+  // read by min(max_inflight, 32) threads.
+  int max_inflight = 256;
   // Neighbouring ranges of one group of plan entries are merged into one request when the gap
   // between them is at most coalesce_gap bytes and the merged request stays under max_request_bytes.
-  uint64_t coalesce_gap = 64 << 10;
+  // The gap's bytes are fetched, held and thrown away: worth it only where a separate range costs
+  // more than fetching them. For nginx's multi-range answers and for files an extra range costs
+  // about as much as a few KiB; for S3, where each range is a request of its own, far more.
+  uint64_t coalesce_gap = 4 << 10;
   uint64_t max_request_bytes = 8ull << 20;
   // Consecutive plan entries fetched, held and released together; the ranges of one shard in a
   // group share requests, so larger groups mean fewer requests for a shuffled plan.

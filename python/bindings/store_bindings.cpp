@@ -14,6 +14,7 @@
 #include <cstring>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -337,10 +338,9 @@ class PyReader {
     return d;
   }
 
-  // Copies records `indices` into one array per key: 0-d fields become [B]; with stack every field
-  // becomes [B, *shape] (shapes must agree); otherwise fields of 1 or more dims are concatenated
-  // along their first axis, with "_len_<key>" (int64 [B]) giving each record's share. Text fields
-  // take the widest element's width.
+  // Copies records `indices` into one array per key (store::BatchPlan says how): 0-d fields become
+  // [B]; with stack every field becomes [B, *shape]; otherwise fields of 1 or more dims are
+  // concatenated along their first axis, with "_len_<key>" (int64 [B]) giving each record's share.
   nb::object read_batch(nb::object indices_obj, bool stack) const {
     nb::object idx_arr = nb::steal(PyArray_FromAny(
         indices_obj.ptr(), PyArray_DescrFromType(NPY_INT64), 1, 1,
@@ -362,160 +362,71 @@ class PyReader {
                                " is out of range for " + std::to_string(n) + " records").c_str());
       idx[size_t(b)] = uint64_t(i);
     }
-    const store::Index& ix = r_->index();
     if (B == 0) return nb::steal(PyDict_New());
-
-    // Plan: the first record's layout fixes the keys; every record must hold the same keys with
-    // the same dtype and trailing dims. slot[layout][field] is the output a layout's field goes to.
-    const store::Layout& first = ix.layout(ix.entry(idx[0]).layout_id);
-    const size_t F = first.fields.size();
-    std::vector<uint64_t> rows(F, 0), width(F, 0);
-    std::vector<std::vector<int64_t>> lengths(F, std::vector<int64_t>(static_cast<size_t>(B)));
-    std::vector<std::vector<int>> slot(ix.layouts().size());
-    std::vector<char> planned(ix.layouts().size(), 0);
-    auto plan_layout = [&](uint32_t lid, uint64_t rec) {
-      if (planned[lid]) return;
-      planned[lid] = 1;
-      const store::Layout& l = ix.layout(lid);
-      if (l.fields.size() != F)
-        throw Error("read_batch: record " + std::to_string(rec) + " has " +
-                    std::to_string(l.fields.size()) + " fields, record " + std::to_string(idx[0]) +
-                    " has " + std::to_string(F) + "; a batch needs the same keys in every record");
-      slot[lid].assign(F, -1);
-      for (size_t a = 0; a < F; ++a) {
-        const store::Field& f = l.fields[a];
-        size_t t = 0;
-        while (t < F && first.fields[t].key_id != f.key_id) ++t;
-        const std::string& name = ix.keys()[f.key_id];
-        if (t == F)
-          throw Error("read_batch: record " + std::to_string(rec) + " has key '" + name +
-                      "' that record " + std::to_string(idx[0]) + " lacks");
-        const store::Field& g = first.fields[t];
-        const bool text = store::dtype_size(f.dtype) == 0;
-        bool same = f.dtype == g.dtype && (text || f.itemsize == g.itemsize) && f.ndim == g.ndim;
-        for (int d = stack ? 0 : 1; same && d < f.ndim; ++d) same = f.shape[d] == g.shape[d];
-        if (!same)
-          throw Error("read_batch: field '" + name + "' of record " + std::to_string(rec) +
-                      " has a different dtype or shape than in record " + std::to_string(idx[0]) +
-                      (stack ? " (stack=True needs identical shapes)" : " (beyond the first axis)"));
-        slot[lid][a] = int(t);
-        width[t] = std::max<uint64_t>(width[t], f.itemsize);
-      }
-    };
-    for (npy_intp b = 0; b < B; ++b) {
-      const uint32_t lid = ix.entry(idx[size_t(b)]).layout_id;
-      plan_layout(lid, idx[size_t(b)]);
-      const store::Layout& l = ix.layout(lid);
-      for (size_t a = 0; a < F; ++a) {
-        const size_t t = size_t(slot[lid][a]);
-        const uint64_t d0 = l.fields[a].ndim ? l.fields[a].shape[0] : 1;
-        rows[t] += d0;
-        lengths[t][size_t(b)] = int64_t(d0);
-      }
+    const store::Index& ix = r_->index();
+    std::optional<store::BatchPlan> plan;
+    {
+      nb::gil_scoped_release release;
+      plan.emplace(ix, idx, stack);
     }
+    const std::vector<store::BatchOutput>& outputs = plan->outputs();
+    const size_t F = outputs.size();
 
-    // Outputs. Text fields are copied element by element into `width`-byte slots (utf8 ones into
-    // a scratch buffer, decoded to "U" afterwards).
+    // Text fields are copied into zeroed width-byte slots (utf8 ones into a scratch buffer that is
+    // decoded to "U" afterwards); everything else straight into the numpy arrays returned.
     nb::object out = nb::steal(PyDict_New());
     std::vector<std::byte*> dst(F);
     std::vector<std::vector<std::byte>> scratch(F);
-    std::vector<std::vector<npy_intp>> out_dims(F);
+    std::vector<std::vector<npy_intp>> dims(F);
     for (size_t t = 0; t < F; ++t) {
-      const store::Field& g = first.fields[t];
-      std::vector<npy_intp>& dims = out_dims[t];
-      const bool concat = !stack && g.ndim > 0;
-      dims.push_back(concat ? npy_intp(rows[t]) : B);
-      for (int d = concat ? 1 : 0; d < g.ndim; ++d) dims.push_back(npy_intp(g.shape[d]));
-      uint64_t elements = 1;
-      for (npy_intp d : dims) elements *= uint64_t(d);
-      const std::string& key = ix.keys()[g.key_id];
-      if (g.dtype == DType::utf8) {
-        scratch[t].assign(size_t(elements * width[t]), std::byte{0});
+      const store::BatchOutput& o = outputs[t];
+      dims[t].assign(o.shape.begin(), o.shape.end());
+      if (o.dtype == DType::utf8) {
+        scratch[t].assign(size_t(o.nbytes), std::byte{0});
         dst[t] = scratch[t].data();
       } else {
-        PyArray_Descr* descr = g.dtype == DType::bytes ? text_descr('S', width[t])
-                                                       : PyArray_DescrFromType(numpy_type(g.dtype));
-        PyObject* arr = PyArray_NewFromDescr(&PyArray_Type, descr, int(dims.size()), dims.data(),
-                                             nullptr, nullptr, 0, nullptr);
+        PyArray_Descr* descr = o.dtype == DType::bytes ? text_descr('S', o.itemsize)
+                                                       : PyArray_DescrFromType(numpy_type(o.dtype));
+        PyObject* arr = PyArray_NewFromDescr(&PyArray_Type, descr, int(dims[t].size()),
+                                             dims[t].data(), nullptr, nullptr, 0, nullptr);
         if (!arr) throw nb::python_error();
         nb::object holder = nb::steal(arr);
         dst[t] = static_cast<std::byte*>(PyArray_DATA(reinterpret_cast<PyArrayObject*>(arr)));
-        if (g.dtype == DType::bytes) std::memset(dst[t], 0, size_t(elements * width[t]));
-        if (PyDict_SetItem(out.ptr(), keys_[g.key_id].ptr(), arr) != 0) throw nb::python_error();
+        if (o.dtype == DType::bytes) std::memset(dst[t], 0, size_t(o.nbytes));
+        if (PyDict_SetItem(out.ptr(), keys_[o.key_id].ptr(), arr) != 0) throw nb::python_error();
       }
-      if (concat) {
+      if (o.concatenated) {
         npy_intp bd[1] = {B};
         PyObject* la = PyArray_SimpleNew(1, bd, NPY_INT64);
         if (!la) throw nb::python_error();
         nb::object holder = nb::steal(la);
-        std::memcpy(PyArray_DATA(reinterpret_cast<PyArrayObject*>(la)), lengths[t].data(),
+        std::memcpy(PyArray_DATA(reinterpret_cast<PyArrayObject*>(la)), o.lengths.data(),
                     size_t(B) * sizeof(int64_t));
+        const std::string& key = ix.keys()[o.key_id];
         if (PyDict_SetItemString(out.ptr(), ("_len_" + key).c_str(), la) != 0) throw nb::python_error();
-      }
-    }
-    // Where each record's share of each output starts, so records can be copied in file order
-    // (neighbours in the file share pages and cache lines) rather than in the order asked for.
-    std::vector<uint64_t> start(size_t(B) * F);
-    std::vector<std::pair<uint64_t, npy_intp>> order(static_cast<size_t>(B));
-    {
-      std::vector<uint64_t> at(F, 0);
-      for (npy_intp b = 0; b < B; ++b) {
-        const store::RecordEntry e = ix.entry(idx[size_t(b)]);
-        order[size_t(b)] = {e.offset, b};
-        const store::Layout& l = ix.layout(e.layout_id);
-        for (size_t a = 0; a < F; ++a) {
-          const size_t t = size_t(slot[e.layout_id][a]);
-          const store::Field& f = l.fields[a];
-          start[size_t(b) * F + t] = at[t];
-          at[t] += store::dtype_size(f.dtype) ? f.nbytes : f.nbytes / f.itemsize * width[t];
-        }
       }
     }
     {
       nb::gil_scoped_release release;
-      std::sort(order.begin(), order.end());
+      // Chunks of the file-ordered records go to the pool's threads as each takes the next, so a
+      // thread that the shared machine delays leaves its part to the others; a batch of one chunk
+      // wakes no thread at all. The outputs do not depend on which thread decodes what.
+      constexpr int64_t kChunk = 32;
       const std::span<const std::byte> file = r_->bytes();
-      // Contiguous runs of the file-ordered records go to the thread pool: every record has its
-      // own output region (start[]), so the result does not depend on which thread copies what.
-      const int64_t parts =
-          B >= 64 ? std::max<int64_t>(1, std::min<int64_t>(num_threads(), B / 32)) : 1;
-      parallel_for(parts, [&](int64_t part) {
-        const size_t k0 = order.size() * size_t(part) / size_t(parts);
-        const size_t k1 = order.size() * size_t(part + 1) / size_t(parts);
-        for (size_t k = k0; k < k1; ++k) {
-          const npy_intp b = order[k].second;
-          const store::RecordEntry e = ix.entry(idx[size_t(b)]);
-          // Records of a shuffled batch are far apart in the file: start loading the next one
-          // while this one is checked and copied.
-          if (k + 1 < k1) {
-            const store::RecordEntry next = ix.entry(idx[size_t(order[k + 1].second)]);
-            for (uint64_t line = 0; line < next.stored_length; line += 64)
-              __builtin_prefetch(file.data() + next.offset + line);
-          }
-          const store::Record rec = store::decode_record(
-              ix, idx[size_t(b)], file.subspan(e.offset, e.stored_length), r_->verify_checksums());
-          for (size_t a = 0; a < F; ++a) {
-            const size_t t = size_t(slot[e.layout_id][a]);
-            const store::Field& f = rec.field(a);
-            std::byte* out_at = dst[t] + start[size_t(b) * F + t];
-            if (store::dtype_size(f.dtype) != 0) {
-              std::memcpy(out_at, rec.data(a), f.nbytes);
-              continue;
-            }
-            const uint64_t count = f.nbytes / f.itemsize;
-            for (uint64_t c = 0; c < count; ++c)
-              std::memcpy(out_at + c * width[t], rec.data(a) + c * f.itemsize, f.itemsize);
-          }
-        }
+      const bool verify = r_->verify_checksums();
+      const int64_t chunks = (B + kChunk - 1) / kChunk;
+      parallel_for(chunks, [&](int64_t c) {
+        plan->decode(file, size_t(c * kChunk), size_t(std::min<int64_t>(B, (c + 1) * kChunk)), dst,
+                     verify);
       });
     }
     for (size_t t = 0; t < F; ++t) {
-      const store::Field& g = first.fields[t];
-      if (g.dtype != DType::utf8) continue;
+      const store::BatchOutput& o = outputs[t];
+      if (o.dtype != DType::utf8) continue;
       nb::object text = nb::steal(utf8_object(
-          reinterpret_cast<const char*>(scratch[t].data()), width[t], int(out_dims[t].size()),
-          out_dims[t].data(), [&] { return r_->path() + ": read_batch"; }));
-      if (PyDict_SetItem(out.ptr(), keys_[g.key_id].ptr(), text.ptr()) != 0) throw nb::python_error();
+          reinterpret_cast<const char*>(scratch[t].data()), o.itemsize, int(dims[t].size()),
+          dims[t].data(), [&] { return r_->path() + ": read_batch"; }));
+      if (PyDict_SetItem(out.ptr(), keys_[o.key_id].ptr(), text.ptr()) != 0) throw nb::python_error();
     }
     return out;
   }

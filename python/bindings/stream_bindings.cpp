@@ -56,15 +56,15 @@ struct Stream {
     }
     if (!more) throw nb::stop_iteration();
     const std::string& name = shards->shard_name(shards->locate(view.record).first);
-    store::Record rec = shards->decode(view);
-    if (rec.owns_data()) return record_to_dict(rec, keep_alive(rec.owned()), name, view.record);
-    // Uncompressed: the arrays would view the prefetch buffer, which is released as the stream
-    // moves on, so they view a copy of the record instead.
+    // Arrays must not view the prefetch buffer, which is reused as the stream moves on: decode a
+    // copy, which an uncompressed record's arrays then view (a compressed one decodes into a
+    // buffer of its own and the copy goes).
     std::shared_ptr<std::byte[]> copy(new std::byte[std::max<uint64_t>(view.length, 1)]);
     std::memcpy(copy.get(), view.data, view.length);
     RecordView copied = view;
     copied.data = reinterpret_cast<const uint8_t*>(copy.get());
-    rec = shards->decode(copied);
+    const store::Record rec = shards->decode(copied);
+    if (rec.owns_data()) return record_to_dict(rec, keep_alive(rec.owned()), name, view.record);
     return record_to_dict(rec, keep_alive(std::move(copy)), name, view.record);
   }
 
@@ -232,8 +232,8 @@ void bind_stream(nb::module_& m) {
             }
             return stream.release();
           },
-          nb::arg("plan"), nb::arg("memory_budget"), nb::arg("max_inflight") = 32,
-          nb::arg("coalesce_gap") = 64 << 10, nb::arg("max_request_bytes") = 8 << 20,
+          nb::arg("plan"), nb::arg("memory_budget"), nb::arg("max_inflight") = 256,
+          nb::arg("coalesce_gap") = 4 << 10, nb::arg("max_request_bytes") = 8 << 20,
           nb::arg("group_records") = 256, nb::arg("verify") = true,
           nb::rv_policy::take_ownership);
 }

@@ -5,6 +5,7 @@
 #include <condition_variable>
 #include <cstdlib>
 #include <exception>
+#include <memory>
 #include <mutex>
 #include <thread>
 #include <unistd.h>
@@ -12,6 +13,18 @@
 
 namespace tpf {
 namespace {
+
+// One parallel_for call. Workers that join hold it through a shared_ptr, so the caller can return
+// as soon as every task has finished, without waiting for workers that woke too late to take one.
+struct Job {
+  const std::function<void(int64_t)>* fn = nullptr;
+  int64_t n = 0;
+  std::atomic<int64_t> next{0};
+  std::atomic<int64_t> done{0};
+  std::atomic<bool> failed{false};
+  std::mutex error_mu;
+  std::exception_ptr error;
+};
 
 class Pool {
  public:
@@ -29,32 +42,40 @@ class Pool {
 
   void run(int64_t n, const std::function<void(int64_t)>& fn) {
     std::lock_guard<std::mutex> serial(run_mu_);  // one parallel region at a time
+    auto job = std::make_shared<Job>();
+    job->fn = &fn;
+    job->n = n;
     {
       std::lock_guard<std::mutex> lock(mu_);
-      fn_ = &fn;
-      n_ = n;
-      next_.store(0);
-      active_ = int(workers_.size());
-      error_ = nullptr;
+      job_ = job;
       ++generation_;
     }
     wake_.notify_all();
-    drain();
+    drain(*job);
     std::unique_lock<std::mutex> lock(mu_);
-    done_.wait(lock, [this] { return active_ == 0; });
-    fn_ = nullptr;
-    if (error_) std::rethrow_exception(error_);
+    job_.reset();
+    // Only tasks already taken can be outstanding: a worker that is slow to wake (the other cores
+    // are busy) finds nothing left and is not waited for.
+    done_.wait(lock, [&] { return job->done.load() == n; });
+    if (job->error) std::rethrow_exception(job->error);
   }
 
  private:
-  void drain() {
-    for (int64_t i; (i = next_.fetch_add(1)) < n_;) {
-      try {
-        (*fn_)(i);
-      } catch (...) {
+  // Runs tasks of `job` until none is left. After a task throws, the rest are counted, not run.
+  void drain(Job& job) {
+    for (int64_t i; (i = job.next.fetch_add(1)) < job.n;) {
+      if (!job.failed.load()) {
+        try {
+          (*job.fn)(i);
+        } catch (...) {
+          std::lock_guard<std::mutex> lock(job.error_mu);
+          if (!job.error) job.error = std::current_exception();
+          job.failed.store(true);
+        }
+      }
+      if (job.done.fetch_add(1) + 1 == job.n) {
         std::lock_guard<std::mutex> lock(mu_);
-        if (!error_) error_ = std::current_exception();
-        next_.store(n_);
+        done_.notify_all();
       }
     }
   }
@@ -62,28 +83,24 @@ class Pool {
   void work() {
     uint64_t seen = 0;
     for (;;) {
+      std::shared_ptr<Job> job;
       {
         std::unique_lock<std::mutex> lock(mu_);
-        wake_.wait(lock, [&] { return stop_ || generation_ != seen; });
+        wake_.wait(lock, [&] { return stop_ || (job_ && generation_ != seen); });
         if (stop_) return;
         seen = generation_;
+        job = job_;
       }
-      drain();
-      std::lock_guard<std::mutex> lock(mu_);
-      if (--active_ == 0) done_.notify_all();
+      drain(*job);
     }
   }
 
   std::vector<std::thread> workers_;
   std::mutex mu_, run_mu_;
   std::condition_variable wake_, done_;
-  const std::function<void(int64_t)>* fn_ = nullptr;
-  std::atomic<int64_t> next_{0};
-  int64_t n_ = 0;
-  int active_ = 0;
+  std::shared_ptr<Job> job_;  // the call in progress, null between calls
   uint64_t generation_ = 0;
   bool stop_ = false;
-  std::exception_ptr error_;
 };
 
 // The pool's threads do not survive fork(); a forked child (a DataLoader worker) runs serially.

@@ -1,10 +1,11 @@
-// Decoding one record from its stored bytes: the single decode path of the mmap reader and of any
-// ByteSource reader.
+// Decoding one record from its stored bytes: the checks and decompression every read path shares
+// (the mmap reader, any ByteSource reader, batch reads).
 #include <memory>
 #include <string>
 
 #include "store/bytes.h"
 #include "store/codec.h"
+#include "store/record.h"
 #include "tpf/error.h"
 #include "tpf/store.h"
 
@@ -16,17 +17,40 @@ int Record::find(std::string_view key) const {
   return -1;
 }
 
+namespace detail {
+
+namespace {
+Error record_error(const Index& index, uint64_t i, const std::string& why) {
+  return Error(index.name() + ": record " + std::to_string(i) + " " + why);
+}
+std::string no_decode(const Index& index, const RecordEntry& e) {
+  return std::string("does not decompress (") + codec_name(e.codec) + ") to its " +
+         std::to_string(index.layout(e.layout_id).raw_size) + "-byte layout";
+}
+}  // namespace
+
+void check_stored(const Index& index, uint64_t i, const RecordEntry& e,
+                  std::span<const std::byte> stored, bool verify) {
+  if (stored.size() != e.stored_length)
+    throw record_error(index, i, "was given " + std::to_string(stored.size()) +
+                                     " bytes, its entry says " + std::to_string(e.stored_length));
+  if (verify && checksum(stored.data(), stored.size()) != e.checksum)
+    throw record_error(index, i, "is corrupt (checksum mismatch)");
+  if (e.codec != Codec::none && !may_decompress_to(e.codec, stored, index.layout(e.layout_id).raw_size))
+    throw record_error(index, i, no_decode(index, e));
+}
+
+void decompress_record(const Index& index, uint64_t i, const RecordEntry& e,
+                       std::span<const std::byte> stored, std::span<std::byte> raw) {
+  if (!decompress(e.codec, stored, raw)) throw record_error(index, i, no_decode(index, e));
+}
+
+}  // namespace detail
+
 Record decode_record(const Index& index, uint64_t i, std::span<const std::byte> stored,
                      bool verify_checksum) {
   const RecordEntry e = index.entry(i);
-  auto fail = [&](const std::string& why) {
-    return Error(index.name() + ": record " + std::to_string(i) + " " + why);
-  };
-  if (stored.size() != e.stored_length)
-    throw fail("was given " + std::to_string(stored.size()) + " bytes, its entry says " +
-               std::to_string(e.stored_length));
-  if (verify_checksum && detail::checksum(stored.data(), stored.size()) != e.checksum)
-    throw fail("is corrupt (checksum mismatch)");
+  detail::check_stored(index, i, e, stored, verify_checksum);
   Record r;
   r.layout_ = &index.layout(e.layout_id);
   r.keys_ = &index.keys();
@@ -35,17 +59,11 @@ Record decode_record(const Index& index, uint64_t i, std::span<const std::byte> 
     return r;
   }
   const uint64_t raw_size = r.layout_->raw_size;
-  // Reject, before allocating raw_size bytes, stored bytes that cannot decode to raw_size.
-  if (!detail::may_decompress_to(e.codec, stored, raw_size))
-    throw fail(std::string("does not decompress (") + codec_name(e.codec) + ") to its " +
-               std::to_string(raw_size) + "-byte layout");
   // 8-byte-aligned storage so every decoded array is naturally aligned.
   std::shared_ptr<std::byte[]> buf(
       reinterpret_cast<std::byte*>(new uint64_t[(raw_size + 7) / 8 + 1]),
       [](std::byte* p) { delete[] reinterpret_cast<uint64_t*>(p); });
-  if (!detail::decompress(e.codec, stored, std::span<std::byte>(buf.get(), raw_size)))
-    throw fail(std::string("does not decompress (") + codec_name(e.codec) + ") to its " +
-               std::to_string(raw_size) + "-byte layout");
+  detail::decompress_record(index, i, e, stored, std::span<std::byte>(buf.get(), raw_size));
   r.base_ = buf.get();
   r.owned_ = std::move(buf);
   return r;

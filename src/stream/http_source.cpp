@@ -1,21 +1,19 @@
-// HTTP(S) range reads and S3 objects through libcurl. Each source keeps a small pool of easy
-// handles (each keeps its connection alive between requests) and never runs more than
-// max_connections requests at once. Every request has connect, total and stall timeouts; every
-// retry loop has a count and a deadline; backoff waits on a condition variable so cancelling wakes it.
-#include <curl/curl.h>
+// HTTP(S) range reads and S3 objects through libcurl, run by the process's HTTP engine
+// (curl_engine.h): a source's reads are requests on the engine's event loop, at most
+// max_connections of them at once, sharing its connections. Every request has connect, total and
+// stall timeouts and is retried with backoff on connection errors, 5xx, 429 and short reads.
+#include <strings.h>
 
 #include <algorithm>
 #include <atomic>
-#include <chrono>
-#include <condition_variable>
 #include <cstdlib>
 #include <cstring>
 #include <ctime>
 #include <mutex>
 #include <optional>
-#include <random>
 #include <vector>
 
+#include "stream/curl_engine.h"
 #include "stream/sources.h"
 #include "tpf/error.h"
 
@@ -23,16 +21,7 @@ namespace tpf::stream {
 
 namespace {
 
-using Clock = std::chrono::steady_clock;
 using Headers = std::vector<std::pair<std::string, std::string>>;
-
-void global_init() {
-  static std::once_flag once;
-  std::call_once(once, [] {
-    if (curl_global_init(CURL_GLOBAL_DEFAULT) != CURLE_OK)
-      throw RuntimeError("libcurl could not be initialised (curl_global_init failed)");
-  });
-}
 
 std::string env(const char* name) {
   const char* v = std::getenv(name);
@@ -55,14 +44,7 @@ struct S3Target {
   std::string path;  // percent-encoded
 };
 
-// What one attempt came to.
-struct Outcome {
-  enum Kind { ok, retry, fatal } kind = ok;
-  std::string message;
-  double retry_after_s = 0;
-};
-
-// State shared with curl's callbacks during one transfer.
+// State shared with curl's callbacks during one attempt.
 struct Transfer {
   CURL* handle = nullptr;
   uint8_t* dst = nullptr;
@@ -76,12 +58,11 @@ struct Transfer {
   double retry_after_s = 0;
   std::optional<uint64_t> content_range_start;
   const CancelToken* cancel = nullptr;
-  std::string content_type;
+  bool multipart_type = false;  // Content-Type: multipart/byteranges
   // Multi-range requests: the ranges asked for, the bytes of each filled so far, and the parser of
   // a multipart/byteranges body (part headers are gathered in `part_header`, bounded).
   const std::vector<ByteRange>* ranges = nullptr;
   std::vector<uint64_t> filled;
-  bool multipart = false;
   bool in_part = false;
   uint64_t part_pos = 0, part_left = 0;
   std::string part_header;
@@ -89,6 +70,20 @@ struct Transfer {
 };
 
 constexpr size_t kMaxPartHeader = 8192;
+
+// The value of header `name` (lower case, with its colon) among the CRLF-separated lines of
+// [text, text + n), or nullptr. Only line starts are compared: a part's header block has a few.
+const char* header_value(const char* text, size_t n, const char* name) {
+  const size_t k = std::strlen(name);
+  const char* end = text + n;
+  for (const char* line = text; line < end;) {
+    if (size_t(end - line) >= k && ::strncasecmp(line, name, k) == 0) return line + k;
+    const void* nl = std::memchr(line, '\n', size_t(end - line));
+    if (!nl) break;
+    line = static_cast<const char*>(nl) + 1;
+  }
+  return nullptr;
+}
 
 // Copies body bytes that sit at file offset `pos` into every requested range they overlap.
 void scatter(Transfer& t, uint64_t pos, const char* data, size_t n) {
@@ -104,19 +99,18 @@ void scatter(Transfer& t, uint64_t pos, const char* data, size_t n) {
   }
 }
 
-// "... Content-Range: bytes A-B/N ..." -> (A, B - A + 1)
-bool parse_content_range(const std::string& headers, uint64_t& start, uint64_t& length) {
-  std::string lower = headers;
-  for (auto& c : lower) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
-  const auto at = lower.find("content-range:");
-  if (at == std::string::npos) return false;
-  const auto bytes = lower.find("bytes", at);
-  if (bytes == std::string::npos) return false;
-  char* end = nullptr;
-  start = std::strtoull(lower.c_str() + bytes + 5, &end, 10);
-  if (!end || *end != '-') return false;
-  const uint64_t last = std::strtoull(end + 1, nullptr, 10);
-  if (last < start) return false;
+// "... Content-Range: bytes A-B/N ..." in [text, text + n) -> (A, B - A + 1)
+bool parse_content_range(const char* text, size_t n, uint64_t& start, uint64_t& length) {
+  const char* end = text + n;
+  const char* at = header_value(text, n, "content-range:");
+  while (at && at < end && *at == ' ') ++at;
+  if (!at || end - at < 5 || ::strncasecmp(at, "bytes", 5) != 0) return false;
+  // The numbers end at '-', '/' or the line's end, all inside the gathered header text.
+  char* stop = nullptr;
+  start = std::strtoull(at + 5, &stop, 10);
+  if (!stop || stop >= end || *stop != '-') return false;
+  const uint64_t last = std::strtoull(stop + 1, &stop, 10);
+  if (!stop || stop > end || last < start) return false;
   length = last - start + 1;
   return true;
 }
@@ -147,7 +141,7 @@ void feed_multipart(Transfer& t, const char* data, size_t n) {
       continue;
     }
     uint64_t start = 0, length = 0;
-    if (!parse_content_range(t.part_header.substr(0, end), start, length)) {
+    if (!parse_content_range(t.part_header.data(), end + 2, start, length)) {
       t.malformed = true;
       return;
     }
@@ -161,23 +155,30 @@ void feed_multipart(Transfer& t, const char* data, size_t n) {
   }
 }
 
+// Header lines arrive whole, ending in CRLF.
 size_t on_header(char* data, size_t size, size_t n, void* user) {
   auto* t = static_cast<Transfer*>(user);
   const size_t len = size * n;
-  std::string line(data, len);
-  const auto colon = line.find(':');
-  if (colon == std::string::npos) return len;
-  std::string name = line.substr(0, colon);
-  for (auto& c : name) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
-  const std::string value = line.substr(colon + 1);
-  if (name == "retry-after") {
-    t->retry_after_s = std::strtod(value.c_str(), nullptr);
-  } else if (name == "content-type") {
-    t->content_type = value;
-  } else if (name == "content-range") {
-    const auto bytes = value.find("bytes ");
+  auto is = [&](const char* name) {
+    const size_t k = std::strlen(name);
+    return len > k && ::strncasecmp(data, name, k) == 0;
+  };
+  // A copy of the value, NUL-terminated for the number parsers (values we read are short).
+  auto value = [&](size_t skip) {
+    return std::string(data + skip, std::min<size_t>(len - skip, 256));
+  };
+  if (is("retry-after:")) {
+    t->retry_after_s = std::strtod(value(12).c_str(), nullptr);
+  } else if (is("content-type:")) {
+    const std::string v = value(13);
+    const char* type = v.c_str();
+    while (*type == ' ') ++type;
+    t->multipart_type = ::strncasecmp(type, "multipart/byteranges", 20) == 0;
+  } else if (is("content-range:")) {
+    const std::string v = value(14);
+    const auto bytes = v.find("bytes ");
     if (bytes != std::string::npos)
-      t->content_range_start = std::strtoull(value.c_str() + bytes + 6, nullptr, 10);
+      t->content_range_start = std::strtoull(v.c_str() + bytes + 6, nullptr, 10);
   }
   return len;
 }
@@ -185,17 +186,15 @@ size_t on_header(char* data, size_t size, size_t n, void* user) {
 size_t on_body(char* data, size_t size, size_t n, void* user) {
   auto* t = static_cast<Transfer*>(user);
   const size_t len = size * n;
+  long status = 0;
   if (!t->checked) {
-    long status = 0;
     curl_easy_getinfo(t->handle, CURLINFO_RESPONSE_CODE, &status);
     t->checked = true;
     if (t->ranges) {
-      std::string type = t->content_type;
-      for (auto& c : type) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
-      t->multipart = status == 206 && type.find("multipart/byteranges") != std::string::npos;
+      const bool multipart = status == 206 && t->multipart_type;
       // A single-part 206 (the server merged the ranges) is one part at its Content-Range.
-      t->range_ok = status == 206 && (t->multipart || t->content_range_start.has_value());
-      if (t->range_ok && !t->multipart) {
+      t->range_ok = status == 206 && (multipart || t->content_range_start.has_value());
+      if (t->range_ok && !multipart) {
         t->in_part = true;
         t->part_pos = *t->content_range_start;
         t->part_left = UINT64_MAX;
@@ -203,19 +202,23 @@ size_t on_body(char* data, size_t size, size_t n, void* user) {
     } else {
       t->range_ok = status == 206 && t->content_range_start.value_or(t->offset) == t->offset;
     }
+    if (!t->range_ok && status == 200) {
+      // The whole object, not a range: never download it, stop here.
+      t->error_body.assign(data, std::min<size_t>(len, 300));
+      return 0;
+    }
   }
   if (t->ranges) {
     if (t->range_ok) {
       feed_multipart(*t, data, len);
       return t->malformed ? 0 : len;
     }
-    // Not ranges (an error page, or a 200 with the whole object): keep the start for the
-    // message and stop the transfer rather than download the object.
+    // Not ranges (an error page): keep its start for the message and stop the transfer.
     t->error_body.append(data, std::min<size_t>(len, 300));
     return 0;
   }
   if (!t->range_ok) {
-    // Keep the start of an error page for the message; drop a 200 body that ignored the range.
+    // Keep the start of an error page for the message.
     if (t->error_body.size() < 300)
       t->error_body.append(data, std::min(len, 300 - t->error_body.size()));
     return len;
@@ -253,26 +256,70 @@ bool retryable_curl_error(CURLcode code) {
   }
 }
 
+Outcome classify(CURLcode code, long status, const Transfer& t, const std::string& detail) {
+  if (code != CURLE_OK && code != CURLE_WRITE_ERROR) {
+    Outcome o{retryable_curl_error(code) ? Outcome::retry : Outcome::fatal,
+              std::string("transfer error: ") + curl_easy_strerror(code) + detail};
+    if (code == CURLE_ABORTED_BY_CALLBACK) o.message = "cancelled";
+    return o;
+  }
+  if (status == 429 || status >= 500)
+    return {Outcome::retry, "HTTP " + std::to_string(status), t.retry_after_s};
+  return {Outcome::ok, ""};
+}
+
+std::string one_line(std::string body) {
+  for (auto& c : body)
+    if (c == '\n' || c == '\r') c = ' ';
+  return body;
+}
+
+class HttpSource;
+
+// One request of a source: a HEAD, a GET of one range, or a GET of several (multipart answer).
+struct HttpRequest final : Request {
+  enum class Kind { head, range, ranges };
+  HttpRequest(const HttpSource* s, Kind k) : source(s), kind(k) {}
+  ~HttpRequest() override { curl_slist_free_all(headers); }
+  void prepare(CURL* handle) override;
+  Outcome judge(CURL* handle, CURLcode code) override;
+
+  const HttpSource* source;
+  Kind kind;
+  uint64_t offset = 0;  // range
+  size_t length = 0;
+  uint8_t* dst = nullptr;
+  std::vector<ByteRange> ranges;  // ranges
+  uint64_t* size_out = nullptr;   // head: where the size goes
+  bool unsupported = false;       // ranges: the server answered 200 (it ignores several ranges)
+  Transfer t;
+  curl_slist* headers = nullptr;
+};
+
 class HttpSource final : public CancellableSource {
  public:
   HttpSource(std::string url, std::string display_name, const SourceOptions& options,
              std::optional<S3Target> s3)
       : url_(std::move(url)), name_(std::move(display_name)), options_(options),
-        s3_(std::move(s3)), rng_(std::random_device{}()) {
+        s3_(std::move(s3)) {
     TPF_CHECK(options.max_connections >= 1, "max_connections: expected >= 1, got " +
                                                 std::to_string(options.max_connections));
     TPF_CHECK(options.max_attempts >= 1,
               "max_attempts: expected >= 1, got " + std::to_string(options.max_attempts));
-    global_init();
-    size_ = options.expected_size ? options.expected_size : fetch_size();
-  }
-
-  ~HttpSource() override {
-    for (CURL* h : idle_) curl_easy_cleanup(h);
+    slots_.limit = options.max_connections;
+    engine_ = CurlEngine::shared();
+    if (options.expected_size) {
+      size_ = options.expected_size;
+    } else {
+      auto head = new_request(HttpRequest::Kind::head, "HEAD", nullptr);
+      head->size_out = &size_;
+      engine_->run(std::move(head));
+    }
   }
 
   uint64_t size() const override { return size_; }
   std::string name() const override { return name_; }
+  bool asynchronous() const override { return true; }
 
   // S3 answers one range per request; plain HTTP servers (nginx) answer several at once, until
   // one shows it does not.
@@ -280,103 +327,73 @@ class HttpSource final : public CancellableSource {
     return s3_ || !multi_range_ok_.load() ? 1 : kMaxRangesPerRequest;
   }
 
-  void read_ranges(const std::vector<ByteRange>& ranges, const CancelToken* cancel) const override {
-    for (const ByteRange& r : ranges) check_range(*this, r.offset, r.length);
-    if (ranges.size() > 1 && ranges_per_request() > 1) {
-      bool unsupported = false;
-      with_retries(std::to_string(ranges.size()) + "-range GET", cancel,
-                   [&](CURL* h) { return get_ranges(h, ranges, cancel, unsupported); });
-      if (!unsupported) return;
-      multi_range_ok_.store(false);
-    }
-    for (const ByteRange& r : ranges) read_cancellable(r.offset, r.length, r.dst, cancel);
-  }
-
   void read_cancellable(uint64_t offset, size_t length, void* dst,
                         const CancelToken* cancel) const override {
-    check_range(*this, offset, length);
-    if (length == 0) return;
-    with_retries("GET bytes " + std::to_string(offset) + "-" + std::to_string(offset + length - 1),
-                 cancel, [&](CURL* h) { return get_range(h, offset, length, dst, cancel); });
+    read_ranges({{offset, length, dst}}, cancel);
   }
 
- private:
-  uint64_t fetch_size() const {
-    uint64_t size = 0;
-    with_retries("HEAD", nullptr, [&](CURL* h) { return head(h, size); });
-    return size;
+  void read_ranges(const std::vector<ByteRange>& ranges, const CancelToken* cancel) const override {
+    for (const ByteRange& r : ranges) check_range(*this, r.offset, r.length);
+    if (engine_->on_engine_thread())
+      throw Error("a blocking read of '" + name_ +
+                  "' was started on the HTTP engine's own thread, which would wait for itself");
+    wait_for([&](Done done) { start_ranges(ranges, cancel, std::move(done)); });
   }
 
-  CURL* acquire() const {
-    std::unique_lock<std::mutex> lock(mutex_);
-    cv_.wait(lock, [&] { return !idle_.empty() || created_ < options_.max_connections; });
-    if (!idle_.empty()) {
-      CURL* h = idle_.back();
-      idle_.pop_back();
-      return h;
+  void start_ranges(std::vector<ByteRange> ranges, const CancelToken* cancel,
+                    Done done) const override {
+    try {
+      for (const ByteRange& r : ranges) check_range(*this, r.offset, r.length);
+    } catch (...) {
+      return done(std::current_exception());
     }
-    CURL* h = curl_easy_init();
-    if (!h) throw RuntimeError("libcurl could not create a handle for '" + name_ + "'");
-    ++created_;
-    return h;
+    ranges.erase(std::remove_if(ranges.begin(), ranges.end(),
+                                [](const ByteRange& r) { return r.length == 0; }),
+                 ranges.end());
+    if (ranges.empty()) return done(nullptr);
+    if (ranges.size() == 1 || ranges_per_request() == 1)
+      return start_each(std::move(ranges), cancel, std::move(done));
+    auto req = new_request(HttpRequest::Kind::ranges,
+                           std::to_string(ranges.size()) + "-range GET", cancel);
+    req->ranges = std::move(ranges);
+    HttpRequest* raw = req.get();
+    req->done = [this, raw, cancel, done = std::move(done)](std::exception_ptr error) mutable {
+      if (error || !raw->unsupported) return done(error);
+      // The server ignores multi-range requests: say so, and fetch these one range at a time.
+      multi_range_ok_.store(false);
+      start_each(std::move(raw->ranges), cancel, std::move(done));
+    };
+    engine_->submit(std::move(req));
   }
 
-  void release(CURL* h) const {
-    {
-      std::lock_guard<std::mutex> lock(mutex_);
-      idle_.push_back(h);
-    }
-    cv_.notify_one();
-  }
-
-  double jittered_backoff(int attempt) const {
-    const double cap =
-        std::min(options_.backoff_max_s, options_.backoff_base_s * double(1ull << std::min(attempt, 30)));
-    std::lock_guard<std::mutex> lock(mutex_);
-    return std::uniform_real_distribution<double>(0.5 * cap, cap)(rng_);
-  }
-
-  // Runs `attempt` until it succeeds, fails for good, or the tries or the deadline run out.
-  template <typename F>
-  void with_retries(const std::string& what, const CancelToken* cancel, F&& attempt) const {
-    const auto deadline =
-        Clock::now() + std::chrono::duration_cast<Clock::duration>(
-                           std::chrono::duration<double>(options_.retry_deadline_s));
-    std::string last;
-    for (int i = 0; i < options_.max_attempts; ++i) {
-      if (cancel && cancel->cancelled()) throw RuntimeError(what + " of '" + name_ + "' cancelled");
-      CURL* h = acquire();
-      Outcome out;
-      try {
-        out = attempt(h);
-      } catch (...) {
-        release(h);
-        throw;
+  void prepare(HttpRequest& req, CURL* h) const {
+    curl_slist_free_all(req.headers);
+    req.headers = nullptr;
+    req.t = Transfer();
+    Transfer& t = req.t;
+    t.handle = h;
+    t.cancel = req.cancel;
+    Headers extra;
+    if (req.kind == HttpRequest::Kind::range) {
+      t.dst = req.dst;
+      t.offset = req.offset;
+      t.length = req.length;
+      extra.emplace_back("Range", "bytes=" + std::to_string(req.offset) + "-" +
+                                      std::to_string(req.offset + req.length - 1));
+    } else if (req.kind == HttpRequest::Kind::ranges) {
+      t.ranges = &req.ranges;
+      t.filled.assign(req.ranges.size(), 0);
+      t.part_header.reserve(kMaxPartHeader);
+      std::string spec = "bytes=";
+      for (size_t i = 0; i < req.ranges.size(); ++i) {
+        if (i) spec += ',';
+        spec += std::to_string(req.ranges[i].offset);
+        spec += '-';
+        spec += std::to_string(req.ranges[i].offset + req.ranges[i].length - 1);
       }
-      release(h);
-      if (out.kind == Outcome::ok) return;
-      if (out.kind == Outcome::fatal) throw RuntimeError(what + " of '" + name_ + "': " + out.message);
-      last = out.message;
-      if (i + 1 == options_.max_attempts) break;
-      const double delay = std::max(jittered_backoff(i), std::min(out.retry_after_s, options_.backoff_max_s));
-      const double left = std::chrono::duration<double>(deadline - Clock::now()).count();
-      if (delay >= left) break;
-      if (cancel) {
-        if (cancel->wait_for(delay)) throw RuntimeError(what + " of '" + name_ + "' cancelled");
-      } else {
-        // Nothing can cancel this wait; it still sleeps on a condition variable, not a spin.
-        std::unique_lock<std::mutex> lock(backoff_mutex_);
-        backoff_cv_.wait_for(lock, std::chrono::duration<double>(delay));
-      }
+      extra.emplace_back("Range", std::move(spec));
     }
-    throw RuntimeError(what + " of '" + name_ + "' failed after retries (at most " +
-                       std::to_string(options_.max_attempts) + " tries within " +
-                       std::to_string(options_.retry_deadline_s) + " s); last error: " + last);
-  }
-
-  // Common options and headers of every request; returns the header list to free.
-  curl_slist* prepare(CURL* h, Transfer& t, const char* method, const Headers& extra) const {
-    curl_easy_reset(h);
+    const bool head = req.kind == HttpRequest::Kind::head;
     curl_easy_setopt(h, CURLOPT_URL, url_.c_str());
     curl_easy_setopt(h, CURLOPT_NOSIGNAL, 1L);
     curl_easy_setopt(h, CURLOPT_CONNECTTIMEOUT_MS, long(options_.connect_timeout_s * 1000));
@@ -391,142 +408,136 @@ class HttpSource final : public CancellableSource {
     curl_easy_setopt(h, CURLOPT_NOPROGRESS, 0L);
     curl_easy_setopt(h, CURLOPT_XFERINFOFUNCTION, on_progress);
     curl_easy_setopt(h, CURLOPT_XFERINFODATA, &t);
-    if (std::strcmp(method, "HEAD") == 0) curl_easy_setopt(h, CURLOPT_NOBODY, 1L);
+    if (head) curl_easy_setopt(h, CURLOPT_NOBODY, 1L);
     Headers headers = extra;
     if (s3_) {
       const Headers signed_headers =
-          sigv4_headers(s3_->creds, method, s3_->host, s3_->path, extra, amz_now());
+          sigv4_headers(s3_->creds, head ? "HEAD" : "GET", s3_->host, s3_->path, extra, amz_now());
       headers.insert(headers.end(), signed_headers.begin(), signed_headers.end());
     }
-    curl_slist* list = nullptr;
-    for (const auto& [k, v] : headers) list = curl_slist_append(list, (k + ": " + v).c_str());
-    curl_easy_setopt(h, CURLOPT_HTTPHEADER, list);
-    return list;
+    for (const auto& [k, v] : headers)
+      req.headers = curl_slist_append(req.headers, (k + ": " + v).c_str());
+    curl_easy_setopt(h, CURLOPT_HTTPHEADER, req.headers);
   }
 
-  static Outcome classify(CURLcode code, long status, const Transfer& t, const std::string& detail) {
-    if (code != CURLE_OK && code != CURLE_WRITE_ERROR) {
-      Outcome o{retryable_curl_error(code) ? Outcome::retry : Outcome::fatal,
-                std::string("transfer error: ") + curl_easy_strerror(code) + detail};
-      if (code == CURLE_ABORTED_BY_CALLBACK) o.message = "cancelled";
-      return o;
-    }
-    if (status == 429 || status >= 500)
-      return {Outcome::retry, "HTTP " + std::to_string(status), t.retry_after_s};
-    return {Outcome::ok, ""};
-  }
-
-  Outcome head(CURL* h, uint64_t& size) const {
-    Transfer t;
-    t.handle = h;
-    curl_slist* list = prepare(h, t, "HEAD", {});
-    const CURLcode code = curl_easy_perform(h);
-    curl_slist_free_all(list);
+  Outcome judge(HttpRequest& req, CURL* h, CURLcode code) const {
     long status = 0;
     curl_easy_getinfo(h, CURLINFO_RESPONSE_CODE, &status);
-    Outcome o = classify(code, status, t, "");
-    if (o.kind != Outcome::ok) return o;
-    if (status != 200) return {Outcome::fatal, "HTTP " + std::to_string(status) + " (expected 200)"};
-    curl_off_t length = -1;
-    curl_easy_getinfo(h, CURLINFO_CONTENT_LENGTH_DOWNLOAD_T, &length);
-    if (length < 0) return {Outcome::fatal, "the response carries no Content-Length"};
-    size = static_cast<uint64_t>(length);
-    return o;
+    const Transfer& t = req.t;
+    switch (req.kind) {
+      case HttpRequest::Kind::head: {
+        Outcome o = classify(code, status, t, "");
+        if (o.kind != Outcome::ok) return o;
+        if (status != 200)
+          return {Outcome::fatal, "HTTP " + std::to_string(status) + " (expected 200)"};
+        curl_off_t length = -1;
+        curl_easy_getinfo(h, CURLINFO_CONTENT_LENGTH_DOWNLOAD_T, &length);
+        if (length < 0) return {Outcome::fatal, "the response carries no Content-Length"};
+        *req.size_out = static_cast<uint64_t>(length);
+        return o;
+      }
+      case HttpRequest::Kind::range: {
+        if (t.overflow) return {Outcome::retry, "the server sent more than the range asked for"};
+        Outcome o = classify(code, status, t,
+                             t.got ? " after " + std::to_string(t.got) + " of " +
+                                         std::to_string(t.length) + " bytes"
+                                   : std::string());
+        if (o.kind != Outcome::ok) return o;
+        if (status != 206)
+          return {Outcome::fatal, "HTTP " + std::to_string(status) +
+                                      " (expected 206 Partial Content)" +
+                                      (t.error_body.empty() ? "" : ": " + one_line(t.error_body))};
+        if (t.checked && !t.range_ok)
+          return {Outcome::retry, "the response's Content-Range is not the range asked for"};
+        if (t.got != t.length)
+          return {Outcome::retry, "short read: " + std::to_string(t.got) + " of " +
+                                      std::to_string(t.length) + " bytes"};
+        return o;
+      }
+      case HttpRequest::Kind::ranges: {
+        if (t.malformed) return {Outcome::retry, "a malformed multipart/byteranges response"};
+        Outcome o = classify(code, status, t, "");
+        if (o.kind != Outcome::ok) return o;
+        if (status == 200) {
+          req.unsupported = true;
+          return {Outcome::ok, ""};
+        }
+        if (status != 206)
+          return {Outcome::fatal,
+                  "HTTP " + std::to_string(status) + " (expected 206 Partial Content)"};
+        for (size_t i = 0; i < req.ranges.size(); ++i)
+          if (t.filled[i] < req.ranges[i].length)
+            return {Outcome::retry, "short read: range " + std::to_string(req.ranges[i].offset) +
+                                        "+" + std::to_string(req.ranges[i].length) + " got " +
+                                        std::to_string(t.filled[i]) + " bytes"};
+        return o;
+      }
+    }
+    return {Outcome::fatal, "unknown request kind"};
   }
 
-  Outcome get_range(CURL* h, uint64_t offset, size_t length, void* dst,
-                    const CancelToken* cancel) const {
-    Transfer t;
-    t.handle = h;
-    t.dst = static_cast<uint8_t*>(dst);
-    t.offset = offset;
-    t.length = length;
-    t.cancel = cancel;
-    const Headers range = {
-        {"Range", "bytes=" + std::to_string(offset) + "-" + std::to_string(offset + length - 1)}};
-    curl_slist* list = prepare(h, t, "GET", range);
-    const CURLcode code = curl_easy_perform(h);
-    curl_slist_free_all(list);
-    long status = 0;
-    curl_easy_getinfo(h, CURLINFO_RESPONSE_CODE, &status);
-    if (t.overflow) return {Outcome::retry, "the server sent more than the range asked for"};
-    Outcome o = classify(code, status, t, t.got ? " after " + std::to_string(t.got) + " of " +
-                                                      std::to_string(length) + " bytes"
-                                                : std::string());
-    if (o.kind != Outcome::ok) return o;
-    if (status != 206) {
-      std::string body = t.error_body;
-      for (auto& c : body)
-        if (c == '\n' || c == '\r') c = ' ';
-      return {Outcome::fatal, "HTTP " + std::to_string(status) +
-                                  " (expected 206 Partial Content)" +
-                                  (body.empty() ? "" : ": " + body)};
-    }
-    if (t.checked && !t.range_ok)
-      return {Outcome::retry, "the response's Content-Range is not the range asked for"};
-    if (t.got != length)
-      return {Outcome::retry, "short read: " + std::to_string(t.got) + " of " +
-                                  std::to_string(length) + " bytes"};
-    return o;
+ private:
+  std::unique_ptr<HttpRequest> new_request(HttpRequest::Kind kind, std::string what,
+                                           const CancelToken* cancel) const {
+    auto req = std::make_unique<HttpRequest>(this, kind);
+    req->what = std::move(what);
+    req->source_name = name_;
+    req->cancel = cancel;
+    req->retry = {options_.max_attempts, options_.backoff_base_s, options_.backoff_max_s,
+                  options_.retry_deadline_s};
+    req->slots = &slots_;
+    return req;
   }
 
-  Outcome get_ranges(CURL* h, const std::vector<ByteRange>& ranges, const CancelToken* cancel,
-                     bool& unsupported) const {
-    Transfer t;
-    t.handle = h;
-    t.cancel = cancel;
-    t.ranges = &ranges;
-    t.filled.assign(ranges.size(), 0);
-    std::string spec = "bytes=";
-    uint64_t total = 0;
-    for (size_t i = 0; i < ranges.size(); ++i) {
-      if (ranges[i].length == 0) continue;
-      if (total > 0) spec += ',';
-      spec += std::to_string(ranges[i].offset);
-      spec += '-';
-      spec += std::to_string(ranges[i].offset + ranges[i].length - 1);
-      total += ranges[i].length;
+  // One request per range, all in flight together; `done` once all have ended (with the first
+  // error, if any).
+  void start_each(std::vector<ByteRange> ranges, const CancelToken* cancel, Done done) const {
+    struct Join {
+      std::mutex mutex;
+      size_t left;
+      std::exception_ptr error;
+      Done done;
+    };
+    auto join = std::make_shared<Join>();
+    join->left = ranges.size();
+    join->done = std::move(done);
+    for (const ByteRange& r : ranges) {
+      auto req = new_request(HttpRequest::Kind::range,
+                             "GET bytes " + std::to_string(r.offset) + "-" +
+                                 std::to_string(r.offset + r.length - 1),
+                             cancel);
+      req->offset = r.offset;
+      req->length = r.length;
+      req->dst = static_cast<uint8_t*>(r.dst);
+      req->done = [join](std::exception_ptr error) {
+        bool last;
+        {
+          std::lock_guard<std::mutex> lock(join->mutex);
+          if (error && !join->error) join->error = error;
+          last = --join->left == 0;
+        }
+        if (last) join->done(join->error);
+      };
+      engine_->submit(std::move(req));
     }
-    if (total == 0) return {Outcome::ok, ""};
-    curl_slist* list = prepare(h, t, "GET", {{"Range", spec}});
-    const CURLcode code = curl_easy_perform(h);
-    curl_slist_free_all(list);
-    long status = 0;
-    curl_easy_getinfo(h, CURLINFO_RESPONSE_CODE, &status);
-    if (t.malformed) return {Outcome::retry, "a malformed multipart/byteranges response"};
-    Outcome o = classify(code, status, t, "");
-    if (o.kind != Outcome::ok) return o;
-    if (status == 200) {
-      // The server ignores multi-range requests: say so, and the caller reads range by range.
-      unsupported = true;
-      return {Outcome::ok, ""};
-    }
-    if (status != 206)
-      return {Outcome::fatal, "HTTP " + std::to_string(status) + " (expected 206 Partial Content)"};
-    for (size_t i = 0; i < ranges.size(); ++i)
-      if (t.filled[i] < ranges[i].length)
-        return {Outcome::retry, "short read: range " + std::to_string(ranges[i].offset) + "+" +
-                                    std::to_string(ranges[i].length) + " got " +
-                                    std::to_string(t.filled[i]) + " bytes"};
-    return o;
   }
 
+  // A Range header of this many ranges stays under 2 KiB and well inside servers' limits on
+  // ranges per request (Apache's MaxRanges is 200).
   static constexpr size_t kMaxRangesPerRequest = 64;
 
   std::string url_, name_;
   SourceOptions options_;
   std::optional<S3Target> s3_;
   uint64_t size_ = 0;
-
-  mutable std::mutex mutex_;
-  mutable std::condition_variable cv_;
-  mutable std::vector<CURL*> idle_;
-  mutable int created_ = 0;
-  mutable std::mt19937_64 rng_;
+  std::shared_ptr<CurlEngine> engine_;
+  mutable Slots slots_;
   mutable std::atomic<bool> multi_range_ok_{true};
-  mutable std::mutex backoff_mutex_;
-  mutable std::condition_variable backoff_cv_;
 };
+
+void HttpRequest::prepare(CURL* handle) { source->prepare(*this, handle); }
+
+Outcome HttpRequest::judge(CURL* handle, CURLcode code) { return source->judge(*this, handle, code); }
 
 // "http://host:port/path" -> "host:port"
 std::string authority_of(const std::string& url) {

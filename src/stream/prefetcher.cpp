@@ -1,12 +1,14 @@
 // The prefetcher: positions move only forward, fetched >= ready >= handed out, and every byte held
-// is reserved against the budget before it is allocated.
+// is reserved against the budget before it is written.
 //
 // The plan is cut into groups of consecutive entries. A scheduler thread walks the groups in
-// order: it waits until the group's bytes fit in the budget, reserves them, maps one buffer, and
-// queues the group's (coalesced) range requests. A pool of max_inflight fetch threads runs the
-// requests in queue order. The consumer waits for its group, hands its records out one by one and
-// releases the group (unmapping the buffer) when it moves past it. Groups are released in the order
-// they were reserved, so the budget can never deadlock. Every wait is on a condition variable.
+// order: it waits until the group's bytes fit in the budget, takes a span of the ring (one mapping
+// of the whole budget), and queues the group's (coalesced) range requests. Queued requests start
+// in order while fewer than max_inflight run: those of asynchronous sources (HTTP, S3) on their
+// event loop, the others on a pool of fetch threads. The consumer waits for its group, hands its
+// records out one by one and gives the group's span back when it moves past it. Spans are taken and
+// given back in plan order, so the ring never fragments and the budget can never deadlock. Every
+// wait is on a condition variable.
 #include <sys/mman.h>
 
 #include <algorithm>
@@ -24,28 +26,68 @@ namespace tpf::stream {
 namespace {
 
 constexpr uint64_t kPage = 4096;
+// Threads for synchronous sources: a local disk gains nothing from more reads at once.
+constexpr int kMaxFetchThreads = 32;
+// Spans start on cache lines, so neighbouring groups' writers never share one.
+constexpr uint64_t kSpanAlign = 64;
 
 uint64_t page_round(uint64_t n) { return (n + kPage - 1) / kPage * kPage; }
 
-// Anonymous memory straight from the kernel: malloc could keep freed buffers in its heap and so let
-// the resident set grow past the budget.
-class Buffer {
+// The budget as one anonymous mapping used as a ring: groups take contiguous spans in plan order
+// and give them back in that order, so allocation moves a head and release moves a tail. Its pages
+// are touched once and then reused: no mapping, unmapping or page fault per group, and never more
+// resident than the budget (malloc could keep freed buffers and let the resident set grow past it).
+// Not thread-safe: the prefetcher's mutex guards it.
+class Ring {
  public:
-  explicit Buffer(uint64_t bytes) : bytes_(page_round(std::max<uint64_t>(bytes, 1))) {
-    void* p = ::mmap(nullptr, bytes_, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  explicit Ring(uint64_t capacity) : capacity_(capacity) {
+    void* p = ::mmap(nullptr, capacity_, PROT_READ | PROT_WRITE,
+                     MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
     if (p == MAP_FAILED)
-      throw RuntimeError("cannot map " + std::to_string(bytes_) + " bytes for prefetched data");
-    data_ = static_cast<uint8_t*>(p);
+      throw RuntimeError("cannot map " + std::to_string(capacity_) + " bytes for prefetched data");
+    base_ = static_cast<uint8_t*>(p);
   }
-  ~Buffer() { ::munmap(data_, bytes_); }
-  Buffer(const Buffer&) = delete;
-  Buffer& operator=(const Buffer&) = delete;
-  uint8_t* data() const { return data_; }
-  uint64_t bytes() const { return bytes_; }
+  ~Ring() { ::munmap(base_, capacity_); }
+  Ring(const Ring&) = delete;
+  Ring& operator=(const Ring&) = delete;
+
+  // A span of `bytes` (<= capacity) at `start`, costing `charge` (the bytes, plus the ring's end
+  // when the span wraps to its start), or false when it does not fit until older spans come back.
+  bool take(uint64_t bytes, uint64_t& start, uint64_t& charge) {
+    if (used_ == 0) head_ = tail_ = 0;
+    if (used_ == 0 || head_ > tail_) {
+      // Free: [head, capacity) and [0, tail).
+      if (head_ + bytes <= capacity_) {
+        start = head_;
+        charge = bytes;
+      } else if (bytes <= tail_) {
+        start = 0;
+        charge = capacity_ - head_ + bytes;
+      } else {
+        return false;
+      }
+    } else {
+      // Wrapped (or full when head == tail): free is [head, tail).
+      if (head_ + bytes > tail_) return false;
+      start = head_;
+      charge = bytes;
+    }
+    head_ = start + bytes;
+    used_ += charge;
+    return true;
+  }
+  // Gives back the oldest span still taken.
+  void give_back(uint64_t start, uint64_t bytes, uint64_t charge) {
+    tail_ = start + bytes;
+    used_ -= charge;
+  }
+  uint64_t used() const { return used_; }
+  uint8_t* at(uint64_t offset) const { return base_ + offset; }
 
  private:
-  uint64_t bytes_;
-  uint8_t* data_ = nullptr;
+  uint64_t capacity_;
+  uint8_t* base_ = nullptr;
+  uint64_t head_ = 0, tail_ = 0, used_ = 0;
 };
 
 struct Request {
@@ -58,8 +100,9 @@ struct Group {
   uint64_t first = 0, count = 0;   // plan entries [first, first + count)
   std::vector<Request> requests;
   std::vector<uint64_t> record_at;  // per entry: its bytes' offset in the buffer
-  uint64_t bytes = 0;               // buffer bytes, page-rounded (what the budget is charged)
-  std::unique_ptr<Buffer> buffer;
+  uint64_t bytes = 0;               // buffer bytes, rounded to kSpanAlign
+  uint64_t start = 0, charge = 0;   // its span of the ring, and what the span costs the budget
+  uint8_t* data = nullptr;
   size_t pending = 0;  // jobs not finished
   std::exception_ptr error;
 };
@@ -83,15 +126,17 @@ struct Prefetcher::State {
 
   mutable std::mutex mutex;
   std::condition_variable budget_cv;    // scheduler: room in the budget, or stop
-  std::condition_variable jobs_cv;      // fetch threads: a request queued, or stop
+  std::condition_variable jobs_cv;      // fetch threads: a job for them, or stop
   std::condition_variable ready_cv;     // consumer: a group built or a request finished
+  std::condition_variable idle_cv;      // shutdown: no job in flight
   bool stop = false;
   CancelToken cancel;
 
   std::deque<std::unique_ptr<Group>> groups;  // reserved, not yet released, in plan order
-  uint64_t groups_built_through = 0;          // plan entries covered by built groups
-  std::deque<Job> jobs;
-  uint64_t reserved = 0;
+  std::deque<Job> jobs;         // queued, in plan order, not started
+  std::deque<Job> thread_jobs;  // started, for the fetch threads (synchronous sources)
+  int inflight = 0;             // started, not finished (at most max_inflight)
+  std::unique_ptr<Ring> ring;
   PrefetchStats stats;
 
   uint64_t next_entry = 0;  // consumer's position in the plan
@@ -140,7 +185,7 @@ struct Prefetcher::State {
         buffer_end += loc.length;
       }
     }
-    g->bytes = page_round(std::max<uint64_t>(buffer_end, 1));
+    g->bytes = (std::max<uint64_t>(buffer_end, 1) + kSpanAlign - 1) / kSpanAlign * kSpanAlign;
     return g;
   }
 
@@ -149,41 +194,89 @@ struct Prefetcher::State {
     while (first < plan.size()) {
       std::unique_ptr<Group> g = build_group(first);
       Group* raw = g.get();
+      std::vector<Job> startable;
       {
         std::unique_lock<std::mutex> lock(mutex);
-        budget_cv.wait(lock, [&] { return stop || reserved + raw->bytes <= options.memory_budget; });
+        budget_cv.wait(lock, [&] { return stop || ring->take(raw->bytes, raw->start, raw->charge); });
         if (stop) return;
-        reserved += raw->bytes;
-        stats.peak_reserved = std::max(stats.peak_reserved, reserved);
-      }
-      // Mapping outside the lock: the bytes are already reserved.
-      try {
-        raw->buffer = std::make_unique<Buffer>(raw->bytes);
-      } catch (...) {
-        raw->error = std::current_exception();
-        raw->pending = 0;
-      }
-      {
-        std::lock_guard<std::mutex> lock(mutex);
-        if (!raw->error) {
-          // Requests are sorted by shard and offset: bundle runs of one shard as its source likes.
-          const auto& reqs = raw->requests;
-          for (size_t r = 0; r < reqs.size();) {
-            const size_t per = std::max<size_t>(1, sources[reqs[r].shard]->ranges_per_request());
-            size_t end = r + 1;
-            while (end < reqs.size() && end - r < per && reqs[end].shard == reqs[r].shard) ++end;
-            jobs.push_back({raw, r, end - r});
-            ++raw->pending;
-            r = end;
-          }
+        raw->data = ring->at(raw->start);
+        stats.peak_reserved = std::max(stats.peak_reserved, ring->used());
+        // Requests are sorted by shard and offset: bundle runs of one shard as its source likes.
+        const auto& reqs = raw->requests;
+        for (size_t r = 0; r < reqs.size();) {
+          const size_t per = std::max<size_t>(1, sources[reqs[r].shard]->ranges_per_request());
+          size_t end = r + 1;
+          while (end < reqs.size() && end - r < per && reqs[end].shard == reqs[r].shard) ++end;
+          jobs.push_back({raw, r, end - r});
+          ++raw->pending;
+          r = end;
         }
         first += raw->count;
-        groups_built_through = first;
         groups.push_back(std::move(g));
+        startable = take_startable();
       }
-      jobs_cv.notify_all();
+      start(startable);
       ready_cv.notify_all();
     }
+  }
+
+  // Under the lock: starts queued jobs while fewer than max_inflight run. Jobs of synchronous
+  // sources go to the fetch threads; those of asynchronous sources are returned, to be started
+  // outside the lock (their completion takes it).
+  std::vector<Job> take_startable() {
+    std::vector<Job> now;
+    while (!stop && inflight < options.max_inflight && !jobs.empty()) {
+      const Job job = jobs.front();
+      jobs.pop_front();
+      ++inflight;
+      if (source_of(job).asynchronous()) {
+        now.push_back(job);
+      } else {
+        thread_jobs.push_back(job);
+        jobs_cv.notify_one();
+      }
+    }
+    return now;
+  }
+
+  CancellableSource& source_of(const Job& job) const {
+    return *sources[job.group->requests[job.first].shard];
+  }
+
+  std::vector<ByteRange> ranges_of(const Job& job) const {
+    const Request* reqs = job.group->requests.data() + job.first;
+    std::vector<ByteRange> ranges(job.count);
+    for (size_t i = 0; i < job.count; ++i)
+      ranges[i] = {reqs[i].offset, reqs[i].length, job.group->data + reqs[i].buffer_offset};
+    return ranges;
+  }
+
+  void start(const std::vector<Job>& now) {
+    for (const Job& job : now)
+      source_of(job).start_ranges(ranges_of(job), &cancel,
+                                  [this, job](std::exception_ptr error) { finish(job, error); });
+  }
+
+  // A job's end, on whichever thread ran it. Nothing here touches the state after the lock is
+  // released unless more jobs start, which never happens once stopping (shutdown may then free it).
+  void finish(const Job& job, std::exception_ptr error) {
+    std::vector<Job> next;
+    {
+      std::lock_guard<std::mutex> lock(mutex);
+      ++stats.requests;
+      if (error) {
+        if (!job.group->error) job.group->error = error;
+      } else {
+        const Request* reqs = job.group->requests.data() + job.first;
+        for (size_t i = 0; i < job.count; ++i) stats.bytes_fetched += reqs[i].length;
+      }
+      // The consumer waits for whole groups only.
+      if (--job.group->pending == 0) ready_cv.notify_all();
+      --inflight;
+      next = take_startable();
+      if (inflight == 0) idle_cv.notify_all();
+    }
+    if (!next.empty()) start(next);
   }
 
   void run_fetcher() {
@@ -191,37 +284,18 @@ struct Prefetcher::State {
       Job job;
       {
         std::unique_lock<std::mutex> lock(mutex);
-        jobs_cv.wait(lock, [&] { return stop || !jobs.empty(); });
+        jobs_cv.wait(lock, [&] { return stop || !thread_jobs.empty(); });
         if (stop) return;
-        job = jobs.front();
-        jobs.pop_front();
+        job = thread_jobs.front();
+        thread_jobs.pop_front();
       }
-      const Request* reqs = job.group->requests.data() + job.first;
-      uint8_t* base = job.group->buffer->data();
       std::exception_ptr error;
-      uint64_t bytes = 0;
       try {
-        if (job.count == 1) {
-          sources[reqs[0].shard]->read_cancellable(reqs[0].offset, reqs[0].length,
-                                                   base + reqs[0].buffer_offset, &cancel);
-        } else {
-          std::vector<ByteRange> ranges(job.count);
-          for (size_t i = 0; i < job.count; ++i)
-            ranges[i] = {reqs[i].offset, reqs[i].length, base + reqs[i].buffer_offset};
-          sources[reqs[0].shard]->read_ranges(ranges, &cancel);
-        }
-        for (size_t i = 0; i < job.count; ++i) bytes += reqs[i].length;
+        source_of(job).read_ranges(ranges_of(job), &cancel);
       } catch (...) {
         error = std::current_exception();
       }
-      {
-        std::lock_guard<std::mutex> lock(mutex);
-        ++stats.requests;
-        stats.bytes_fetched += bytes;
-        if (error && !job.group->error) job.group->error = error;
-        --job.group->pending;
-      }
-      ready_cv.notify_all();
+      finish(job, error);
     }
   }
 
@@ -229,7 +303,11 @@ struct Prefetcher::State {
     {
       std::lock_guard<std::mutex> lock(mutex);
       stop = true;
+      inflight -= int(thread_jobs.size());
+      thread_jobs.clear();
+      jobs.clear();
     }
+    // Wakes reads waiting out a backoff, and the event loops of asynchronous sources.
     cancel.cancel();
     budget_cv.notify_all();
     jobs_cv.notify_all();
@@ -237,6 +315,9 @@ struct Prefetcher::State {
     if (scheduler.joinable()) scheduler.join();
     for (auto& t : fetchers)
       if (t.joinable()) t.join();
+    // Asynchronous reads write into the ring until they end: wait for the last.
+    std::unique_lock<std::mutex> lock(mutex);
+    idle_cv.wait(lock, [&] { return inflight == 0; });
   }
 };
 
@@ -278,8 +359,16 @@ Prefetcher::Prefetcher(std::vector<std::shared_ptr<CancellableSource>> sources,
   s.verify = std::move(verify);
   // A few groups fit in the budget at once, so fetching runs ahead while the consumer reads.
   s.group_byte_limit = std::max<uint64_t>(options.memory_budget / 8, 1);
+  // Whole pages, so what the ring can make resident stays within the budget. Every group fits: a
+  // lone record passed the check above, and several records stay under budget / 2.
+  s.ring = std::make_unique<Ring>(options.memory_budget / kPage * kPage);
   s.scheduler = std::thread([&s] { s.run_scheduler(); });
-  for (int i = 0; i < options.max_inflight; ++i) s.fetchers.emplace_back([&s] { s.run_fetcher(); });
+  // Threads only for sources that read synchronously: asynchronous ones need none per read.
+  const bool any_synchronous = std::any_of(s.sources.begin(), s.sources.end(),
+                                           [](const auto& src) { return !src->asynchronous(); });
+  if (any_synchronous)
+    for (int i = 0; i < std::min(options.max_inflight, kMaxFetchThreads); ++i)
+      s.fetchers.emplace_back([&s] { s.run_fetcher(); });
 }
 
 Prefetcher::~Prefetcher() { state_->shutdown(); }
@@ -292,7 +381,8 @@ bool Prefetcher::next(RecordView& out) {
   bool released = false;
   while (!s.groups.empty() && s.groups.front()->first + s.groups.front()->count <= s.next_entry &&
          s.groups.front()->pending == 0) {
-    s.reserved -= s.groups.front()->bytes;
+    const Group& done = *s.groups.front();
+    s.ring->give_back(done.start, done.bytes, done.charge);
     s.groups.pop_front();
     released = true;
   }
@@ -318,7 +408,7 @@ bool Prefetcher::next(RecordView& out) {
   const uint64_t i = entry - g->first;
   const uint64_t record = s.plan[entry];
   const RecordLocation& loc = (*s.locations)[record];
-  uint8_t* data = g->buffer->data() + g->record_at[i];
+  uint8_t* data = g->data + g->record_at[i];
   lock.unlock();
 
   if (s.verify) {
@@ -352,7 +442,7 @@ uint64_t Prefetcher::size() const { return state_->plan.size(); }
 
 uint64_t Prefetcher::reserved_bytes() const {
   std::lock_guard<std::mutex> lock(state_->mutex);
-  return state_->reserved;
+  return state_->ring->used();
 }
 
 PrefetchStats Prefetcher::stats() const {

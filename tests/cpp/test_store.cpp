@@ -6,6 +6,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdlib>
 #include <filesystem>
@@ -199,6 +200,217 @@ TEST(Store, ReaderIsSafeFromManyThreads) {
   EXPECT_EQ(bad.load(), 0);
 }
 
+// ---- batch reads ----------------------------------------------------------------------------------
+
+// Output t of a batch as record-by-record reads give it: the records' bytes of that key, one after
+// another, each element zero padded to `width` bytes.
+std::vector<std::byte> expected_output(const Reader& r, const std::vector<uint64_t>& indices,
+                                       const std::string& key, uint32_t width) {
+  std::vector<std::byte> out;
+  for (uint64_t i : indices) {
+    const Record rec = r.read(i);
+    const int f = rec.find(key);
+    if (f < 0) throw Error("record " + std::to_string(i) + " lacks " + key);
+    const Field& field = rec.field(size_t(f));
+    for (uint64_t at = 0; at < field.nbytes; at += field.itemsize) {
+      out.insert(out.end(), rec.data(size_t(f)) + at, rec.data(size_t(f)) + at + field.itemsize);
+      out.resize(out.size() + (width - field.itemsize), std::byte{0});
+    }
+  }
+  return out;
+}
+
+struct BatchBuffers {
+  std::vector<std::vector<std::byte>> bytes;
+  std::vector<std::byte*> ptrs;
+  explicit BatchBuffers(const BatchPlan& plan) {
+    for (const BatchOutput& o : plan.outputs()) bytes.emplace_back(o.nbytes, std::byte{0});
+    for (auto& b : bytes) ptrs.push_back(b.data());
+  }
+};
+
+TEST(StoreBatch, MatchesRecordByRecordReadsForEveryCodecAndAnySplit) {
+  const uint64_t seed = test_seed();
+  SCOPED_TRACE("seed=" + std::to_string(seed));
+  std::mt19937_64 rng(seed);
+  TempDir dir;
+  for (Codec codec : {Codec::none, Codec::zstd, Codec::lz4}) {
+    SCOPED_TRACE(codec_name(codec));
+    const std::string path = dir.file(std::string("b-") + codec_name(codec) + ".tpf");
+    WriterOptions o;
+    o.codec = codec;
+    write_records(path, seed, 0, 300, o);
+    auto r = Reader::open(path);
+    // record_for gives every third record extra keys: a batch takes one kind or the other. Atom
+    // counts vary, so a batch spans many layouts; indices repeat and are not sorted.
+    for (uint64_t kind : {0, 1}) {
+      std::vector<uint64_t> indices;
+      while (indices.size() < 257) {
+        const uint64_t i = rng() % 300;
+        if ((i % 3 == 0) == (kind == 0)) indices.push_back(i);
+      }
+      const BatchPlan plan(r->index(), indices, false);
+      ASSERT_EQ(plan.size(), indices.size());
+      const Record first = r->read(indices[0]);
+      ASSERT_EQ(plan.outputs().size(), first.num_fields());
+      BatchBuffers whole(plan);
+      plan.decode(r->bytes(), 0, plan.size(), whole.ptrs, true);
+      for (size_t t = 0; t < plan.outputs().size(); ++t) {
+        const BatchOutput& out = plan.outputs()[t];
+        const std::string& key = r->index().keys()[out.key_id];
+        EXPECT_EQ(key, first.key(t));
+        EXPECT_EQ(out.concatenated, first.field(t).ndim > 0) << key;
+        uint64_t rows = 0;
+        for (size_t b = 0; b < indices.size(); ++b) {
+          const Record rec = r->read(indices[b]);
+          const Field& f = rec.field(size_t(rec.find(key)));
+          rows += f.ndim ? f.shape[0] : 1;
+          if (out.concatenated) {
+            EXPECT_EQ(out.lengths[b], int64_t(f.ndim ? f.shape[0] : 1)) << key;
+          }
+        }
+        EXPECT_EQ(out.shape[0], out.concatenated ? rows : indices.size()) << key;
+        EXPECT_TRUE(whole.bytes[t] == expected_output(*r, indices, key, out.itemsize)) << key;
+      }
+      // Any split of the file order, decoded in any order, gives the same bytes.
+      std::vector<std::pair<size_t, size_t>> parts;
+      for (size_t k = 0; k < plan.size();) {
+        const size_t n = std::min<size_t>(plan.size() - k, 1 + rng() % 40);
+        parts.push_back({k, k + n});
+        k += n;
+      }
+      std::shuffle(parts.begin(), parts.end(), rng);
+      BatchBuffers split(plan);
+      std::vector<std::thread> threads;
+      for (int w = 0; w < 3; ++w)
+        threads.emplace_back([&, w] {
+          for (size_t p = size_t(w); p < parts.size(); p += 3)
+            plan.decode(r->bytes(), parts[p].first, parts[p].second, split.ptrs, true);
+        });
+      for (auto& t : threads) t.join();
+      EXPECT_TRUE(split.bytes == whole.bytes);
+    }
+  }
+}
+
+TEST(StoreBatch, StacksEqualShapesAndWidensText) {
+  const uint64_t seed = test_seed();
+  SCOPED_TRACE("seed=" + std::to_string(seed));
+  std::mt19937_64 rng(seed);
+  TempDir dir;
+  const std::string path = dir.file("s.tpf");
+  {
+    Writer w(path);
+    for (uint32_t i = 0; i < 40; ++i) {
+      TestRecord rec;
+      rec.add("positions", DType::f32, 4, {5, 3}, rng);
+      rec.add("names", DType::bytes, 1 + i % 6, {4}, rng);
+      rec.add("id", DType::utf8, 1 + i % 9, {}, rng);
+      rec.add("energy", DType::f64, 8, {}, rng);
+      w.append(rec.view());
+    }
+    w.commit();
+  }
+  auto r = Reader::open(path);
+  std::vector<uint64_t> indices;
+  for (int k = 0; k < 70; ++k) indices.push_back(rng() % 40);
+  const BatchPlan plan(r->index(), indices, true);
+  BatchBuffers out(plan);
+  plan.decode(r->bytes(), 0, plan.size(), out.ptrs, true);
+  const uint64_t B = indices.size();
+  const std::vector<std::vector<uint64_t>> shapes = {{B, 5, 3}, {B, 4}, {B}, {B}};
+  uint32_t widest_name = 0, widest_id = 0;
+  for (uint64_t i : indices) {
+    widest_name = std::max(widest_name, uint32_t(1 + i % 6));
+    widest_id = std::max(widest_id, uint32_t(1 + i % 9));
+  }
+  const uint32_t widths[] = {4, widest_name, widest_id, 8};
+  for (size_t t = 0; t < 4; ++t) {
+    const BatchOutput& o = plan.outputs()[t];
+    const std::string& key = r->index().keys()[o.key_id];
+    EXPECT_FALSE(o.concatenated) << key;
+    EXPECT_EQ(o.shape, shapes[t]) << key;
+    EXPECT_EQ(o.itemsize, widths[t]) << key;
+    EXPECT_TRUE(out.bytes[t] == expected_output(*r, indices, key, widths[t])) << key;
+  }
+}
+
+TEST(StoreBatch, DecodesCompressedRecordsOfAnySize) {
+  // Records past the per-thread buffer a batch keeps (1 MiB) decode through their own buffer.
+  std::mt19937_64 rng(5);
+  TempDir dir;
+  const std::string path = dir.file("z.tpf");
+  WriterOptions o;
+  o.codec = Codec::zstd;
+  {
+    Writer w(path, o);
+    for (uint64_t n : {uint64_t(10), uint64_t(400000), uint64_t(7), uint64_t(300000)}) {
+      std::vector<float> x(n);
+      for (auto& v : x) v = float(rng() % 4);
+      ArrayRef a{"x", DType::f32, 4, 1, {n}, x.data()};
+      w.append(std::span(&a, 1));
+    }
+    w.commit();
+  }
+  auto r = Reader::open(path);
+  ASSERT_EQ(r->index().entry(1).codec, Codec::zstd);
+  const std::vector<uint64_t> indices = {3, 0, 1, 2, 1};
+  const BatchPlan plan(r->index(), indices, false);
+  BatchBuffers out(plan);
+  plan.decode(r->bytes(), 0, plan.size(), out.ptrs, true);
+  EXPECT_TRUE(out.bytes[0] == expected_output(*r, indices, "x", 4));
+}
+
+TEST(StoreBatch, RejectsRecordsThatDoNotFitTogether) {
+  std::mt19937_64 rng(3);
+  TempDir dir;
+  const std::string path = dir.file("m.tpf");
+  {
+    Writer w(path);
+    TestRecord a, b, c, d;
+    a.add("positions", DType::f32, 4, {4, 3}, rng);
+    b.add("positions", DType::f32, 4, {6, 3}, rng);
+    c.add("positions", DType::f32, 4, {4, 2}, rng);
+    d.add("forces", DType::f32, 4, {4, 3}, rng);
+    for (const TestRecord* rec : {&a, &b, &c, &d}) w.append(rec->view());
+    w.commit();
+  }
+  auto r = Reader::open(path);
+  auto plan_error = [&](std::vector<uint64_t> indices, bool stack) {
+    return error_of([&] { BatchPlan(r->index(), indices, stack); });
+  };
+  EXPECT_EQ(plan_error({0, 1}, false), "no error");
+  EXPECT_NE(plan_error({0, 1}, true).find("record 1 has field 'positions' of another dtype or shape "
+                                          "than record 0 (stacking needs identical shapes)"),
+            std::string::npos);
+  EXPECT_NE(plan_error({1, 2}, false).find("beyond the first axis"), std::string::npos);
+  EXPECT_NE(plan_error({0, 3}, false).find("record 3 has key 'forces' that record 0 lacks"),
+            std::string::npos);
+  EXPECT_NE(plan_error({0, 4}, false).find("indices[1] = 4 is out of range"), std::string::npos);
+  EXPECT_NE(plan_error({}, false).find("at least one record"), std::string::npos);
+}
+
+// A layout whose field sizes only add up by wrapping round 2^64 (found by the batch fuzzer: a field
+// of 2^64 - 14 bytes passed the size check, then the next field's alignment wrapped the offset to 0,
+// so the layout claimed an 8-byte record).
+TEST(StoreFormat, LayoutWhoseSizesWrapRound64BitsIsRejected) {
+  tpf::store::Layout layout;
+  layout.fields.resize(3);
+  layout.fields[0].dtype = tpf::store::DType::i32;
+  layout.fields[0].itemsize = 4;
+  layout.fields[0].ndim = 1;
+  layout.fields[0].shape[0] = 3;
+  layout.fields[1].dtype = tpf::store::DType::u8;
+  layout.fields[1].itemsize = 1;
+  layout.fields[1].ndim = 1;
+  layout.fields[1].shape[0] = UINT64_MAX - 13;
+  layout.fields[2].dtype = tpf::store::DType::f64;
+  layout.fields[2].itemsize = 8;
+  layout.fields[2].ndim = 1;
+  layout.fields[2].shape[0] = 1;
+  EXPECT_THROW(tpf::store::detail::place_fields(layout, "layout"), tpf::Error);
+}
+
 TEST(Store, WriterRejectsBadRecords) {
   TempDir dir;
   Writer w(dir.file("bad.tpf"));
@@ -350,6 +562,22 @@ TEST_F(StoreFailure, NotAStoreOpenedForWriting) {
 
 TEST_F(StoreFailure, MissingFile) {
   EXPECT_NE(error_of([&] { Reader::open(dir_.file("nope.tpf")); }).find("does not exist"), std::string::npos);
+}
+
+TEST_F(StoreFailure, FlippedByteInARecordOfABatch) {
+  SCOPED_TRACE("seed=" + std::to_string(seed_));
+  flip_byte(path_, record5_.offset + record5_.stored_length / 3);
+  auto r = Reader::open(path_);
+  const std::vector<uint64_t> indices = {7, 5, 4};  // one set of keys (record_for adds keys to i % 3 == 0)
+  const BatchPlan plan(r->index(), indices, false);
+  BatchBuffers out(plan);
+  EXPECT_NE(error_of([&] { plan.decode(r->bytes(), 0, 3, out.ptrs, true); })
+                .find("record 5 is corrupt (checksum mismatch)"),
+            std::string::npos);
+  EXPECT_EQ(error_of([&] { plan.decode(r->bytes(), 0, 3, out.ptrs, false); }), "no error");
+  EXPECT_NE(error_of([&] { plan.decode(r->bytes().first(record5_.offset), 0, 3, out.ptrs, true); })
+                .find("lies outside"),
+            std::string::npos);
 }
 
 TEST_F(StoreFailure, IndexOutOfRange) {

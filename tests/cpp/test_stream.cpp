@@ -7,8 +7,11 @@
 
 #include <algorithm>
 #include <chrono>
+#include <condition_variable>
 #include <cstring>
+#include <deque>
 #include <filesystem>
+#include <functional>
 #include <map>
 #include <mutex>
 #include <random>
@@ -76,6 +79,23 @@ TEST(StreamSources, SchemesAndErrors) {
   SourceOptions wrong;
   wrong.expected_size = 999;
   EXPECT_THROW(open_source(path, wrong), RuntimeError);
+}
+
+TEST(StreamSources, CancelTokenWakesEachListenerOnce) {
+  CancelToken token;
+  int a = 0, b = 0;
+  token.on_cancel(1, [&] { ++a; });
+  token.on_cancel(1, [&] { ++a; });  // the same key: ignored
+  token.on_cancel(2, [&] { ++b; });
+  EXPECT_EQ(a + b, 0);
+  token.cancel();
+  EXPECT_EQ(a, 1);
+  EXPECT_EQ(b, 1);
+  token.on_cancel(3, [&] { ++b; });  // already cancelled: at once
+  EXPECT_EQ(b, 2);
+  token.cancel();
+  EXPECT_EQ(a, 1);
+  EXPECT_EQ(b, 2);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -206,6 +226,49 @@ TEST(StreamSampler, ResumeGivesExactlyTheRemainingRecords) {
 // ---------------------------------------------------------------------------------------------
 // Prefetcher over an in-memory source
 
+// Runs tasks on a few threads of its own, like an event loop calling back from elsewhere.
+class TaskThreads {
+ public:
+  explicit TaskThreads(int n) {
+    for (int i = 0; i < n; ++i) threads_.emplace_back([this] { run(); });
+  }
+  ~TaskThreads() {
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      stop_ = true;
+    }
+    cv_.notify_all();
+    for (auto& t : threads_) t.join();
+  }
+  void post(std::function<void()> task) {
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      tasks_.push_back(std::move(task));
+    }
+    cv_.notify_one();
+  }
+
+ private:
+  void run() {
+    for (;;) {
+      std::function<void()> task;
+      {
+        std::unique_lock<std::mutex> lock(mutex_);
+        cv_.wait(lock, [&] { return stop_ || !tasks_.empty(); });
+        if (tasks_.empty()) return;
+        task = std::move(tasks_.front());
+        tasks_.pop_front();
+      }
+      task();
+    }
+  }
+  std::mutex mutex_;
+  std::condition_variable cv_;
+  std::deque<std::function<void()>> tasks_;
+  bool stop_ = false;
+  std::vector<std::thread> threads_;
+};
+
 class MemorySource final : public CancellableSource {
  public:
   explicit MemorySource(std::vector<uint8_t> bytes, std::string name = "memory://test")
@@ -230,6 +293,17 @@ class MemorySource final : public CancellableSource {
         --times;
       }
   }
+  // Asynchronous (after make_asynchronous): reads run on the source's own threads, which call
+  // `done`, as an HTTP source's event loop does.
+  void start_ranges(std::vector<ByteRange> ranges, const CancelToken* cancel,
+                    Done done) const override {
+    if (!threads_) return CancellableSource::start_ranges(std::move(ranges), cancel, std::move(done));
+    threads_->post([this, ranges = std::move(ranges), cancel, done = std::move(done)]() mutable {
+      CancellableSource::start_ranges(std::move(ranges), cancel, std::move(done));
+    });
+  }
+  bool asynchronous() const override { return threads_ != nullptr; }
+  void make_asynchronous() { threads_ = std::make_unique<TaskThreads>(3); }
   size_t ranges_per_request() const override { return ranges_per_request_; }
   void set_ranges_per_request(size_t n) { ranges_per_request_ = n; }
   const std::vector<uint8_t>& bytes() const { return bytes_; }
@@ -250,6 +324,7 @@ class MemorySource final : public CancellableSource {
   bool fail_all_ = false;
   double delay_s_ = 0;
   size_t ranges_per_request_ = 1;
+  std::unique_ptr<TaskThreads> threads_;  // last: its threads stop before the rest goes
 };
 
 struct Layout {
@@ -313,18 +388,26 @@ void expect_stream_matches(Prefetcher& p, const Layout& l, const std::vector<uin
 TEST(StreamPrefetcher, HandsOutEveryPlannedRecordInOrderWithinTheBudget) {
   const uint32_t seed = fresh_seed();
   std::mt19937_64 rng(seed);
-  for (int trial = 0; trial < 12; ++trial) {
-    Layout l = random_layout(rng, 1 + rng() % 4, 50 + rng() % 300, 1 + rng() % 5000);
+  for (int trial = 0; trial < 18; ++trial) {
+    const uint64_t budget = (4 + rng() % 200) * 4096;
+    // Every other trial has records up to a third of the budget: spans often wrap around the
+    // ring's end.
+    const uint64_t max_len = trial % 2 ? 1 + rng() % 5000 : 1 + rng() % (budget / 3);
+    Layout l = random_layout(rng, 1 + rng() % 4, 50 + rng() % 300, max_len);
     const uint64_t n = l.locations->size();
-    std::vector<uint64_t> plan = epoch_order({n, rng(), true, trial % 2 ? 16u : 0u}, trial);
+    std::vector<uint64_t> plan = epoch_order({n, rng(), true, trial % 4 < 2 ? 16u : 0u}, trial);
     if (trial % 3 == 0) plan.insert(plan.end(), plan.begin(), plan.begin() + n / 3);  // repeats
     PrefetchOptions o;
-    o.memory_budget = (16 + rng() % 200) * 4096;
+    o.memory_budget = budget;
     o.max_inflight = 1 + rng() % 16;
     o.group_records = 1 + rng() % 100;
     o.coalesce_gap = rng() % 2 ? 0 : 4096;
     o.max_request_bytes = 4096 + rng() % 100000;
-    for (auto& src : l.sources) src->set_ranges_per_request(1 + rng() % 8);  // bundled reads
+    for (auto& src : l.sources) {
+      src->set_ranges_per_request(1 + rng() % 8);  // bundled reads
+      // Read by fetch threads, or asynchronously (the source's threads call back), or a mix.
+      if (trial % 3 != 1 && rng() % 2) src->make_asynchronous();
+    }
     Prefetcher p(as_sources(l), l.locations, plan, o, verifier_for(l));
     expect_stream_matches(p, l, plan, seed);
     const PrefetchStats s = p.stats();
@@ -413,41 +496,50 @@ TEST(StreamPrefetcher, RefetchesCorruptRecordsAndReportsPersistentCorruption) {
   }
 }
 
+// Each with synchronous sources (fetch threads) and asynchronous ones (their own threads call back).
 TEST(StreamPrefetcher, AnUnreachableShardRaisesItsNameAndNeverHangs) {
   const uint32_t seed = fresh_seed();
   std::mt19937_64 rng(seed);
-  Layout l = random_layout(rng, 3, 100, 200);
-  l.sources[1]->fail_all();
-  std::vector<uint64_t> plan(l.locations->size());
-  for (uint64_t i = 0; i < plan.size(); ++i) plan[i] = i;
-  Prefetcher p(as_sources(l), l.locations, plan);
-  RecordView v;
-  uint64_t delivered = 0;
-  try {
-    while (p.next(v)) {
-      ASSERT_EQ(v.record, delivered);
-      ASSERT_EQ((*l.locations)[v.record].shard, 0u) << "a record of the failing shard came out";
-      ++delivered;
+  for (const bool asynchronous : {false, true}) {
+    Layout l = random_layout(rng, 3, 100, 200);
+    if (asynchronous)
+      for (auto& src : l.sources) src->make_asynchronous();
+    l.sources[1]->fail_all();
+    std::vector<uint64_t> plan(l.locations->size());
+    for (uint64_t i = 0; i < plan.size(); ++i) plan[i] = i;
+    Prefetcher p(as_sources(l), l.locations, plan);
+    RecordView v;
+    uint64_t delivered = 0;
+    try {
+      while (p.next(v)) {
+        ASSERT_EQ(v.record, delivered);
+        ASSERT_EQ((*l.locations)[v.record].shard, 0u) << "a record of the failing shard came out";
+        ++delivered;
+      }
+      FAIL() << "expected an error for shard 1 (asynchronous " << asynchronous << ")";
+    } catch (const RuntimeError& e) {
+      EXPECT_NE(std::string(e.what()).find("memory://shard-1"), std::string::npos) << e.what();
     }
-    FAIL() << "expected an error for shard 1";
-  } catch (const RuntimeError& e) {
-    EXPECT_NE(std::string(e.what()).find("memory://shard-1"), std::string::npos) << e.what();
   }
 }
 
 TEST(StreamPrefetcher, StopsPromptlyWithSlowReadsInFlight) {
   const uint32_t seed = fresh_seed();
   std::mt19937_64 rng(seed);
-  Layout l = random_layout(rng, 1, 300, 100);
-  l.sources[0]->delay(30.0);  // every read would take 30 s
-  std::vector<uint64_t> plan(l.locations->size());
-  for (uint64_t i = 0; i < plan.size(); ++i) plan[i] = i;
-  const auto start = std::chrono::steady_clock::now();
-  {
-    Prefetcher p(as_sources(l), l.locations, plan);
-    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  for (const bool asynchronous : {false, true}) {
+    Layout l = random_layout(rng, 1, 300, 100);
+    if (asynchronous) l.sources[0]->make_asynchronous();
+    l.sources[0]->delay(30.0);  // every read would take 30 s
+    std::vector<uint64_t> plan(l.locations->size());
+    for (uint64_t i = 0; i < plan.size(); ++i) plan[i] = i;
+    const auto start = std::chrono::steady_clock::now();
+    {
+      Prefetcher p(as_sources(l), l.locations, plan);
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    }
+    EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(5))
+        << "asynchronous " << asynchronous;
   }
-  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(5));
 }
 
 TEST(StreamPrefetcher, RejectsBadArguments) {

@@ -86,6 +86,7 @@ http {{
   access_log off;
   sendfile on;
   tcp_nodelay on;
+  tcp_nopush on;
   keepalive_requests 1000000;
   keepalive_timeout 60s;
   client_body_temp_path {temp['body']};

@@ -150,6 +150,39 @@ def test_resume_mid_epoch_gives_exactly_the_remaining_records(nginx, dataset, se
     assert sorted(rest + sorted(done)) == list(range(len(reference)))
 
 
+def test_workers_forked_while_the_parent_streams(nginx, dataset, seed):
+    """DataLoader workers fork while the parent has HTTP reads in flight: each worker opens its own
+    connections and event loop, and the parent's stream goes on untouched."""
+    _, reference = dataset
+    ds = StreamingDataset(nginx.url + "/manifest.json", cache_bytes=64 << 10, seed=seed)
+    it = iter(ds)
+    first = [check_record(next(it), reference) for _ in range(5)]
+    assert sorted(collect(ds, reference, num_workers=2)) == list(range(len(reference)))
+    rest = [check_record(r, reference) for r in it]
+    assert sorted(first + rest) == list(range(len(reference)))
+
+
+def test_stopping_with_requests_in_flight_or_backing_off_is_prompt(tmp_path, dataset, seed):
+    directory, reference = dataset
+    with h.FaultServer(directory) as server:
+        # Requests time out after 1 s, then wait at least 5 s before their retry.
+        slow_retry = dict(request_timeout_s=1.0, backoff_base_s=5.0, backoff_max_s=10.0,
+                          max_attempts=3, retry_deadline_s=60.0)
+        ds = StreamingDataset(server.url + "/manifest.json", cache_bytes=1 << 20, seed=seed,
+                              shuffle=False, group_records=4, **slow_retry)
+        assert collect(ds, reference) == list(range(len(reference)))
+        # In order, in small groups: shard 0's records come first while shard 1's requests hang.
+        server.fail_always("/shard-00001.tpf", ("slow", 30.0))
+        for wait_s in (0.0, 1.5):  # stop with requests in flight, then with them backing off
+            ds.set_epoch(1)
+            it = iter(ds)
+            assert [check_record(next(it), reference) for _ in range(5)] == list(range(5))
+            time.sleep(wait_s)
+            t0 = time.monotonic()
+            it.close()
+            assert time.monotonic() - t0 < 2, f"stopping waited for abandoned requests ({wait_s} s)"
+
+
 def test_resume_state_is_checked(dataset, seed):
     directory, _ = dataset
     ds = StreamingDataset(directory + "/manifest.json", seed=seed)

@@ -16,7 +16,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--no-shuffle", action="store_true", help="read records in stored order")
     parser.add_argument("--block-size", type=int, default=0,
                         help="shuffle blocks of this many neighbouring records (0: full shuffle)")
-    parser.add_argument("--max-inflight", type=int, default=32, help="range requests in flight")
+    parser.add_argument("--max-inflight", type=int, default=256, help="range requests in flight")
     parser.add_argument("--limit", type=int, default=0, help="stop each epoch after N records")
     parser.add_argument("--quiet", action="store_true", help="no progress bar")
 

@@ -37,8 +37,7 @@ struct ForwardSmem {
 };
 
 template <typename T, int D, int MT>
-__global__ void __launch_bounds__(kForwardWarps * 32)
-    attention_forward_kernel(const AttentionForwardParams p) {
+__device__ __forceinline__ void attention_forward_body(const AttentionForwardParams p) {
   static_assert(D % 16 == 0, "the head dimension is a whole number of MMA k-steps");
   using S = ForwardSmem<T, D, MT>;
   constexpr int ROWS = S::ROWS, LD = S::LD, LDB = S::LDB, THREADS = kForwardWarps * 32;
@@ -238,11 +237,31 @@ __global__ void __launch_bounds__(kForwardWarps * 32)
 }
 
 template <typename T, int D, int MT>
+__global__ void __launch_bounds__(kForwardWarps * 32)
+    attention_forward_kernel(const AttentionForwardParams p) {
+  attention_forward_body<T, D, MT>(p);
+}
+
+// The same with registers capped for 5 blocks per SM (D = 32: 96 registers and 20 warps per SM,
+// where the default takes ~110 and fits 4 blocks).
+template <typename T, int D, int MT>
+__global__ void __launch_bounds__(kForwardWarps * 32, 5)
+    attention_forward_5_kernel(const AttentionForwardParams p) {
+  attention_forward_body<T, D, MT>(p);
+}
+
+template <typename T, int D, int MT, int MinBlocks = 1>
 void launch_tiles(const AttentionForwardParams& p, cudaStream_t stream) {
   using S = ForwardSmem<T, D, MT>;
   const size_t smem = sizeof(S);
-  auto kernel = attention_forward_kernel<T, D, MT>;
+  auto kernel = [] {
+    if constexpr (MinBlocks == 5) return attention_forward_5_kernel<T, D, MT>;
+    else return attention_forward_kernel<T, D, MT>;
+  }();
   cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem));
+  if (MinBlocks > 1)
+    cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout,
+                         cudaSharedmemCarveoutMaxShared);
   const dim3 grid(p.N, (p.Sq + S::ROWS - 1) / S::ROWS, p.B * p.H);
   kernel<<<grid, kForwardWarps * 32, smem, stream>>>(p);
 }
@@ -253,10 +272,16 @@ void launch(const AttentionForwardParams& p, cudaStream_t stream) {
     const char* env = std::getenv("TPF_ATTENTION_FWD_ROW_TILES");
     return env ? std::atoi(env) : kForwardRowTiles;
   }();
-  if (row_tiles == 2)
-    launch_tiles<T, D, 2>(p, stream);
-  else
-    launch_tiles<T, D, 1>(p, stream);
+  // TPF_ATTENTION_FWD_BLOCKS=5 (one row tile): registers capped for 5 blocks per SM; an experiment
+  // against the default until measured, for D <= 32 (D = 16 already fits 5; D = 64 would spill).
+  static const bool five_blocks = [] {
+    const char* env = std::getenv("TPF_ATTENTION_FWD_BLOCKS");
+    return env != nullptr && std::atoi(env) == 5;
+  }();
+  if (row_tiles == 2) return launch_tiles<T, D, 2>(p, stream);
+  if constexpr (D <= 32)
+    if (five_blocks) return launch_tiles<T, D, 1, 5>(p, stream);
+  launch_tiles<T, D, 1>(p, stream);
 }
 
 }  // namespace

@@ -56,6 +56,50 @@ __global__ void attention_delta_kernel(const AttentionBackwardParams p) {
   }
 }
 
+// The same delta with D / 8 threads per row, each loading 16 bytes of O, dO and the residual (rows
+// 16-byte aligned): one thread per row read 2-byte elements D apart from its neighbours' and ran at
+// a third of the bandwidth (0.45 ms at S = 768, D = 32, for ~0.45 GB). Lanes of a row are adjacent,
+// their sums meet by shuffles in a fixed order.
+template <typename T, int D>
+__global__ void attention_delta_vec_kernel(const AttentionBackwardParams p) {
+  constexpr int L = D / 8;  // threads per row, a power of two dividing 32
+  const AttentionForwardParams& f = p.fwd;
+  const int64_t rows = int64_t(f.B) * f.N * f.H * f.Sq, total = rows * L;
+  const int part = threadIdx.x % L;
+  for (int64_t base = int64_t(blockIdx.x) * blockDim.x; base < total;
+       base += int64_t(gridDim.x) * blockDim.x) {  // uniform over the block: shuffles see every lane
+    const int64_t idx = base + threadIdx.x, r = idx / L;
+    float acc = 0.f;
+    if (idx < total) {
+      const int s = int(r % f.Sq), h = int((r / f.Sq) % f.H),
+                n = int((r / (int64_t(f.Sq) * f.H)) % f.N), b = int(r / (int64_t(f.Sq) * f.H * f.N));
+      const uint4 o = *reinterpret_cast<const uint4*>(
+          static_cast<const T*>(f.o) + b * f.o_stride.b + n * f.o_stride.n + h * f.o_stride.h +
+          s * f.o_stride.s + part * 8);
+      const uint4 d = *reinterpret_cast<const uint4*>(
+          static_cast<const T*>(p.dout) + b * p.dout_stride.b + n * p.dout_stride.n +
+          h * p.dout_stride.h + s * p.dout_stride.s + part * 8);
+      uint4 res = make_uint4(0u, 0u, 0u, 0u);
+      if (f.residual)
+        res = *reinterpret_cast<const uint4*>(
+            static_cast<const __nv_bfloat16*>(f.residual) + b * f.residual_stride.b +
+            n * f.residual_stride.n + h * f.residual_stride.h + s * f.residual_stride.s + part * 8);
+      const uint32_t ow[4] = {o.x, o.y, o.z, o.w}, dw[4] = {d.x, d.y, d.z, d.w},
+                     rw[4] = {res.x, res.y, res.z, res.w};
+#pragma unroll
+      for (int w = 0; w < 4; ++w) {
+        const float2 oc = unpack2<T>(ow[w]), dc = unpack2<T>(dw[w]);
+        const float2 rc = unpack2<__nv_bfloat16>(rw[w]);
+        acc = fmaf(dc.x, oc.x + rc.x, acc);
+        acc = fmaf(dc.y, oc.y + rc.y, acc);
+      }
+    }
+#pragma unroll
+    for (int off = L / 2; off > 0; off >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, off);
+    if (idx < total && part == 0) p.delta[r] = acc;
+  }
+}
+
 template <typename T, int D, bool Lean>
 struct BackwardSmem {
   static constexpr int G = BackwardTiles<D, Lean>::kSlices;
@@ -94,7 +138,6 @@ __global__ void __launch_bounds__(BackwardTiles<D, Lean>::kWarps * 32,
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int quad = warp >> 2, wq = warp & 3;
   const T* safe = static_cast<const T*>(f.q);
-  const float scale_log2 = f.scale * kLog2e;
 
   auto slice_ptr = [&](const void* base, const Strides4& st, int n) {
     return static_cast<const T*>(base) + b * st.b + int64_t(n) * st.n + h * st.h;
@@ -124,6 +167,7 @@ __global__ void __launch_bounds__(BackwardTiles<D, Lean>::kWarps * 32,
       for (int e = 0; e < 4; ++e) dk[gi][i][e] = dv[gi][i][e] = 0.f;
 
   const T* bias_base = static_cast<const T*>(f.bias) + b * f.bias_stride_b + h * f.bias_stride_h + k0;
+  const float scale = f.scale;  // in a register: read from the parameter bank per score otherwise
   const int query_tiles = (f.Sq + kTileQ - 1) / kTileQ;
   for (int qt = 0; qt < query_tiles; ++qt) {
     const int q0 = qt * kTileQ, qrows = min(kTileQ, f.Sq - q0);
@@ -210,9 +254,9 @@ __global__ void __launch_bounds__(BackwardTiles<D, Lean>::kWarps * 32,
 #pragma unroll
           for (int r = 0; r < 2; ++r) {  // key g, then g + 8
             const float2 bias = unpack2<T>(bias2[half * 2 + r]);
-            const float x0 = key_ok[r] ? fmaf(st[j][2 * r], scale_log2, bias.x * kLog2e) - lse2.x : -INFINITY;
-            const float x1 = key_ok[r] ? fmaf(st[j][2 * r + 1], scale_log2, bias.y * kLog2e) - lse2.y : -INFINITY;
-            const float p0 = exp2f(x0), p1 = exp2f(x1);
+            // p = exp(s scale + bias - lse) = 2^((s scale + bias) log2e - lse log2e).
+            const float p0 = key_ok[r] ? fast_exp2(fmaf(fmaf(st[j][2 * r], scale, bias.x), kLog2e, -lse2.x)) : 0.f;
+            const float p1 = key_ok[r] ? fast_exp2(fmaf(fmaf(st[j][2 * r + 1], scale, bias.y), kLog2e, -lse2.y)) : 0.f;
             const float ds0 = p0 * (dpt[j][2 * r] - delta.x), ds1 = p1 * (dpt[j][2 * r + 1] - delta.y);
             st[j][2 * r] = p0;
             st[j][2 * r + 1] = p1;
@@ -414,7 +458,10 @@ void launch(const AttentionBackwardParams& p, cudaStream_t stream) {
   using Tiles = BackwardTiles<D, Lean>;
   constexpr int G = Tiles::kSlices;
   const int64_t rows = int64_t(f.B) * f.N * f.H * f.Sq;
-  attention_delta_kernel<T, D><<<grid_for(rows, 256), 256, 0, stream>>>(p);
+  if (p.delta_vectorized)
+    attention_delta_vec_kernel<T, D><<<grid_for(rows * (D / 8), 256), 256, 0, stream>>>(p);
+  else
+    attention_delta_kernel<T, D><<<grid_for(rows, 256), 256, 0, stream>>>(p);
 
   const size_t smem = sizeof(BackwardSmem<T, D, Lean>);
   auto kernel = attention_backward_kernel<T, D, Lean>;

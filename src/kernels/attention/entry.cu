@@ -132,6 +132,8 @@ void attention_backward(const AttentionBackwardArgs& a, const AttentionDims& d, 
   p.dbias_stride_h = a.dbias.stride[1];
   p.dbias_stride_q = a.dbias.stride[2];
   p.dout_aligned = rows_aligned(a.dout, 3);
+  p.delta_vectorized = p.dout_aligned && rows_aligned(a.o, 3) &&
+                       (!a.residual.present || rows_aligned(a.residual.view, 3));
   const BackwardWorkspaceLayout w = backward_workspace_layout(d.B, d.N, d.H, d.Sq, d.Sk, d.D);
   char* ws = static_cast<char*>(a.workspace);
   p.delta = reinterpret_cast<float*>(ws + w.delta);

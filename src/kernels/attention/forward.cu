@@ -37,8 +37,7 @@ struct ForwardSmem {
 };
 
 template <typename T, int D, int MT>
-__global__ void __launch_bounds__(kForwardWarps * 32)
-    attention_forward_kernel(const AttentionForwardParams p) {
+__device__ __forceinline__ void attention_forward_body(const AttentionForwardParams p) {
   static_assert(D % 16 == 0, "the head dimension is a whole number of MMA k-steps");
   using S = ForwardSmem<T, D, MT>;
   constexpr int ROWS = S::ROWS, LD = S::LD, LDB = S::LDB, THREADS = kForwardWarps * 32;
@@ -88,7 +87,7 @@ __global__ void __launch_bounds__(kForwardWarps * 32)
     for (int i = 0; i < D / 8; ++i) o[mt][i][0] = o[mt][i][1] = o[mt][i][2] = o[mt][i][3] = 0.f;
   }
 
-  const float scale_log2 = p.scale * kLog2e;
+  const float scale = p.scale;  // in a register: read from the parameter bank per score otherwise
   const int key_tiles = (p.Sk + kTileK - 1) / kTileK;
   for (int kt = 0; kt < key_tiles; ++kt) {
     const int stage = kt & 1;
@@ -140,8 +139,8 @@ __global__ void __launch_bounds__(kForwardWarps * 32)
 #pragma unroll
           for (int r = 0; r < 2; ++r) {
             const float2 bias = unpack2<T>(bias2[half * 2 + r]);
-            const float x0 = (ok & 0xff) ? fmaf(s[mt][j][2 * r], scale_log2, bias.x * kLog2e) : -INFINITY;
-            const float x1 = (ok >> 8) ? fmaf(s[mt][j][2 * r + 1], scale_log2, bias.y * kLog2e) : -INFINITY;
+            const float x0 = (ok & 0xff) ? fmaf(s[mt][j][2 * r], scale, bias.x) : -INFINITY;
+            const float x1 = (ok >> 8) ? fmaf(s[mt][j][2 * r + 1], scale, bias.y) : -INFINITY;
             s[mt][j][2 * r] = x0;
             s[mt][j][2 * r + 1] = x1;
             tile_max[r] = fmaxf(tile_max[r], fmaxf(x0, x1));
@@ -155,14 +154,15 @@ __global__ void __launch_bounds__(kForwardWarps * 32)
         tile_max[r] = fmaxf(tile_max[r], __shfl_xor_sync(0xffffffffu, tile_max[r], 2));
         const float m_new = fmaxf(m[mt][r], tile_max[r]);
         const float m_use = m_new == -INFINITY ? 0.f : m_new;  // a row with no key yet stays zero
-        correction[r] = exp2f(m[mt][r] - m_use);
+        const float m_log2 = m_use * kLog2e;
+        correction[r] = fast_exp2(fmaf(m[mt][r], kLog2e, -m_log2));
         m[mt][r] = m_new;
         l[mt][r] *= correction[r];
-        // p = exp2(s - m), kept in s.
+        // p = exp(s - m) = 2^(s log2e - m log2e), one FFMA and the SFU per score; kept in s.
 #pragma unroll
         for (int j = 0; j < kTileK / 8; ++j) {
-          s[mt][j][2 * r] = exp2f(s[mt][j][2 * r] - m_use);
-          s[mt][j][2 * r + 1] = exp2f(s[mt][j][2 * r + 1] - m_use);
+          s[mt][j][2 * r] = fast_exp2(fmaf(s[mt][j][2 * r], kLog2e, -m_log2));
+          s[mt][j][2 * r + 1] = fast_exp2(fmaf(s[mt][j][2 * r + 1], kLog2e, -m_log2));
           l[mt][r] += s[mt][j][2 * r] + s[mt][j][2 * r + 1];
         }
       }
@@ -228,7 +228,7 @@ __global__ void __launch_bounds__(kForwardWarps * 32)
         }
       }
       if ((lane & 3) == 0) {
-        const float lse = sum > 0.f ? (m[mt][r] + log2f(sum)) * kLn2 : INFINITY;
+        const float lse = sum > 0.f ? m[mt][r] + log2f(sum) * kLn2 : INFINITY;
         p.lse[b * p.lse_stride_b + n * p.lse_stride_n + h * p.lse_stride_h + row * p.lse_stride_s] =
             lse;
       }
@@ -237,11 +237,31 @@ __global__ void __launch_bounds__(kForwardWarps * 32)
 }
 
 template <typename T, int D, int MT>
+__global__ void __launch_bounds__(kForwardWarps * 32)
+    attention_forward_kernel(const AttentionForwardParams p) {
+  attention_forward_body<T, D, MT>(p);
+}
+
+// The same with registers capped for 5 blocks per SM (D = 32: 96 registers and 20 warps per SM,
+// where the default takes ~110 and fits 4 blocks).
+template <typename T, int D, int MT>
+__global__ void __launch_bounds__(kForwardWarps * 32, 5)
+    attention_forward_5_kernel(const AttentionForwardParams p) {
+  attention_forward_body<T, D, MT>(p);
+}
+
+template <typename T, int D, int MT, int MinBlocks = 1>
 void launch_tiles(const AttentionForwardParams& p, cudaStream_t stream) {
   using S = ForwardSmem<T, D, MT>;
   const size_t smem = sizeof(S);
-  auto kernel = attention_forward_kernel<T, D, MT>;
+  auto kernel = [] {
+    if constexpr (MinBlocks == 5) return attention_forward_5_kernel<T, D, MT>;
+    else return attention_forward_kernel<T, D, MT>;
+  }();
   cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem));
+  if (MinBlocks > 1)
+    cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout,
+                         cudaSharedmemCarveoutMaxShared);
   const dim3 grid(p.N, (p.Sq + S::ROWS - 1) / S::ROWS, p.B * p.H);
   kernel<<<grid, kForwardWarps * 32, smem, stream>>>(p);
 }
@@ -252,10 +272,16 @@ void launch(const AttentionForwardParams& p, cudaStream_t stream) {
     const char* env = std::getenv("TPF_ATTENTION_FWD_ROW_TILES");
     return env ? std::atoi(env) : kForwardRowTiles;
   }();
-  if (row_tiles == 2)
-    launch_tiles<T, D, 2>(p, stream);
-  else
-    launch_tiles<T, D, 1>(p, stream);
+  // TPF_ATTENTION_FWD_BLOCKS=5 (one row tile): registers capped for 5 blocks per SM; an experiment
+  // against the default until measured, for D <= 32 (D = 16 already fits 5; D = 64 would spill).
+  static const bool five_blocks = [] {
+    const char* env = std::getenv("TPF_ATTENTION_FWD_BLOCKS");
+    return env != nullptr && std::atoi(env) == 5;
+  }();
+  if (row_tiles == 2) return launch_tiles<T, D, 2>(p, stream);
+  if constexpr (D <= 32)
+    if (five_blocks) return launch_tiles<T, D, 1, 5>(p, stream);
+  launch_tiles<T, D, 1>(p, stream);
 }
 
 }  // namespace

@@ -113,6 +113,15 @@ __device__ __forceinline__ float2 unpack2<__half>(uint32_t r) {
   return __half22float2(*reinterpret_cast<__half2*>(&r));
 }
 
+// 2^x on the SFU, flushing results below 2^-126 to zero: exp2f's extra work keeps those denormal
+// (two multiplies and a compare per call around the same MUFU.EX2), which a probability of at
+// most 1e-38 relative to the row's largest does not need. -inf gives +0.
+__device__ __forceinline__ float fast_exp2(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+  return y;
+}
+
 // 16-byte asynchronous copy; bytes past src_bytes (0..16) are zero-filled.
 __device__ __forceinline__ void cp_async_16(void* dst, const void* src, int src_bytes) {
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_addr(dst)), "l"(src),

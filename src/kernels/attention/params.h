@@ -39,6 +39,7 @@ struct AttentionBackwardParams {
   Strides4 dout_stride, dq_stride, dk_stride, dv_stride;
   int64_t dbias_stride_b, dbias_stride_h, dbias_stride_q;
   bool dout_aligned;
+  bool delta_vectorized;   // o, dout (and residual) rows start on 16-byte boundaries
   // Workspace (see backward_workspace.h): delta, dQ partials, dbias partials, dbias accumulator.
   float* delta;            // [B, N, H, Sq]
   float* dq_partial;       // [key tiles][chunk slices][B][H][Sq][D]

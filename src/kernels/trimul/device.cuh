@@ -238,16 +238,7 @@ struct WarpTileLdsm {
   static_assert(!std::is_same_v<T, float>, "tensor-core types only");
   float acc[2][2][2][4];
 
-  __device__ void zero() {
-#pragma unroll
-    for (int i = 0; i < 2; ++i)
-#pragma unroll
-      for (int j = 0; j < 2; ++j)
-#pragma unroll
-        for (int h = 0; h < 2; ++h)
-#pragma unroll
-          for (int e = 0; e < 4; ++e) acc[i][j][h][e] = 0.0f;
-  }
+  __device__ void zero() { *this = WarpTileLdsm{}; }
 
   template <WLayout L>
   __device__ void mma(const T* A, int lda, const T* W, int ldw, int K, int N) {
@@ -285,43 +276,40 @@ struct WarpTileLdsm {
     }
   }
 
-  __device__ void store(float* C, int ldc, int N) const {
-    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-    const int m0 = (warp & 1) * 32, n0 = (warp >> 1) * 32, g = lane >> 2, t = lane & 3;
-#pragma unroll
-    for (int j = 0; j < 2; ++j) {
-      if (n0 + 16 * j >= N) break;
-#pragma unroll
-      for (int i = 0; i < 2; ++i)
-#pragma unroll
-        for (int h = 0; h < 2; ++h) {
-          float* c = C + (m0 + 16 * i + g) * ldc + n0 + 16 * j + 8 * h + 2 * t;
-          *reinterpret_cast<float2*>(c) = make_float2(acc[i][j][h][0], acc[i][j][h][1]);
-          *reinterpret_cast<float2*>(c + 8 * ldc) = make_float2(acc[i][j][h][2], acc[i][j][h][3]);
-        }
-    }
-  }
-
-  __device__ void store_col_major(float* C, int ldc, int N) const {
-    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-    const int m0 = (warp & 1) * 32, n0 = (warp >> 1) * 32, g = lane >> 2, t = lane & 3;
-#pragma unroll
-    for (int j = 0; j < 2; ++j) {
-      if (n0 + 16 * j >= N) break;
-#pragma unroll
-      for (int i = 0; i < 2; ++i)
-#pragma unroll
-        for (int h = 0; h < 2; ++h) {
-          float* c = C + (n0 + 16 * j + 8 * h + 2 * t) * ldc + m0 + 16 * i + g;
-          c[0] = acc[i][j][h][0];
-          c[ldc] = acc[i][j][h][1];
-          c[8] = acc[i][j][h][2];
-          c[ldc + 8] = acc[i][j][h][3];
-        }
-    }
-  }
+  __device__ void store(float* C, int ldc, int N) const { store_as<false>(C, ldc, N); }
+  __device__ void store_col_major(float* C, int ldc, int N) const { store_as<true>(C, ldc, N); }
 
  private:
+  // Row-major: two float2 per 8-column block (rows g and g + 8); transposed: element (m, n) at
+  // C[n * ldc + m], four scalars (conflict-free: lane (g, t) hits bank 8 t + g for ldc = kLdCT).
+  template <bool kTransposed>
+  __device__ void store_as(float* C, int ldc, int N) const {
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    const int m0 = (warp & 1) * 32, n0 = (warp >> 1) * 32, g = lane >> 2, t = lane & 3;
+#pragma unroll
+    for (int j = 0; j < 2; ++j) {
+      if (n0 + 16 * j >= N) break;
+#pragma unroll
+      for (int i = 0; i < 2; ++i)
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          const float* v = acc[i][j][h];
+          const int m = m0 + 16 * i + g, n = n0 + 16 * j + 8 * h + 2 * t;
+          if constexpr (kTransposed) {
+            float* c = C + n * ldc + m;
+            c[0] = v[0];
+            c[ldc] = v[1];
+            c[8] = v[2];
+            c[ldc + 8] = v[3];
+          } else {
+            float* c = C + m * ldc + n;
+            *reinterpret_cast<float2*>(c) = make_float2(v[0], v[1]);
+            *reinterpret_cast<float2*>(c + 8 * ldc) = make_float2(v[2], v[3]);
+          }
+        }
+    }
+  }
+
   static __device__ __forceinline__ void ldsm_x4(uint32_t (&r)[4], uint32_t addr) {
     asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
                  : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])

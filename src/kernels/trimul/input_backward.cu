@@ -137,10 +137,15 @@ __global__ void __launch_bounds__(kThreads, 2) input_backward_kernel(const Param
           const int c = q * kChunkChannels + cl;
           float dp = 0.0f, dg = 0.0f;
           if (c < 2 * D && r < tile.n) {
-            const float bp = kV2 ? s.bias[cl] : p.bias_in[c];
-            const float bg = kV2 ? s.bias[kChunkChannels + cl] : p.bias_in[2 * D + c];
-            const float pv = s.c[r * kLdC + cl] + bp;
-            const float sg = sigmoid_t<T, kFast>(s.c[r * kLdC + kChunkChannels + cl] + bg);
+            float pv, gv;
+            if constexpr (kV2) {
+              pv = s.c[r * kLdC + cl] + s.bias[cl];
+              gv = s.c[r * kLdC + kChunkChannels + cl] + s.bias[kChunkChannels + cl];
+            } else {
+              pv = s.c[r * kLdC + cl] + p.bias_in[c];
+              gv = s.c[r * kLdC + kChunkChannels + cl] + p.bias_in[2 * D + c];
+            }
+            const float sg = sigmoid_t<T, kFast>(gv);
             dp = dab[k] * sg * m;
             dg = dab[k] * pv * m * sg * (1.0f - sg);
           }

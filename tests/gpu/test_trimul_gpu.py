@@ -120,3 +120,46 @@ def test_cuda_errors_name_the_argument():
     x, m, w, _ = make_inputs(1, 5, 16, torch.bfloat16, CUDA, 1, mask=True)
     with pytest.raises(ValueError, match="p_out_weight must be on x's device"):
         tpf.triangle_multiplicative_update(x, "outgoing", m, **{**w, "p_out_weight": w["p_out_weight"].cpu()})
+
+
+# The kernel variants that TPF_TRIMUL_VARIANT selects (src/kernels/trimul/launch.h; every other
+# test runs the default, or whatever the variable says): 1, the fused kernels' GEMMs through
+# ldmatrix + mma.sync and the fast sigmoid for 16-bit types; 2, also input_backward's epilogue
+# changes. D = 8, 24 and 72 leave warps with half or none of their 32 output columns; S = 70 and
+# 257 leave partial tiles.
+VARIANTS = ["1", "2"]
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+@pytest.mark.parametrize("D,S", [(8, 70), (24, 33), (72, 70), (64, 257), (128, 100)])
+@pytest.mark.parametrize("direction", ["outgoing", "incoming"])
+def test_variant_against_fp64_reference(monkeypatch, variant, D, S, direction, seed):
+    monkeypatch.setenv("TPF_TRIMUL_VARIANT", variant)
+    check(2, S, D, torch.bfloat16, direction, True, seed, bias=D != 24)
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+@pytest.mark.parametrize("dtype", [torch.float16, torch.float32])
+def test_variant_other_dtypes_against_fp64_reference(monkeypatch, variant, dtype, seed):
+    monkeypatch.setenv("TPF_TRIMUL_VARIANT", variant)
+    check(2, 100, 64, dtype, "incoming", True, seed)
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_variant_bitwise_deterministic(monkeypatch, variant, seed):
+    monkeypatch.setenv("TPF_TRIMUL_VARIANT", variant)
+    x, m, w, grad = make_inputs(1, 384, 128, torch.bfloat16, CUDA, seed, mask=True)
+    y0, g0 = ours(x, m, w, grad, "outgoing")
+    for call in range(4):
+        y1, g1 = ours(x, m, w, grad, "outgoing")
+        assert torch.equal(y0, y1), f"y differs on call {call + 2} (variant {variant}); seed {seed}"
+        for name in GRAD_NAMES:
+            assert torch.equal(g0[name], g1[name]), (
+                f"d{name} differs on call {call + 2} (variant {variant}); seed {seed}")
+
+
+def test_unknown_variant_names_the_variable(monkeypatch):
+    x, m, w, _ = make_inputs(1, 5, 16, torch.bfloat16, CUDA, 1, mask=True)
+    monkeypatch.setenv("TPF_TRIMUL_VARIANT", "7")
+    with pytest.raises(ValueError, match="TPF_TRIMUL_VARIANT"):
+        tpf.triangle_multiplicative_update(x, "outgoing", m, **w)

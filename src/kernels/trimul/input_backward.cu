@@ -34,8 +34,10 @@ struct InputBackwardSmem {
   // The running sums of each thread (kMaxInputChunks bias slots, then kPerLane norm columns) at
   // sums[k * kThreads + thread]: in registers they push the kernel past 128 registers (spills).
   float* sums;
+  // Variant 2: the kChunkN input biases of the current step (P half, then G half).
+  float* bias;
   size_t bytes;
-  __host__ __device__ InputBackwardSmem(unsigned char* base, int Dp) {
+  __host__ __device__ InputBackwardSmem(unsigned char* base, int Dp, bool with_bias) {
     SmemCarver s{base};
     x = s.take<T>(size_t(kRows) * (Dp + kPad));
     w = s.take<T>(size_t(kChunkN) * (Dp + kPad));
@@ -45,14 +47,18 @@ struct InputBackwardSmem {
     mean = s.take<float>(kRows);
     rstd = s.take<float>(kRows);
     sums = s.take<float>(size_t(kMaxInputChunks + kPerLane) * kThreads);
+    bias = with_bias ? s.take<float>(kChunkN) : nullptr;
     bytes = s.at;
   }
 };
 
-template <typename T>
+// V: the variant (launch.h). 1 and up: ldmatrix GEMMs and the fast sigmoid (16-bit types);
+// 2: also the step's biases from shared memory and the dP | dG pass unrolled.
+template <typename T, int V>
 __global__ void __launch_bounds__(kThreads, 2) input_backward_kernel(const Params p) {
+  constexpr bool kFast = V >= 1 && kHasFast<T>, kV2 = V >= 2;
   extern __shared__ __align__(128) unsigned char smem_raw[];
-  InputBackwardSmem<T> s(smem_raw, p.Dp);
+  InputBackwardSmem<T> s(smem_raw, p.Dp, kV2);
   const int ld = p.Dp + kPad, D = int(p.D), lane = threadIdx.x % 32, warp = threadIdx.x / 32;
   // Column-pass role: slot `col` of kChunkN, rows [half * kRows / 2, (half + 1) * kRows / 2).
   const int col = threadIdx.x % kChunkN, half = threadIdx.x / kChunkN;
@@ -82,13 +88,24 @@ __global__ void __launch_bounds__(kThreads, 2) input_backward_kernel(const Param
     for (int r = warp; r < tile.n; r += kWarps)
       for (int c = lane; c < D; c += 32) xln_out[(tile.row0 + r) * D + c] = s.x[r * ld + c];
 
-    WarpTile<T> dxln;
+    WarpTileFor<T, kFast> dxln;
     dxln.zero();
     for (int q = 0; q < p.input_chunks; ++q) {
+      // Variant 2: the epilogue's biases from shared memory. As global loads next to their use,
+      // after the epilogue's shared-memory stores (which may alias them for the compiler), each
+      // was a dependent L1 round trip, two per element. The previous step's readers are past the
+      // barrier that ends its epilogue.
+      if constexpr (kV2) {
+        if (threadIdx.x < kChunkN) {
+          const int c = q * kChunkChannels + threadIdx.x % kChunkChannels;
+          const int at = (threadIdx.x < kChunkChannels ? 0 : 2 * D) + c;
+          s.bias[threadIdx.x] = c < 2 * D ? p.bias_in[at] : 0.0f;
+        }
+      }
       cp_async_wait_all();
       __syncthreads();
       {
-        WarpTile<T> acc;
+        WarpTileFor<T, kFast> acc;
         acc.zero();
         acc.template mma<WLayout::kNK>(s.x, ld, s.w, ld, p.Dp, kChunkN);
         acc.store(s.c, kLdC, kChunkN);
@@ -120,8 +137,15 @@ __global__ void __launch_bounds__(kThreads, 2) input_backward_kernel(const Param
           const int c = q * kChunkChannels + cl;
           float dp = 0.0f, dg = 0.0f;
           if (c < 2 * D && r < tile.n) {
-            const float pv = s.c[r * kLdC + cl] + p.bias_in[c];
-            const float sg = sigmoid(s.c[r * kLdC + kChunkChannels + cl] + p.bias_in[2 * D + c]);
+            float pv, gv;
+            if constexpr (kV2) {
+              pv = s.c[r * kLdC + cl] + s.bias[cl];
+              gv = s.c[r * kLdC + kChunkChannels + cl] + s.bias[kChunkChannels + cl];
+            } else {
+              pv = s.c[r * kLdC + cl] + p.bias_in[c];
+              gv = s.c[r * kLdC + kChunkChannels + cl] + p.bias_in[2 * D + c];
+            }
+            const float sg = sigmoid_t<T, kFast>(gv);
             dp = dab[k] * sg * m;
             dg = dab[k] * pv * m * sg * (1.0f - sg);
           }
@@ -140,9 +164,22 @@ __global__ void __launch_bounds__(kThreads, 2) input_backward_kernel(const Param
         if (c < 2 * D) {
           const int64_t gcol = (slot_is_g ? 2 * D : 0) + c;
           float sum = 0.0f;
-          for (int r = r_begin; r < r_end && r < tile.n; ++r) {
-            sum += s.c[r * kLdC + col];
-            dpg_out[(tile.row0 + r) * p.ld_dpg + gcol] = s.g[r * kLdG + col];
+          if constexpr (kV2) {
+            // The same sum in the same row order, with a fixed trip count so that the loads and
+            // stores of several rows are in flight at once.
+            T* dst = dpg_out + (tile.row0 + r_begin) * p.ld_dpg + gcol;
+#pragma unroll 8
+            for (int k = 0; k < kRows / 2; ++k) {
+              if (r_begin + k < tile.n) {
+                sum += s.c[(r_begin + k) * kLdC + col];
+                dst[k * p.ld_dpg] = s.g[(r_begin + k) * kLdG + col];
+              }
+            }
+          } else {
+            for (int r = r_begin; r < r_end && r < tile.n; ++r) {
+              sum += s.c[r * kLdC + col];
+              dpg_out[(tile.row0 + r) * p.ld_dpg + gcol] = s.g[r * kLdG + col];
+            }
           }
           sum_pg[q * kThreads] += sum;
         }
@@ -242,9 +279,14 @@ __global__ void __launch_bounds__(kThreads, 2) input_backward_kernel(const Param
 
 template <typename T>
 void launch_input_backward(const Params& p, cudaStream_t stream) {
-  const size_t smem = InputBackwardSmem<T>(nullptr, p.Dp).bytes;
-  set_max_smem(input_backward_kernel<T>, smem);
-  input_backward_kernel<T><<<p.grid_backward, kThreads, smem, stream>>>(p);
+  const int v = variant();
+  const size_t smem = InputBackwardSmem<T>(nullptr, p.Dp, v >= 2).bytes;
+  // float runs the same code under variants 0 and 1 (launch.h): one kernel for both.
+  const auto kernel = v == 2                   ? input_backward_kernel<T, 2>
+                      : v == 1 && kHasFast<T> ? input_backward_kernel<T, 1>
+                                              : input_backward_kernel<T, 0>;
+  set_max_smem(kernel, smem);
+  kernel<<<p.grid_backward, kThreads, smem, stream>>>(p);
   check_launch("trimul input_backward");
 }
 

@@ -32,7 +32,7 @@ struct InputForwardSmem {
   }
 };
 
-template <typename T>
+template <typename T, bool kFast>
 __global__ void __launch_bounds__(kThreads, 2) input_forward_kernel(const Params p) {
   extern __shared__ __align__(128) unsigned char smem_raw[];
   InputForwardSmem<T> s(smem_raw, p.Dp);
@@ -47,7 +47,7 @@ __global__ void __launch_bounds__(kThreads, 2) input_forward_kernel(const Params
     const bool gate_step = q == p.input_chunks;
     cp_async_wait_all();
     __syncthreads();
-    WarpTile<T> acc;
+    WarpTileFor<T, kFast> acc;
     acc.zero();
     acc.template mma<WLayout::kNK>(s.x, ld, s.w, ld, p.Dp, kChunkN);
     if (gate_step) acc.store(s.c, kLdC, kChunkN);
@@ -80,7 +80,8 @@ __global__ void __launch_bounds__(kThreads, 2) input_forward_kernel(const Params
         const float pv = s.c[cl * kLdCT + r] + bias_p[k];
         const float gv = s.c[(kChunkChannels + cl) * kLdCT + r] + bias_g[k];
         T* dst = static_cast<T*>(c < D ? p.a : p.b);
-        dst[tile.channel_major(p, c < D ? c : c - D, r)] = from_f<T>(sigmoid(gv) * pv * m);
+        dst[tile.channel_major(p, c < D ? c : c - D, r)] =
+            from_f<T>(sigmoid_t<T, kFast>(gv) * pv * m);
       }
     } else {
       // Output gate logits, row-major: consecutive threads take consecutive channels.
@@ -100,8 +101,10 @@ __global__ void __launch_bounds__(kThreads, 2) input_forward_kernel(const Params
 template <typename T>
 void launch_input_forward(const Params& p, cudaStream_t stream) {
   const size_t smem = InputForwardSmem<T>(nullptr, p.Dp).bytes;
-  set_max_smem(input_forward_kernel<T>, smem);
-  input_forward_kernel<T><<<dim3(unsigned(p.tiles)), kThreads, smem, stream>>>(p);
+  const auto kernel = fast_variant() ? input_forward_kernel<T, kHasFast<T>>
+                                     : input_forward_kernel<T, false>;
+  set_max_smem(kernel, smem);
+  kernel<<<dim3(unsigned(p.tiles)), kThreads, smem, stream>>>(p);
   check_launch("trimul input_forward");
 }
 

@@ -6,7 +6,9 @@
 #include <cuda_runtime.h>
 
 #include <cstddef>
+#include <cstdlib>
 #include <string>
+#include <type_traits>
 
 #include "kernels/trimul/params.h"
 #include "tpf/error.h"
@@ -17,6 +19,27 @@ inline void check_cuda(cudaError_t e, const char* what) {
   if (e != cudaSuccess)
     throw RuntimeError(std::string(what) + ": " + cudaGetErrorString(e));
 }
+
+// Kernel variants, chosen at each launch by TPF_TRIMUL_VARIANT so that one GPU run can test and
+// time them side by side (unset or 0: the default):
+//   0  the fused kernels' GEMMs through WMMA (fragments by 32-bit generic loads), IEEE sigmoid;
+//   1  the same GEMMs through mma.sync m16n8k16 with ldmatrix fragments, and for 16-bit types the
+//      sigmoid through the approximate exponential and division (device.cuh);
+//   2  variant 1, and in input_backward the step's biases from shared memory and the dP | dG
+//      pass with a fixed, unrolled trip count (input_backward.cu; same arithmetic as variant 1).
+// The workspace is the same under all of them.
+constexpr int kVariants = 3;
+inline int variant() {
+  const char* env = std::getenv("TPF_TRIMUL_VARIANT");
+  if (env == nullptr || env[0] == '\0') return 0;
+  if (env[1] != '\0' || env[0] < '0' || env[0] >= char('0' + kVariants))
+    throw Error(std::string("TPF_TRIMUL_VARIANT: expected 0, 1 or 2 (or unset), got '") + env + "'");
+  return env[0] - '0';
+}
+inline bool fast_variant() { return variant() >= 1; }
+// float has no fast code (its GEMMs run on the CUDA cores, its sigmoid stays IEEE): one kernel.
+template <typename T>
+constexpr bool kHasFast = !std::is_same_v<T, float>;
 
 inline void check_launch(const char* kernel) { check_cuda(cudaGetLastError(), kernel); }
 

@@ -40,7 +40,7 @@ struct OutputBackwardSmem {
   }
 };
 
-template <typename T>
+template <typename T, bool kFast>
 __global__ void __launch_bounds__(kThreads, 2) output_backward_kernel(const Params p) {
   extern __shared__ __align__(128) unsigned char smem_raw[];
   OutputBackwardSmem<T> s(smem_raw, p.Dp);
@@ -74,7 +74,7 @@ __global__ void __launch_bounds__(kThreads, 2) output_backward_kernel(const Para
 
     // po = z_ln Wp_out^T.
     {
-      WarpTile<T> acc;
+      WarpTileFor<T, kFast> acc;
       acc.zero();
       acc.template mma<WLayout::kNK>(s.x, ld, s.w, ld, p.Dp, p.Dp);
       acc.store(s.c, kLdC, p.Dp);
@@ -103,7 +103,7 @@ __global__ void __launch_bounds__(kThreads, 2) output_backward_kernel(const Para
           float dpo = 0.0f;
           if (col_valid && r < tile.n) {
             const float po = s.c[r * kLdC + col] + bias;
-            const float sg = sigmoid(gv[k]);
+            const float sg = sigmoid_t<T, kFast>(gv[k]);
             dpo = dv[k] * sg;
             const float dgo = dv[k] * po * sg * (1.0f - sg);
             sum_bp += dpo;
@@ -119,7 +119,7 @@ __global__ void __launch_bounds__(kThreads, 2) output_backward_kernel(const Para
 
     // dz_ln = dpo Wp_out.
     {
-      WarpTile<T> acc;
+      WarpTileFor<T, kFast> acc;
       acc.zero();
       acc.template mma<WLayout::kKN>(s.x, ld, s.w, ld, p.Dp, p.Dp);
       acc.store(s.c, kLdC, p.Dp);
@@ -176,8 +176,10 @@ __global__ void __launch_bounds__(kThreads, 2) output_backward_kernel(const Para
 template <typename T>
 void launch_output_backward(const Params& p, cudaStream_t stream) {
   const size_t smem = OutputBackwardSmem<T>(nullptr, p.Dp).bytes;
-  set_max_smem(output_backward_kernel<T>, smem);
-  output_backward_kernel<T><<<p.grid_backward, kThreads, smem, stream>>>(p);
+  const auto kernel = fast_variant() ? output_backward_kernel<T, kHasFast<T>>
+                                     : output_backward_kernel<T, false>;
+  set_max_smem(kernel, smem);
+  kernel<<<p.grid_backward, kThreads, smem, stream>>>(p);
   check_launch("trimul output_backward");
 }
 

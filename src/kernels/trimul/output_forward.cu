@@ -29,7 +29,7 @@ struct OutputForwardSmem {
   }
 };
 
-template <typename T>
+template <typename T, bool kFast>
 __global__ void __launch_bounds__(kThreads, 2) output_forward_kernel(const Params p) {
   extern __shared__ __align__(128) unsigned char smem_raw[];
   OutputForwardSmem<T> s(smem_raw, p.Dp);
@@ -44,7 +44,7 @@ __global__ void __launch_bounds__(kThreads, 2) output_forward_kernel(const Param
   cp_async_wait_all();
   __syncthreads();
 
-  WarpTile<T> acc;
+  WarpTileFor<T, kFast> acc;
   acc.zero();
   acc.template mma<WLayout::kNK>(s.x, ld, s.w, ld, p.Dp, p.Dp);
   acc.store(s.c, kLdC, p.Dp);
@@ -68,7 +68,8 @@ __global__ void __launch_bounds__(kThreads, 2) output_forward_kernel(const Param
   for (int k = 0; k < kIters; ++k) {
     const int r = r0 + kStep * k;
     if (r < tile.n)
-      y[(tile.row0 + r) * D + c] = from_f<T>(sigmoid(g[k]) * (s.c[r * kLdC + c] + bias));
+      y[(tile.row0 + r) * D + c] =
+          from_f<T>(sigmoid_t<T, kFast>(g[k]) * (s.c[r * kLdC + c] + bias));
   }
 }
 
@@ -77,8 +78,10 @@ __global__ void __launch_bounds__(kThreads, 2) output_forward_kernel(const Param
 template <typename T>
 void launch_output_forward(const Params& p, cudaStream_t stream) {
   const size_t smem = OutputForwardSmem<T>(nullptr, p.Dp).bytes;
-  set_max_smem(output_forward_kernel<T>, smem);
-  output_forward_kernel<T><<<dim3(unsigned(p.tiles)), kThreads, smem, stream>>>(p);
+  const auto kernel = fast_variant() ? output_forward_kernel<T, kHasFast<T>>
+                                     : output_forward_kernel<T, false>;
+  set_max_smem(kernel, smem);
+  kernel<<<dim3(unsigned(p.tiles)), kThreads, smem, stream>>>(p);
   check_launch("trimul output_forward");
 }
 

@@ -64,15 +64,20 @@ def release() -> None:
         torch.cuda.empty_cache()
 
 
+def warm_trainer(args, backend: str, crop: int, chains, checkpointing: bool = False) -> Trainer:
+    """A trainer at a constant learning rate after its untimed warm-up steps (more under compile)."""
+    trainer = make_trainer(args, backend, crop, chains, args.seed, 10**6, 0, "constant",
+                           checkpointing)
+    for _ in range(args.compile_warmup if backend.endswith("_compile") else args.warmup):
+        trainer.step()
+    return trainer
+
+
 def time_one(args, backend: str, crop: int, chains, checkpointing: bool) -> dict:
     """Median step time and peak memory of one backend at one crop."""
     trainer = None
     try:
-        trainer = make_trainer(args, backend, crop, chains, args.seed, 10**6, 0, "constant",
-                               checkpointing)
-        warmup = args.compile_warmup if backend.endswith("_compile") else args.warmup
-        for _ in range(warmup):
-            trainer.step()
+        trainer = warm_trainer(args, backend, crop, chains, checkpointing)
         on_gpu = trainer.device.type == "cuda"
         if on_gpu:
             torch.cuda.synchronize(trainer.device)
@@ -117,10 +122,7 @@ def profile_steps(args, chains) -> None:
     """Per-kernel CUDA time of one training step of each backend at --profile-crop, after warm-up:
     where the step time goes (kernels, and the host time the GPU is not busy)."""
     for backend in args.backends:
-        trainer = make_trainer(args, backend, args.profile_crop, chains, args.seed, 10**6, 0,
-                               "constant")
-        for _ in range(args.compile_warmup if backend.endswith("_compile") else args.warmup):
-            trainer.step()
+        trainer = warm_trainer(args, backend, args.profile_crop, chains)
         per, wall = kernel_times(trainer.step)
         busy = sum(v[0] for v in per.values())
         print(f"{backend}, crop {args.profile_crop}: step {wall:.1f} ms (profiled), kernels "

@@ -138,6 +138,9 @@ class MotoS3:
             s3.upload_file(os.path.join(directory, name), bucket, f"{prefix}/{name}")
 
 
+MULTIPART_FAULTS = ("part_elsewhere", "part_no_range", "part_header_flood")
+
+
 class FaultServer:
     """A threaded HTTP/1.1 server of the files in `root` with range requests, that answers the next
     requests for a path with scripted faults: fault(path, action, ...) queues actions, each used once.
@@ -145,7 +148,9 @@ class FaultServer:
     Actions: ("status", code[, retry_after]) an error response; ("reset",) a TCP reset before any
     response; ("truncate",) a 206 whose body stops halfway; ("slow", seconds) a response that starts
     only after `seconds`; ("corrupt",) a 206 with one byte flipped; ("full",) a 200 with the whole
-    file (ignoring the range). Several ranges in one request get a multipart/byteranges answer, as
+    file (ignoring the range). Broken multipart/byteranges answers, used only by
+    multi-range requests: ("part_elsewhere",) every part one byte later than asked; ("part_no_range",)
+    parts without Content-Range; ("part_header_flood",) 10 KB of part header with no blank line. Several ranges in one request get a multipart/byteranges answer, as
     from nginx, unless single_range_only is set."""
 
     def __init__(self, root: str):
@@ -165,12 +170,14 @@ class FaultServer:
         with self.lock:
             self.always[path] = action
 
-    def _next_action(self, path: str, is_range: bool) -> tuple | None:
+    def _next_action(self, path: str, is_range: bool, multi: bool = False) -> tuple | None:
         with self.lock:
             self.requests[path] += 1
             if path in self.always:
                 action = self.always[path]
             elif is_range and self.faults[path]:
+                if self.faults[path][0][0] in MULTIPART_FAULTS and not multi:
+                    return None  # kept for the next multi-range request
                 action = self.faults[path].popleft()
             else:
                 return None
@@ -196,7 +203,8 @@ class FaultServer:
                 path = self.path.split("?")[0]
                 file = os.path.join(server.root, path.lstrip("/"))
                 rng = self.headers.get("Range")
-                action = server._next_action(path, rng is not None or head)
+                action = server._next_action(path, rng is not None or head,
+                                             multi=rng is not None and "," in rng)
                 if action and action[0] == "reset":
                     self.connection.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER,
                                                struct.pack("ii", 1, 0))
@@ -244,9 +252,16 @@ class FaultServer:
                     boundary = "tpfboundary"
                     body = bytearray()
                     flip = None  # a byte inside the first part's data
+                    kind = action[0] if action else None
                     for lo, hi in spans:
-                        body += (f"\r\n--{boundary}\r\nContent-Type: application/octet-stream\r\n"
-                                 f"Content-Range: bytes {lo}-{hi}/{len(data)}\r\n\r\n").encode()
+                        if kind == "part_elsewhere":
+                            lo, hi = lo + 1, min(hi + 1, len(data) - 1)
+                        body += f"\r\n--{boundary}\r\nContent-Type: application/octet-stream\r\n".encode()
+                        if kind == "part_header_flood":
+                            body += b"X-Filler: " + b"x" * 10240
+                        elif kind != "part_no_range":
+                            body += f"Content-Range: bytes {lo}-{hi}/{len(data)}\r\n".encode()
+                        body += b"\r\n"
                         flip = len(body) + (hi - lo) // 2 if flip is None else flip
                         body += data[lo:hi + 1]
                     body += f"\r\n--{boundary}--\r\n".encode()

@@ -239,6 +239,20 @@ def test_faults_are_survived(tmp_path, dataset, seed, action):
             assert ds.last_stats is not None
 
 
+@pytest.mark.parametrize("action", [(a,) for a in h.MULTIPART_FAULTS])
+def test_broken_multipart_answers_are_retried(tmp_path, dataset, seed, action):
+    """A server whose multipart/byteranges answers put parts elsewhere, leave out their
+    Content-Range or flood their headers: the request is retried, no record is lost or wrong."""
+    directory, reference = dataset
+    with h.FaultServer(directory) as server:
+        server.fault("/shard-00001.tpf", *([action] * 3))
+        ds = StreamingDataset(server.url + "/manifest.json", cache_bytes=256 << 10, seed=seed,
+                              coalesce_gap=0, **FAST_RETRY)
+        ids = collect(ds, reference)
+        assert sorted(ids) == list(range(len(reference))), "a record was lost or duplicated"
+        assert server.served_faults[action[0]] == 3, "the faults never met a multi-range request"
+
+
 def test_corrupt_records_are_fetched_again(tmp_path, dataset, seed):
     directory, reference = dataset
     with h.FaultServer(directory) as server:

@@ -56,23 +56,36 @@ def test_chunked_backward_matches_single_chunk(monkeypatch, seed):
     check_fa3_rule(ours, base, ref, torch.bfloat16, "(chunked)")
 
 
-@pytest.mark.parametrize("D", [16, 32])
-@pytest.mark.parametrize("S,N", [(33, 5), (257, 7)])
-def test_register_backward_matches_fp64_reference(monkeypatch, S, N, D, seed):
-    """The backward that keeps dbias in registers (TPF_ATTENTION_BWD_LEAN=0; the default at head
-    dims 16 and 32 is the lean one that every other test runs) within the FP64 rule, with an odd
-    slice count (a half-empty last group), bitwise reproducible."""
-    monkeypatch.setenv("TPF_ATTENTION_BWD_LEAN", "0")
+def check_kernel_variant(monkeypatch, variable, value, S, N, D, seed, label):
+    """Under variable=value: within the FP64 rule with an odd slice count (a half-empty last group),
+    B = 2, masked keys and rows, a poisoned allocator, and bitwise reproducible."""
+    monkeypatch.setenv(variable, value)
     g = torch.Generator().manual_seed(seed)
     q, k, v, bias, mask, grad = make_case(2, N, 4, S, D, torch.bfloat16, "cuda", g)
     ref = reference_fp64(q, k, v, bias, mask, grad, 1 / math.sqrt(D))
     poison_allocator()
     ours = run_with_grads(tpf.triangle_attention, q, k, v, bias, mask, grad)
     base = run_with_grads(triangle_attention_torch, q, k, v, bias, mask, grad)
-    check_fa3_rule(ours, base, ref, torch.bfloat16, f"(registers, S={S}, N={N}, D={D}, seed {seed})")
+    check_fa3_rule(ours, base, ref, torch.bfloat16, f"({label}, S={S}, N={N}, D={D}, seed {seed})")
     again = run_with_grads(tpf.triangle_attention, q, k, v, bias, mask, grad)
     for name in GRADS:
-        assert torch.equal(ours[name], again[name]), f"{name} differs between calls (registers)"
+        assert torch.equal(ours[name], again[name]), f"{name} differs between calls ({label})"
+
+
+@pytest.mark.parametrize("D", [16, 32])
+@pytest.mark.parametrize("S,N", [(33, 5), (257, 7)])
+def test_register_backward_matches_fp64_reference(monkeypatch, S, N, D, seed):
+    """The backward that keeps dbias in registers (TPF_ATTENTION_BWD_LEAN=0; the default at head
+    dims 16 and 32 is the lean one that every other test runs)."""
+    check_kernel_variant(monkeypatch, "TPF_ATTENTION_BWD_LEAN", "0", S, N, D, seed, "registers")
+
+
+@pytest.mark.parametrize("D", [16, 32])
+@pytest.mark.parametrize("S,N", [(33, 5), (257, 7)])
+def test_uncapped_forward_matches_fp64_reference(monkeypatch, S, N, D, seed):
+    """The forward without the 5-blocks-per-SM register cap (TPF_ATTENTION_FWD_BLOCKS=4; the
+    default at head dims 16 and 32 is the capped one that every other test runs)."""
+    check_kernel_variant(monkeypatch, "TPF_ATTENTION_FWD_BLOCKS", "4", S, N, D, seed, "uncapped forward")
 
 
 def test_residual_lowers_gradient_error(seed):

@@ -272,11 +272,13 @@ void launch(const AttentionForwardParams& p, cudaStream_t stream) {
     const char* env = std::getenv("TPF_ATTENTION_FWD_ROW_TILES");
     return env ? std::atoi(env) : kForwardRowTiles;
   }();
-  // TPF_ATTENTION_FWD_BLOCKS=5 (one row tile): registers capped for 5 blocks per SM; an experiment
-  // against the default until measured, for D <= 32 (D = 16 already fits 5; D = 64 would spill).
-  static const bool five_blocks = [] {
+  // For D <= 32 (one row tile) registers are capped for 5 blocks per SM, the default since it was
+  // measured on the H200 (D=32 S=768: forward kernel 2.62 -> 2.42 ms; bench/notes-attention.md);
+  // TPF_ATTENTION_FWD_BLOCKS=4 selects the uncapped kernel (read at each launch, so that one test
+  // process checks both). D = 64 would spill under the cap.
+  const bool five_blocks = [] {
     const char* env = std::getenv("TPF_ATTENTION_FWD_BLOCKS");
-    return env != nullptr && std::atoi(env) == 5;
+    return env == nullptr || env[0] == '\0' || std::atoi(env) == 5;
   }();
   if (row_tiles == 2) return launch_tiles<T, D, 2>(p, stream);
   if constexpr (D <= 32)

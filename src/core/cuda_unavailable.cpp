@@ -1,5 +1,6 @@
 // Linked into builds without the CUDA library: every CUDA entry point says so.
 #include "kernels/attention/api.h"
+#include "kernels/fused/api.h"
 #include "kernels/trimul/api.h"
 #include "tpf/error.h"
 
@@ -20,5 +21,12 @@ size_t trimul_forward_workspace_bytes(const TrimulDims&, DType) { return 0; }
 size_t trimul_backward_workspace_bytes(const TrimulDims&, DType) { return 0; }
 void trimul_forward(const TrimulForwardArgs&, const TrimulDims&, void*) { unavailable(); }
 void trimul_backward(const TrimulBackwardArgs&, const TrimulDims&, void*) { unavailable(); }
+size_t layer_norm_backward_workspace_bytes(int64_t, int64_t) { return 0; }
+void layer_norm_forward(const LayerNormForwardArgs&, const fused::Rows&, int64_t, void*) { unavailable(); }
+void layer_norm_backward(const LayerNormBackwardArgs&, const fused::Rows&, int64_t, void*) { unavailable(); }
+void swiglu_forward(const SwigluArgs&, void*) { unavailable(); }
+void swiglu_backward(const SwigluArgs&, void*) { unavailable(); }
+void gated_output_forward(const GatedOutputArgs&, const fused::Heads&, void*) { unavailable(); }
+void gated_output_backward(const GatedOutputArgs&, const fused::Heads&, void*) { unavailable(); }
 
 }  // namespace tpf::cuda

@@ -295,11 +295,24 @@ def test_turbo_backend_runs_our_ops_and_reference_does_not(monkeypatch):
                         counted("attention", attention_module.triangle_attention))
     monkeypatch.setattr(trimul_module, "triangle_multiplicative_update",
                         counted("trimul", trimul_module.triangle_multiplicative_update))
+    import turbopairformer.nn.transition as transition_module
+    import turbopairformer.ops.fused as fused_module
+
+    calls.update(gate=0, swiglu=0, layer_norm=0)
+    monkeypatch.setattr(attention_module, "gated_output",
+                        counted("gate", attention_module.gated_output))
+    monkeypatch.setattr(transition_module, "swiglu", counted("swiglu", transition_module.swiglu))
+    monkeypatch.setattr(fused_module, "layer_norm", counted("layer_norm", fused_module.layer_norm))
     block = PairFormerBlock(8, c_s=4, c_hidden_pair_att=4, no_heads_pair=2, c_hidden_pair_bias=2,
                             no_heads_pair_bias=2)
     s, z = torch.randn(1, 5, 4), torch.randn(1, 5, 5, 8)
     block(s, z)
-    assert calls == {"attention": 0, "trimul": 0}
+    assert set(calls.values()) == {0}
     set_backend(block, "turbo")(s, z)
-    # triangle attention twice and the single track once; trimul outgoing and incoming
-    assert calls == {"attention": 3, "trimul": 2}
+    # triangle attention twice and the single track once; trimul outgoing and incoming; the
+    # LayerNorms of both triangle attentions, both transitions and the single track's two; the
+    # gates of the three attentions; both transitions' SwiGLU
+    assert calls == {"attention": 3, "trimul": 2, "gate": 3, "swiglu": 2, "layer_norm": 6}
+    monkeypatch.setenv("TPF_FUSED_GLUE", "0")
+    set_backend(block, "turbo")(s, z)
+    assert calls == {"attention": 6, "trimul": 4, "gate": 3, "swiglu": 2, "layer_norm": 6}

@@ -11,8 +11,9 @@ from typing import Optional
 import torch
 from torch import nn
 
-from turbopairformer.nn._layers import check_backend, linear
+from turbopairformer.nn._layers import check_backend, fused_glue, layer_norm, linear
 from turbopairformer.ops.attention import triangle_attention
+from turbopairformer.ops.fused import gated_output
 from turbopairformer.ops.torch_reference import triangle_attention_torch
 
 
@@ -57,6 +58,8 @@ class GatedAttention(nn.Module):
         q, k, v, g = nn.functional.linear(x, weight, qkvg_bias).split(H * D, dim=-1)
         q, k, v = heads(q), heads(k), heads(v)
         o = self.attention(q, k, v, bias.to(q.dtype), mask)
+        if fused_glue(self.backend):  # the heads back to rows and the gate, in one pass
+            return self.linear_o(gated_output(g, o))
         o = o.transpose(2, 3).reshape(B, N, S, H * D)
         return self.linear_o(torch.sigmoid(g) * o)
 
@@ -92,7 +95,7 @@ class TriangleAttention(nn.Module):
         if not self.starting:
             z = self.transpose(z)
             mask = None if mask is None else self.transpose(mask)
-        x = self.layer_norm(z)
+        x = layer_norm(self.layer_norm, z, self.backend)
         bias = self.linear_z(x).permute(0, 3, 1, 2)  # [B, H, I, J]
         out = self.mha(x, bias, mask)
         return out if self.starting else self.transpose(out)
@@ -121,7 +124,8 @@ class AttentionPairBias(nn.Module):
     def forward(self, s: torch.Tensor, z: torch.Tensor,
                 mask: Optional[torch.Tensor] = None) -> torch.Tensor:
         """s [B, S, c_s]; z [B, S, S, c_z]; mask bool [B, S] (True = valid token)."""
-        bias = self.linear_z(self.layer_norm_z(z)).permute(0, 3, 1, 2)  # [B, H, S, S]
-        out = self.mha(self.layer_norm_a(s).unsqueeze(1), bias,
+        backend = self.mha.backend
+        bias = self.linear_z(layer_norm(self.layer_norm_z, z, backend)).permute(0, 3, 1, 2)
+        out = self.mha(layer_norm(self.layer_norm_a, s, backend).unsqueeze(1), bias,
                        None if mask is None else mask.unsqueeze(1))
         return out.squeeze(1)

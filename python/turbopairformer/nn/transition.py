@@ -6,7 +6,8 @@ from typing import Optional
 import torch
 from torch import nn
 
-from turbopairformer.nn._layers import check_backend, linear
+from turbopairformer.nn._layers import check_backend, fused_glue, layer_norm, linear
+from turbopairformer.ops.fused import swiglu
 
 
 class SwiGLU(nn.Module):
@@ -15,10 +16,14 @@ class SwiGLU(nn.Module):
         self.linear_a = linear(c_in, c_hidden, init="relu")
         self.linear_b = linear(c_in, c_hidden, init="relu")
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        # Both projections in one GEMM (one read and one autocast cast of x).
+    def forward(self, x: torch.Tensor, fused: bool = False) -> torch.Tensor:
+        # Both projections in one GEMM (one read and one autocast cast of x); with `fused`, silu(a)
+        # * b and its gradient in one kernel each (turbopairformer.ops.fused.swiglu).
         weight = torch.cat([self.linear_a.weight, self.linear_b.weight])
-        a, b = nn.functional.linear(x, weight).chunk(2, dim=-1)
+        ab = nn.functional.linear(x, weight)
+        if fused:
+            return swiglu(ab)
+        a, b = ab.chunk(2, dim=-1)
         return nn.functional.silu(a) * b
 
 
@@ -39,7 +44,8 @@ class Transition(nn.Module):
 
     def forward(self, x: torch.Tensor, mask: Optional[torch.Tensor] = None) -> torch.Tensor:
         """x [..., c_in]; mask bool [...] (True = valid)."""
-        out = self.linear_out(self.swiglu(self.layer_norm(x)))
+        h = self.swiglu(layer_norm(self.layer_norm, x, self.backend), fused_glue(self.backend))
+        out = self.linear_out(h)
         return out if mask is None else out * mask.unsqueeze(-1).to(out.dtype)
 
 

@@ -1,0 +1,239 @@
+"""Fused glue around the big ops, as torch custom ops with autograd (src/core/fused.cpp, CUDA
+kernels in src/kernels/fused/fused.cu; the CPU path runs the same arithmetic in C++).
+
+- `layer_norm(x, weight, bias, eps, out_dtype)`: LayerNorm over the last dim, reading x in place
+  whatever the strides of its leading dims (a transposed pair tensor costs no copy), writing y in
+  `out_dtype` (under autocast: the dtype the next GEMM casts to, so no separate cast).
+- `swiglu(ab)`: silu(a) * b for ab = [a | b] along the last dim (one GEMM's output).
+- `gated_output(g, o)`: sigmoid(g) * o with o's heads [B, N, H, S, D] laid back into rows
+  [B, N, S, H*D], one pass; g may be a column slice of a wider GEMM output.
+
+Each is one kernel forward and one backward (LayerNorm's weight gradients: two, summed in a fixed
+order), where PyTorch's eager mode runs several.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+
+from turbopairformer import _C
+from turbopairformer.ops._common import require_float, require_tensor, stream_of
+
+__all__ = ["layer_norm", "swiglu", "gated_output"]
+
+
+# ---- layer_norm --------------------------------------------------------------------------------
+
+def _dense(x: torch.Tensor) -> bool:
+    """Whether x's elements tile its storage without gaps or overlap, in some order of dims."""
+    order = sorted(range(x.dim()), key=lambda i: -x.stride(i))
+    return x.permute(order).is_contiguous()
+
+
+def _rows(x: torch.Tensor) -> int:
+    return math.prod(x.shape[:-1])
+
+
+@torch.library.custom_op("turbopairformer::layer_norm_fwd", mutates_args=())
+def _ln_fwd(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, eps: float,
+            out_dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    y, mean, rstd = _ln_fwd_outputs(x, out_dtype)
+    _C.layer_norm_forward(x.detach(), weight.detach(), bias.detach(), eps, y, mean, rstd,
+                          stream_of(x))
+    return y, mean, rstd
+
+
+def _ln_fwd_outputs(x: torch.Tensor, out_dtype: torch.dtype):
+    rows = _rows(x)
+    return (torch.empty(x.shape, dtype=out_dtype, device=x.device),
+            x.new_empty((rows,), dtype=torch.float32), x.new_empty((rows,), dtype=torch.float32))
+
+
+@_ln_fwd.register_fake
+def _(x, weight, bias, eps, out_dtype):
+    return _ln_fwd_outputs(x, out_dtype)
+
+
+@torch.library.custom_op("turbopairformer::layer_norm_bwd", mutates_args=())
+def _ln_bwd(grad_y: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, mean: torch.Tensor,
+            rstd: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    dx, dw, db = _ln_bwd_outputs(x)
+    workspace = None
+    if x.is_cuda:
+        nbytes = _C.layer_norm_workspace_bytes(_rows(x), x.shape[-1], True)
+        workspace = torch.empty(max(nbytes, 1), dtype=torch.uint8, device=x.device)
+    _C.layer_norm_backward(grad_y.detach(), x.detach(), weight.detach(), mean.detach(),
+                           rstd.detach(), dx, dw, db, workspace, stream_of(x))
+    return dx, dw, db
+
+
+def _ln_bwd_outputs(x: torch.Tensor):
+    C = x.shape[-1]
+    dx = torch.empty_strided(x.shape, x.stride(), dtype=x.dtype, device=x.device)
+    return dx, x.new_empty((C,), dtype=torch.float32), x.new_empty((C,), dtype=torch.float32)
+
+
+@_ln_bwd.register_fake
+def _(grad_y, x, weight, mean, rstd):
+    return _ln_bwd_outputs(x)
+
+
+def _ln_setup(ctx, inputs, output):
+    x, weight, _, _, _ = inputs
+    _, mean, rstd = output
+    ctx.save_for_backward(x, weight, mean, rstd)
+
+
+def _ln_backward(ctx, grad_y, _grad_mean, _grad_rstd):
+    x, weight, mean, rstd = ctx.saved_tensors
+    dx, dw, db = _ln_bwd(grad_y.contiguous(), x, weight, mean, rstd)
+    return dx, dw, db, None, None
+
+
+_ln_fwd.register_autograd(_ln_backward, setup_context=_ln_setup)
+
+
+def layer_norm(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, eps: float = 1e-5,
+               out_dtype: torch.dtype | None = None) -> torch.Tensor:
+    """LayerNorm over x's last dim (nn.LayerNorm's math), y in out_dtype (default x's dtype).
+
+    x [..., C], C at most 1024; weight and bias [C] are used in float32 (their gradients come back
+    in their own dtype). Leading dims of any strides are read in place.
+    """
+    require_tensor(x, "x")
+    require_float(x, "x")
+    for t, name in ((weight, "weight"), (bias, "bias")):
+        require_tensor(t, name)
+        if t.shape != (x.shape[-1],):
+            raise ValueError(f"{name} must have shape [{x.shape[-1]}] (x's last dim), "
+                             f"got {list(t.shape)}")
+    out_dtype = x.dtype if out_dtype is None else out_dtype
+    if out_dtype not in (torch.float32, torch.bfloat16, torch.float16):
+        raise TypeError(f"out_dtype must be float32, bfloat16 or float16, got {out_dtype}")
+    if not isinstance(eps, (int, float)) or not math.isfinite(eps) or eps <= 0:
+        raise ValueError(f"eps must be a positive number, got {eps!r}")
+    if x.dim() == 0:
+        raise ValueError("x must have at least one dimension (the channels)")
+    # The kernels read up to three leading dims in place, with stride 1 over the channels and
+    # without overlap (dx takes x's strides).
+    shape = x.shape
+    if x.dim() > 4 or x.stride(-1) != 1 or not _dense(x):
+        x = x.contiguous()
+        if x.dim() > 4:
+            x = x.reshape(-1, *x.shape[-3:])
+    y, _, _ = _ln_fwd(x, weight.float(), bias.float(), float(eps), out_dtype)
+    return y.reshape(shape)
+
+
+# ---- swiglu ------------------------------------------------------------------------------------
+
+@torch.library.custom_op("turbopairformer::swiglu_fwd", mutates_args=())
+def _swiglu_fwd(ab: torch.Tensor) -> torch.Tensor:
+    h = ab.new_empty((ab.shape[0], ab.shape[1] // 2))
+    _C.swiglu(ab.detach(), None, h, stream_of(ab))
+    return h
+
+
+@_swiglu_fwd.register_fake
+def _(ab):
+    return ab.new_empty((ab.shape[0], ab.shape[1] // 2))
+
+
+@torch.library.custom_op("turbopairformer::swiglu_bwd", mutates_args=())
+def _swiglu_bwd(grad_h: torch.Tensor, ab: torch.Tensor) -> torch.Tensor:
+    dab = torch.empty_like(ab)
+    _C.swiglu(ab.detach(), grad_h.detach(), dab, stream_of(ab))
+    return dab
+
+
+@_swiglu_bwd.register_fake
+def _(grad_h, ab):
+    return torch.empty_like(ab)
+
+
+def _swiglu_setup(ctx, inputs, output):
+    ctx.save_for_backward(inputs[0])
+
+
+def _swiglu_backward(ctx, grad_h):
+    (ab,) = ctx.saved_tensors
+    return _swiglu_bwd(grad_h.contiguous(), ab)
+
+
+_swiglu_fwd.register_autograd(_swiglu_backward, setup_context=_swiglu_setup)
+
+
+def swiglu(ab: torch.Tensor) -> torch.Tensor:
+    """silu(a) * b where a, b = ab.chunk(2, dim=-1): ab [..., 2H] -> [..., H]."""
+    require_tensor(ab, "ab")
+    require_float(ab, "ab")
+    if ab.dim() == 0 or ab.shape[-1] % 2:
+        raise ValueError(f"ab must have an even last dim ([..., 2H]), got {list(ab.shape)}")
+    lead = ab.shape[:-1]
+    h = _swiglu_fwd(ab.reshape(-1, ab.shape[-1]).contiguous())
+    return h.reshape(*lead, ab.shape[-1] // 2)
+
+
+# ---- gated_output ------------------------------------------------------------------------------
+
+@torch.library.custom_op("turbopairformer::gated_output_fwd", mutates_args=())
+def _gate_fwd(g: torch.Tensor, o: torch.Tensor) -> torch.Tensor:
+    y = g.new_empty(g.shape)
+    _C.gated_output(g.detach(), o.detach(), None, y, None, stream_of(g))
+    return y
+
+
+@_gate_fwd.register_fake
+def _(g, o):
+    return g.new_empty(g.shape)
+
+
+@torch.library.custom_op("turbopairformer::gated_output_bwd", mutates_args=())
+def _gate_bwd(grad_y: torch.Tensor, g: torch.Tensor, o: torch.Tensor
+              ) -> tuple[torch.Tensor, torch.Tensor]:
+    dg, do = g.new_empty(g.shape), torch.empty_like(o)
+    _C.gated_output(g.detach(), o.detach(), grad_y.detach(), dg, do, stream_of(g))
+    return dg, do
+
+
+@_gate_bwd.register_fake
+def _(grad_y, g, o):
+    return g.new_empty(g.shape), torch.empty_like(o)
+
+
+def _gate_setup(ctx, inputs, output):
+    ctx.save_for_backward(*inputs)
+
+
+def _gate_backward(ctx, grad_y):
+    g, o = ctx.saved_tensors
+    return _gate_bwd(grad_y.contiguous(), g, o)
+
+
+_gate_fwd.register_autograd(_gate_backward, setup_context=_gate_setup)
+
+
+def gated_output(g: torch.Tensor, o: torch.Tensor) -> torch.Tensor:
+    """sigmoid(g) * o.transpose(-3, -2).reshape(g.shape) in one pass.
+
+    o [..., H, S, D] (an attention's heads), g [..., S, H*D] with the same leading dims (it may be
+    a column slice of a wider tensor). Returns [..., S, H*D], g's dtype.
+    """
+    require_tensor(g, "g")
+    require_tensor(o, "o")
+    require_float(g, "g")
+    if o.dim() < 3:
+        raise ValueError(f"o must have shape [..., H, S, D], got {list(o.shape)}")
+    *lead, H, S, D = o.shape
+    if tuple(g.shape) != (*lead, S, H * D):
+        raise ValueError(f"g must have shape {[*lead, S, H * D]} (o's [..., H, S, D] as "
+                         f"[..., S, H*D]), got {list(g.shape)}")
+    if g.dtype != o.dtype or g.device != o.device:
+        raise ValueError(f"o must have g's dtype and device ({g.dtype}, {g.device}), "
+                         f"got {o.dtype}, {o.device}")
+    g2 = g.reshape(-1, H * D)
+    if g2.numel() and g2.stride(-1) != 1:
+        g2 = g2.contiguous()
+    y = _gate_fwd(g2, o.reshape(-1, H, S, D).contiguous())
+    return y.reshape(g.shape)

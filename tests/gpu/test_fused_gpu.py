@@ -62,8 +62,9 @@ def test_pairformer_block_backends_agree_on_gpu(monkeypatch, S, glue, seed):
     without: turbo within FlashAttention-3's rule of the reference, against FP64 on the CPU."""
     monkeypatch.setenv("TPF_FUSED_GLUE", glue)
     gen = torch.Generator().manual_seed(seed)
-    block = randomize(PairFormerBlock(16, c_s=8, c_hidden_pair_att=8, no_heads_pair=2,
-                                      c_hidden_pair_bias=4, no_heads_pair_bias=2).double(), gen)
+    # head dims 16: the smallest the CUDA attention kernels take
+    block = randomize(PairFormerBlock(16, c_s=8, c_hidden_pair_att=16, no_heads_pair=2,
+                                      c_hidden_pair_bias=16, no_heads_pair_bias=2).double(), gen)
     s = torch.randn(2, S, 8, generator=gen, dtype=torch.float64)
     z = torch.randn(2, S, S, 16, generator=gen, dtype=torch.float64)
     token, pair = masks(2, S, gen)

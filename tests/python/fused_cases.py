@@ -41,7 +41,10 @@ def layer_norm_case(B, I, J, C, transposed, x_dtype, y_dtype, device, g):
         return y.detach(), zz.grad, ww.grad, bb.grad
 
     ours = run(lambda x, ww, bb: fused.layer_norm(x, ww, bb, 1e-5, y_dtype))
-    base = run(lambda x, ww, bb: torch.nn.functional.layer_norm(x, (C,), ww, bb, 1e-5).to(y_dtype))
+    # PyTorch's LayerNorm at x's precision: a module in x's dtype (its CUDA kernel takes no float32
+    # weights with 16-bit x)
+    base = run(lambda x, ww, bb: torch.nn.functional.layer_norm(
+        x, (C,), ww.to(x.dtype), bb.to(x.dtype), 1e-5).to(y_dtype))
     ref = run(lambda x, ww, bb: torch.nn.functional.layer_norm(x, (C,), ww, bb, 1e-5), torch.float64)
     _check(f"layer_norm {B, I, J, C, transposed} {x_dtype}->{y_dtype}", ours, base, ref, floor=1e-4)
     return ours

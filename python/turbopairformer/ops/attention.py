@@ -15,8 +15,10 @@ from turbopairformer import _C
 from turbopairformer.ops.torch_reference import triangle_attention_torch
 from turbopairformer.ops._common import (
     detached,
+    eager_autograd,
     inner_contiguous,
     load_named,
+    native,
     require_float,
     require_same,
     require_tensor,
@@ -37,8 +39,13 @@ def _attention_fwd(
     scale: float,
     keep_residual: bool,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    return _attention_fwd_impl(q, k, v, bias, mask, scale, keep_residual)
+
+
+def _attention_fwd_impl(q, k, v, bias, mask, scale, keep_residual):
     o, lse, residual = _fwd_outputs(q, keep_residual)
-    _C.attention_forward(
+    native(
+        _C.attention_forward,
         q.detach(), k.detach(), v.detach(), bias.detach(), detached(mask), o, lse,
         residual if residual.numel() else None, scale, stream_of(q))
     return o, lse, residual
@@ -74,13 +81,18 @@ def _attention_bwd(
     residual: torch.Tensor,
     scale: float,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    return _attention_bwd_impl(grad_out, q, k, v, bias, mask, o, lse, residual, scale)
+
+
+def _attention_bwd_impl(grad_out, q, k, v, bias, mask, o, lse, residual, scale):
     dq, dk, dv, dbias = _bwd_outputs(q, k, v, bias)
     workspace = None
     if q.is_cuda:
         B, N, H, Sq, D = q.shape
         nbytes = _C.attention_backward_workspace_bytes(B, N, H, Sq, k.shape[3], D, True)
         workspace = torch.empty(max(nbytes, 1), dtype=torch.uint8, device=q.device)
-    _C.attention_backward(
+    native(
+        _C.attention_backward,
         q.detach(), k.detach(), v.detach(), bias.detach(), detached(mask), o.detach(),
         lse.detach(), grad_out.detach(), residual.detach() if residual.numel() else None,
         dq, dk, dv, dbias, scale, workspace, stream_of(q))
@@ -103,14 +115,18 @@ def _setup_context(ctx, inputs, output):
     ctx.scale = scale
 
 
-def _backward(ctx, grad_o, grad_lse, grad_residual):
-    s = load_named(ctx)
-    dq, dk, dv, dbias = _attention_bwd(
-        inner_contiguous(grad_o), s.q, s.k, s.v, s.bias, s.mask, s.o, s.lse, s.residual, ctx.scale)
-    return dq, dk, dv, dbias, None, None, None
+def _backward(bwd):  # through the backward custom op (torch.compile) or its body (eager)
+    def backward(ctx, grad_o, grad_lse, grad_residual):
+        s = load_named(ctx)
+        dq, dk, dv, dbias = bwd(inner_contiguous(grad_o), s.q, s.k, s.v, s.bias, s.mask, s.o,
+                                s.lse, s.residual, ctx.scale)
+        return dq, dk, dv, dbias, None, None, None
+    return backward
 
 
-_attention_fwd.register_autograd(_backward, setup_context=_setup_context)
+_attention_fwd.register_autograd(_backward(_attention_bwd), setup_context=_setup_context)
+_attention_call = eager_autograd(_attention_fwd, _attention_fwd_impl, _setup_context,
+                                 _backward(_attention_bwd_impl))
 
 
 def _normalize_bias(bias: torch.Tensor, B: int, H: int, Sq: int, Sk: int) -> torch.Tensor:
@@ -162,7 +178,7 @@ def _run(q, k, v, bias, mask, scale, residual):
     if q.is_cuda and q.dtype == torch.float32:
         # The CUDA kernels are BF16/FP16 (tensor cores); float32 CUDA tensors take PyTorch's math.
         return triangle_attention_torch(q, k, v, bias, mask, scale)
-    o, _, _ = _attention_fwd(
+    o, _, _ = _attention_call(
         inner_contiguous(q), inner_contiguous(k), inner_contiguous(v), inner_contiguous(bias),
         None if mask is None else inner_contiguous(mask), scale, bool(residual))
     return o

@@ -18,7 +18,13 @@ import math
 import torch
 
 from turbopairformer import _C
-from turbopairformer.ops._common import require_float, require_tensor, stream_of
+from turbopairformer.ops._common import (
+    eager_autograd,
+    native,
+    require_float,
+    require_tensor,
+    stream_of,
+)
 
 __all__ = ["layer_norm", "swiglu", "gated_output"]
 
@@ -35,13 +41,27 @@ def _rows(x: torch.Tensor) -> int:
     return math.prod(x.shape[:-1])
 
 
+def _ln_fwd_impl(x, weight, bias, eps, out_dtype):
+    y, mean, rstd = _ln_fwd_outputs(x, out_dtype)
+    native(_C.layer_norm_forward, x, weight, bias, eps, y, mean, rstd, stream_of(x))
+    return y, mean, rstd
+
+
+def _ln_bwd_impl(grad_y, x, weight, mean, rstd):
+    dx, dw, db = _ln_bwd_outputs(x)
+    workspace = None
+    if x.is_cuda:
+        nbytes = _C.layer_norm_workspace_bytes(_rows(x), x.shape[-1], True)
+        workspace = torch.empty(max(nbytes, 1), dtype=torch.uint8, device=x.device)
+    native(_C.layer_norm_backward, grad_y, x, weight, mean, rstd, dx, dw, db, workspace,
+           stream_of(x))
+    return dx, dw, db
+
+
 @torch.library.custom_op("turbopairformer::layer_norm_fwd", mutates_args=())
 def _ln_fwd(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, eps: float,
             out_dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    y, mean, rstd = _ln_fwd_outputs(x, out_dtype)
-    _C.layer_norm_forward(x.detach(), weight.detach(), bias.detach(), eps, y, mean, rstd,
-                          stream_of(x))
-    return y, mean, rstd
+    return _ln_fwd_impl(x, weight, bias, eps, out_dtype)
 
 
 def _ln_fwd_outputs(x: torch.Tensor, out_dtype: torch.dtype):
@@ -58,14 +78,7 @@ def _(x, weight, bias, eps, out_dtype):
 @torch.library.custom_op("turbopairformer::layer_norm_bwd", mutates_args=())
 def _ln_bwd(grad_y: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, mean: torch.Tensor,
             rstd: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    dx, dw, db = _ln_bwd_outputs(x)
-    workspace = None
-    if x.is_cuda:
-        nbytes = _C.layer_norm_workspace_bytes(_rows(x), x.shape[-1], True)
-        workspace = torch.empty(max(nbytes, 1), dtype=torch.uint8, device=x.device)
-    _C.layer_norm_backward(grad_y.detach(), x.detach(), weight.detach(), mean.detach(),
-                           rstd.detach(), dx, dw, db, workspace, stream_of(x))
-    return dx, dw, db
+    return _ln_bwd_impl(grad_y, x, weight, mean, rstd)
 
 
 def _ln_bwd_outputs(x: torch.Tensor):
@@ -85,13 +98,16 @@ def _ln_setup(ctx, inputs, output):
     ctx.save_for_backward(x, weight, mean, rstd)
 
 
-def _ln_backward(ctx, grad_y, _grad_mean, _grad_rstd):
-    x, weight, mean, rstd = ctx.saved_tensors
-    dx, dw, db = _ln_bwd(grad_y.contiguous(), x, weight, mean, rstd)
-    return dx, dw, db, None, None
+def _ln_backward(bwd):  # through the custom op (torch.compile) or its body (eager)
+    def backward(ctx, grad_y, _grad_mean, _grad_rstd):
+        x, weight, mean, rstd = ctx.saved_tensors
+        dx, dw, db = bwd(grad_y.contiguous(), x, weight, mean, rstd)
+        return dx, dw, db, None, None
+    return backward
 
 
-_ln_fwd.register_autograd(_ln_backward, setup_context=_ln_setup)
+_ln_fwd.register_autograd(_ln_backward(_ln_bwd), setup_context=_ln_setup)
+_ln_call = eager_autograd(_ln_fwd, _ln_fwd_impl, _ln_setup, _ln_backward(_ln_bwd_impl))
 
 
 def layer_norm(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, eps: float = 1e-5,
@@ -105,7 +121,7 @@ def layer_norm(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, eps: f
     require_float(x, "x")
     for t, name in ((weight, "weight"), (bias, "bias")):
         require_tensor(t, name)
-        if t.shape != (x.shape[-1],):
+        if t.dim() != 1 or t.shape[0] != x.shape[-1]:
             raise ValueError(f"{name} must have shape [{x.shape[-1]}] (x's last dim), "
                              f"got {list(t.shape)}")
     out_dtype = x.dtype if out_dtype is None else out_dtype
@@ -118,21 +134,31 @@ def layer_norm(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, eps: f
     # The kernels read up to three leading dims in place, with stride 1 over the channels and
     # without overlap (dx takes x's strides).
     shape = x.shape
-    if x.dim() > 4 or x.stride(-1) != 1 or not _dense(x):
+    if x.dim() > 4 or not (x.is_contiguous() or (x.stride(-1) == 1 and _dense(x))):
         x = x.contiguous()
         if x.dim() > 4:
             x = x.reshape(-1, *x.shape[-3:])
-    y, _, _ = _ln_fwd(x, weight.float(), bias.float(), float(eps), out_dtype)
+    y, _, _ = _ln_call(x, weight.float(), bias.float(), float(eps), out_dtype)
     return y.reshape(shape)
 
 
 # ---- swiglu ------------------------------------------------------------------------------------
 
+def _swiglu_fwd_impl(ab):
+    h = ab.new_empty((ab.shape[0], ab.shape[1] // 2))
+    native(_C.swiglu, ab, None, h, stream_of(ab))
+    return h
+
+
+def _swiglu_bwd_impl(grad_h, ab):
+    dab = torch.empty_like(ab)
+    native(_C.swiglu, ab, grad_h, dab, stream_of(ab))
+    return dab
+
+
 @torch.library.custom_op("turbopairformer::swiglu_fwd", mutates_args=())
 def _swiglu_fwd(ab: torch.Tensor) -> torch.Tensor:
-    h = ab.new_empty((ab.shape[0], ab.shape[1] // 2))
-    _C.swiglu(ab.detach(), None, h, stream_of(ab))
-    return h
+    return _swiglu_fwd_impl(ab)
 
 
 @_swiglu_fwd.register_fake
@@ -142,9 +168,7 @@ def _(ab):
 
 @torch.library.custom_op("turbopairformer::swiglu_bwd", mutates_args=())
 def _swiglu_bwd(grad_h: torch.Tensor, ab: torch.Tensor) -> torch.Tensor:
-    dab = torch.empty_like(ab)
-    _C.swiglu(ab.detach(), grad_h.detach(), dab, stream_of(ab))
-    return dab
+    return _swiglu_bwd_impl(grad_h, ab)
 
 
 @_swiglu_bwd.register_fake
@@ -156,12 +180,16 @@ def _swiglu_setup(ctx, inputs, output):
     ctx.save_for_backward(inputs[0])
 
 
-def _swiglu_backward(ctx, grad_h):
-    (ab,) = ctx.saved_tensors
-    return _swiglu_bwd(grad_h.contiguous(), ab)
+def _swiglu_backward(bwd):
+    def backward(ctx, grad_h):
+        (ab,) = ctx.saved_tensors
+        return bwd(grad_h.contiguous(), ab)
+    return backward
 
 
-_swiglu_fwd.register_autograd(_swiglu_backward, setup_context=_swiglu_setup)
+_swiglu_fwd.register_autograd(_swiglu_backward(_swiglu_bwd), setup_context=_swiglu_setup)
+_swiglu_call = eager_autograd(_swiglu_fwd, _swiglu_fwd_impl, _swiglu_setup,
+                              _swiglu_backward(_swiglu_bwd_impl))
 
 
 def swiglu(ab: torch.Tensor) -> torch.Tensor:
@@ -171,17 +199,28 @@ def swiglu(ab: torch.Tensor) -> torch.Tensor:
     if ab.dim() == 0 or ab.shape[-1] % 2:
         raise ValueError(f"ab must have an even last dim ([..., 2H]), got {list(ab.shape)}")
     lead = ab.shape[:-1]
-    h = _swiglu_fwd(ab.reshape(-1, ab.shape[-1]).contiguous())
+    ab2 = ab.reshape(-1, ab.shape[-1]).contiguous()
+    h = _swiglu_call(ab2)
     return h.reshape(*lead, ab.shape[-1] // 2)
 
 
 # ---- gated_output ------------------------------------------------------------------------------
 
+def _gate_fwd_impl(g, o):
+    y = g.new_empty(g.shape)
+    native(_C.gated_output, g, o, None, y, None, stream_of(g))
+    return y
+
+
+def _gate_bwd_impl(grad_y, g, o):
+    dg, do = g.new_empty(g.shape), torch.empty_like(o)
+    native(_C.gated_output, g, o, grad_y, dg, do, stream_of(g))
+    return dg, do
+
+
 @torch.library.custom_op("turbopairformer::gated_output_fwd", mutates_args=())
 def _gate_fwd(g: torch.Tensor, o: torch.Tensor) -> torch.Tensor:
-    y = g.new_empty(g.shape)
-    _C.gated_output(g.detach(), o.detach(), None, y, None, stream_of(g))
-    return y
+    return _gate_fwd_impl(g, o)
 
 
 @_gate_fwd.register_fake
@@ -192,9 +231,7 @@ def _(g, o):
 @torch.library.custom_op("turbopairformer::gated_output_bwd", mutates_args=())
 def _gate_bwd(grad_y: torch.Tensor, g: torch.Tensor, o: torch.Tensor
               ) -> tuple[torch.Tensor, torch.Tensor]:
-    dg, do = g.new_empty(g.shape), torch.empty_like(o)
-    _C.gated_output(g.detach(), o.detach(), grad_y.detach(), dg, do, stream_of(g))
-    return dg, do
+    return _gate_bwd_impl(grad_y, g, o)
 
 
 @_gate_bwd.register_fake
@@ -206,12 +243,15 @@ def _gate_setup(ctx, inputs, output):
     ctx.save_for_backward(*inputs)
 
 
-def _gate_backward(ctx, grad_y):
-    g, o = ctx.saved_tensors
-    return _gate_bwd(grad_y.contiguous(), g, o)
+def _gate_backward(bwd):
+    def backward(ctx, grad_y):
+        g, o = ctx.saved_tensors
+        return bwd(grad_y.contiguous(), g, o)
+    return backward
 
 
-_gate_fwd.register_autograd(_gate_backward, setup_context=_gate_setup)
+_gate_fwd.register_autograd(_gate_backward(_gate_bwd), setup_context=_gate_setup)
+_gate_call = eager_autograd(_gate_fwd, _gate_fwd_impl, _gate_setup, _gate_backward(_gate_bwd_impl))
 
 
 def gated_output(g: torch.Tensor, o: torch.Tensor) -> torch.Tensor:
@@ -235,5 +275,6 @@ def gated_output(g: torch.Tensor, o: torch.Tensor) -> torch.Tensor:
     g2 = g.reshape(-1, H * D)
     if g2.numel() and g2.stride(-1) != 1:
         g2 = g2.contiguous()
-    y = _gate_fwd(g2, o.reshape(-1, H, S, D).contiguous())
+    o4 = o.reshape(-1, H, S, D).contiguous()
+    y = _gate_call(g2, o4)
     return y.reshape(g.shape)

@@ -21,6 +21,7 @@ from turbopairformer import _C
 from turbopairformer.ops._common import (
     detached,
     load_named,
+    native,
     require_float,
     require_tensor,
     save_named,
@@ -63,8 +64,13 @@ def _trimul_fwd(
     outgoing: bool,
     eps: float,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    return _trimul_fwd_impl(x, mask, weights, outgoing, eps)
+
+
+def _trimul_fwd_impl(x, mask, weights, outgoing, eps):
     y, a, b, z, go = _fwd_outputs(x)
-    _C.trimul_forward(
+    native(
+        _C.trimul_forward,
         x.detach(), detached(mask), [w.detach() for w in weights], outgoing, eps, y, a, b, z, go,
         _workspace(x, backward=False), stream_of(x))
     return y, a, b, z, go
@@ -93,8 +99,13 @@ def _trimul_bwd(
     outgoing: bool,
     eps: float,
 ) -> list[torch.Tensor]:
+    return _trimul_bwd_impl(grad_out, x, mask, weights, a, b, z, go, outgoing, eps)
+
+
+def _trimul_bwd_impl(grad_out, x, mask, weights, a, b, z, go, outgoing, eps):
     grads = _bwd_outputs(x, weights)
-    _C.trimul_backward(
+    native(
+        _C.trimul_backward,
         x.detach(), detached(mask), [w.detach() for w in weights], outgoing, eps, a.detach(),
         b.detach(), z.detach(), go.detach(), grad_out.detach(), grads[0], grads[1:],
         _workspace(x, backward=True), stream_of(x))
@@ -114,16 +125,44 @@ def _setup_context(ctx, inputs, output):
     ctx.eps = eps
 
 
-def _backward(ctx, grad_y, grad_a, grad_b, grad_z, grad_go):
-    s = load_named(ctx)
-    weights = [getattr(s, name) for name in WEIGHT_NAMES]
-    grads = _trimul_bwd(grad_y.contiguous(), s.x, s.mask, weights, s.a, s.b, s.z, s.go,
-                        ctx.outgoing, ctx.eps)
-    dweights = [g if w.numel() else None for w, g in zip(weights, grads[1:])]
-    return grads[0], None, dweights, None, None
+def _backward(bwd):  # through the backward custom op (torch.compile) or its body (eager)
+    def backward(ctx, grad_y, grad_a, grad_b, grad_z, grad_go):
+        s = load_named(ctx)
+        weights = [getattr(s, name) for name in WEIGHT_NAMES]
+        grads = bwd(grad_y.contiguous(), s.x, s.mask, weights, s.a, s.b, s.z, s.go,
+                    ctx.outgoing, ctx.eps)
+        dweights = [g if w.numel() else None for w, g in zip(weights, grads[1:])]
+        return grads[0], None, dweights, None, None
+    return backward
 
 
-_trimul_fwd.register_autograd(_backward, setup_context=_setup_context)
+_trimul_fwd.register_autograd(_backward(_trimul_bwd), setup_context=_setup_context)
+
+
+class _TrimulEager(torch.autograd.Function):
+    """Eager mode's route to the same forward and backward (see _common.eager_autograd), with the
+    weights as separate arguments: autograd does not look inside a list."""
+
+    @staticmethod
+    def forward(ctx, x, mask, outgoing, eps, *weights):
+        output = _trimul_fwd_impl(x, mask, list(weights), outgoing, eps)
+        ctx.set_materialize_grads(False)
+        _setup_context(ctx, (x, mask, list(weights), outgoing, eps), output)
+        return output
+
+    @staticmethod
+    def backward(ctx, *grads):
+        dx, _, dweights, _, _ = _eager_backward(ctx, *grads)
+        return (dx, None, None, None, *dweights)
+
+
+_eager_backward = _backward(_trimul_bwd_impl)
+
+
+def _trimul_call(x, mask, weights, outgoing, eps):
+    if torch.compiler.is_compiling():
+        return _trimul_fwd(x, mask, weights, outgoing, eps)
+    return _TrimulEager.apply(x, mask, outgoing, eps, *weights)
 
 
 def _lecun_normal(shape: tuple[int, int], device: torch.device) -> torch.Tensor:
@@ -214,6 +253,6 @@ def triangle_multiplicative_update(
         norm_out_weight=norm_out_weight, norm_out_bias=norm_out_bias, p_out_weight=p_out_weight,
         p_out_bias=p_out_bias, g_out_weight=g_out_weight, g_out_bias=g_out_bias)
     weights = [_weight(given[name], name, x4, D) for name in WEIGHT_NAMES]
-    y, _, _, _, _ = _trimul_fwd(x4.contiguous(), mask3, weights, direction == "outgoing",
-                                float(eps))
+    y, _, _, _, _ = _trimul_call(x4.contiguous(), mask3, weights, direction == "outgoing",
+                                 float(eps))
     return y.reshape(x.shape)

@@ -1,0 +1,108 @@
+// The body of a 206 answer to a multi-range GET: multipart/byteranges parsing and the scatter of
+// part data into the ranges asked for (multipart.h).
+#include "stream/multipart.h"
+
+#include <strings.h>
+
+#include <algorithm>
+#include <cstdlib>
+#include <cstring>
+
+namespace tpf::stream {
+
+namespace {
+
+// The value of header `name` (lower case, with its colon) among the CRLF-separated lines of
+// [text, text + n), or nullptr. Only line starts are compared: a part's header block has a few.
+const char* header_value(const char* text, size_t n, const char* name) {
+  const size_t k = std::strlen(name);
+  const char* end = text + n;
+  for (const char* line = text; line < end;) {
+    if (size_t(end - line) >= k && ::strncasecmp(line, name, k) == 0) return line + k;
+    const void* nl = std::memchr(line, '\n', size_t(end - line));
+    if (!nl) break;
+    line = static_cast<const char*>(nl) + 1;
+  }
+  return nullptr;
+}
+
+}  // namespace
+
+bool parse_content_range(const char* text, size_t n, uint64_t& start, uint64_t& length) {
+  const char* end = text + n;
+  const char* at = header_value(text, n, "content-range:");
+  while (at && at < end && *at == ' ') ++at;
+  if (!at || end - at < 5 || ::strncasecmp(at, "bytes", 5) != 0) return false;
+  // The numbers end at '-', '/' or the line's end, all inside the gathered header text.
+  char* stop = nullptr;
+  start = std::strtoull(at + 5, &stop, 10);
+  if (!stop || stop >= end || *stop != '-') return false;
+  const uint64_t last = std::strtoull(stop + 1, &stop, 10);
+  if (!stop || stop > end || last < start) return false;
+  length = last - start + 1;
+  return true;
+}
+
+ByteRangesParser ByteRangesParser::multipart() {
+  ByteRangesParser p;
+  p.part_header_.reserve(kMaxPartHeader);
+  return p;
+}
+
+ByteRangesParser ByteRangesParser::single_part(uint64_t start) {
+  ByteRangesParser p;
+  p.in_part_ = true;
+  p.part_pos_ = start;
+  p.part_left_ = UINT64_MAX;
+  return p;
+}
+
+size_t ByteRangesParser::step(const char* data, size_t n, Piece& piece) {
+  if (in_part_) {
+    const size_t take = size_t(std::min<uint64_t>(n, part_left_));
+    piece = {part_pos_, data, take};
+    part_pos_ += take;
+    part_left_ -= take;
+    if (part_left_ == 0) in_part_ = false;
+    return take;
+  }
+  // Between parts: gather the boundary line and the part's headers up to the blank line.
+  const size_t room = kMaxPartHeader - part_header_.size();
+  const size_t take = std::min(n, room);
+  const size_t before = part_header_.size();
+  part_header_.append(data, take);
+  const auto end = part_header_.find("\r\n\r\n", before >= 3 ? before - 3 : 0);
+  if (end == std::string::npos) {
+    if (part_header_.size() >= kMaxPartHeader) malformed_ = true;
+    return take;
+  }
+  uint64_t start = 0, length = 0;
+  if (!parse_content_range(part_header_.data(), end + 2, start, length)) {
+    malformed_ = true;
+    return 0;
+  }
+  const size_t used = end + 4 - before;  // bytes of this chunk that belonged to the headers
+  part_header_.clear();
+  in_part_ = true;
+  part_pos_ = start;
+  part_left_ = length;
+  return used;
+}
+
+RangeScatter::RangeScatter(const std::vector<ByteRange>& ranges)
+    : ranges_(&ranges), filled_(ranges.size(), 0) {}
+
+void RangeScatter::write(uint64_t pos, const char* data, size_t n) {
+  const auto& ranges = *ranges_;
+  auto it = std::upper_bound(ranges.begin(), ranges.end(), pos,
+                             [](uint64_t p, const ByteRange& r) { return p < r.offset; });
+  if (it != ranges.begin()) --it;
+  for (; it != ranges.end() && it->offset < pos + n; ++it) {
+    const uint64_t lo = std::max(pos, it->offset), hi = std::min(pos + n, it->offset + it->length);
+    if (lo >= hi) continue;
+    std::memcpy(static_cast<uint8_t*>(it->dst) + (lo - it->offset), data + (lo - pos), hi - lo);
+    filled_[size_t(it - ranges.begin())] += hi - lo;
+  }
+}
+
+}  // namespace tpf::stream

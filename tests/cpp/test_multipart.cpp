@@ -1,0 +1,194 @@
+// The parser of multi-range answers (stream/multipart.h) on hand-made bodies: nginx's answers, the
+// broken ones the stream tests serve (parts one byte off, parts without Content-Range, huge part
+// headers), single-part answers, and every place curl may cut a body into chunks.
+#include <gtest/gtest.h>
+
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "stream/multipart.h"
+
+namespace tpf::stream {
+namespace {
+
+constexpr uint64_t kFileSize = 1 << 20;
+
+char file_byte(uint64_t pos) { return char((pos * 131 + 7) & 0xff); }
+
+std::string file_bytes(uint64_t lo, uint64_t n) {
+  std::string s;
+  for (uint64_t p = lo; p < lo + n; ++p) s += file_byte(p);
+  return s;
+}
+
+std::string content_range(uint64_t lo, uint64_t hi) {
+  return "Content-Range: bytes " + std::to_string(lo) + "-" + std::to_string(hi) + "/" +
+         std::to_string(kFileSize) + "\r\n";
+}
+
+// One part as nginx writes it: the bytes of [lo, hi] under `headers` (default: its Content-Range).
+std::string part(uint64_t lo, uint64_t hi, const std::string& headers) {
+  return "\r\n--00000000000000000042\r\nContent-Type: application/octet-stream\r\n" + headers +
+         "\r\n" + file_bytes(lo, hi - lo + 1);
+}
+std::string part(uint64_t lo, uint64_t hi) { return part(lo, hi, content_range(lo, hi)); }
+
+const std::string kEnd = "\r\n--00000000000000000042--\r\n";
+
+// Ranges asked for, with buffers of their own (filled with '?' to show bytes never written).
+struct Request {
+  std::vector<std::string> buffers;
+  std::vector<ByteRange> ranges;
+  RangeScatter scatter;
+
+  explicit Request(const std::vector<std::pair<uint64_t, uint64_t>>& spans) {
+    for (const auto& [offset, length] : spans) buffers.emplace_back(length, '?');
+    for (size_t i = 0; i < spans.size(); ++i)
+      ranges.push_back({spans[i].first, spans[i].second, buffers[i].data()});
+    scatter = RangeScatter(ranges);
+  }
+
+  // Feeds `body` in chunks cut at `cuts` (offsets into body); returns what feed() last said.
+  bool feed(ByteRangesParser& parser, const std::string& body, std::vector<size_t> cuts = {}) {
+    cuts.push_back(body.size());
+    size_t at = 0;
+    bool ok = true;
+    for (size_t cut : cuts) {
+      ok = parser.feed(body.data() + at, cut - at, [&](uint64_t pos, const char* data, size_t n) {
+        EXPECT_GE(data, body.data() + at);
+        EXPECT_LE(data + n, body.data() + cut);
+        scatter.write(pos, data, n);
+      });
+      at = cut;
+    }
+    return ok;
+  }
+
+  bool complete(size_t i) const { return scatter.filled(i) == ranges[i].length; }
+  bool correct(size_t i) const {
+    return buffers[i] == file_bytes(ranges[i].offset, ranges[i].length);
+  }
+};
+
+TEST(StreamMultipart, NginxAnswerFillsEveryRangeWhereverTheChunksEnd) {
+  const std::vector<std::pair<uint64_t, uint64_t>> spans = {{10, 100}, {200, 50}, {250, 7}};
+  std::string body;
+  for (const auto& [offset, length] : spans) body += part(offset, offset + length - 1);
+  body += kEnd;
+  // One chunk, one byte a chunk, and two chunks cut at every place.
+  std::vector<std::vector<size_t>> cuttings = {{}, {}};
+  for (size_t i = 1; i < body.size(); ++i) cuttings[1].push_back(i);
+  for (size_t i = 1; i < body.size(); ++i) cuttings.push_back({i});
+  for (const auto& cuts : cuttings) {
+    Request req(spans);
+    auto parser = ByteRangesParser::multipart();
+    ASSERT_TRUE(req.feed(parser, body, cuts)) << cuts.size() << " cuts, first " << cuts[0];
+    for (size_t i = 0; i < spans.size(); ++i) {
+      ASSERT_TRUE(req.complete(i)) << "range " << i << ", first cut " << cuts[0];
+      ASSERT_TRUE(req.correct(i)) << "range " << i << ", first cut " << cuts[0];
+    }
+  }
+}
+
+TEST(StreamMultipart, MergedPartsAndSinglePartAnswersCoverSeveralRanges) {
+  const std::vector<std::pair<uint64_t, uint64_t>> spans = {{10, 100}, {130, 20}};
+  {
+    Request req(spans);
+    auto parser = ByteRangesParser::multipart();
+    EXPECT_TRUE(req.feed(parser, part(0, 199) + kEnd));
+    EXPECT_TRUE(req.complete(0) && req.complete(1) && req.correct(0) && req.correct(1));
+  }
+  {
+    Request req(spans);
+    auto parser = ByteRangesParser::single_part(10);
+    EXPECT_TRUE(req.feed(parser, file_bytes(10, 140), {1, 77}));
+    EXPECT_TRUE(req.complete(0) && req.complete(1) && req.correct(0) && req.correct(1));
+  }
+}
+
+TEST(StreamMultipart, PartsOneByteOffLeaveARangeShort) {
+  const std::vector<std::pair<uint64_t, uint64_t>> spans = {{10, 100}, {200, 50}};
+  std::string body;
+  for (const auto& [offset, length] : spans) body += part(offset + 1, offset + length);
+  Request req(spans);
+  auto parser = ByteRangesParser::multipart();
+  EXPECT_TRUE(req.feed(parser, body + kEnd));
+  EXPECT_EQ(req.scatter.filled(0), 99u);
+  EXPECT_EQ(req.scatter.filled(1), 49u);
+  // The bytes that did arrive are the file's, at their places; the first byte was never written.
+  EXPECT_EQ(req.buffers[0][0], '?');
+  EXPECT_EQ(req.buffers[0].substr(1), file_bytes(11, 99));
+}
+
+TEST(StreamMultipart, PartWithoutContentRangeIsMalformed) {
+  Request req({{10, 100}, {200, 50}});
+  auto parser = ByteRangesParser::multipart();
+  const std::string body = part(10, 109) + part(200, 249, "") + kEnd;
+  EXPECT_FALSE(req.feed(parser, body, {7}));
+  EXPECT_TRUE(parser.malformed());
+  EXPECT_TRUE(req.complete(0) && req.correct(0));  // the part before it was read
+  EXPECT_EQ(req.scatter.filled(1), 0u);
+  // Malformed stays malformed, and nothing more is handed out.
+  EXPECT_FALSE(req.feed(parser, part(200, 249)));
+  EXPECT_EQ(req.scatter.filled(1), 0u);
+}
+
+TEST(StreamMultipart, PartHeadersOverTheLimitAreMalformed) {
+  const std::string first =
+      "\r\n--00000000000000000042\r\nContent-Type: application/octet-stream\r\n";
+  // The header block, from the boundary line to the blank line, of exactly `size` bytes.
+  auto block = [&](size_t size) {
+    const std::string fixed = first + content_range(100, 109) + "X-Filler: \r\n\r\n";
+    return first + content_range(100, 109) + "X-Filler: " + std::string(size - fixed.size(), 'y') +
+           "\r\n\r\n";
+  };
+  for (size_t size : {ByteRangesParser::kMaxPartHeader, ByteRangesParser::kMaxPartHeader + 1}) {
+    const std::string body = block(size) + file_bytes(100, 10) + kEnd;
+    ASSERT_EQ(body.find("\r\n\r\n"), size - 4);
+    for (const std::vector<size_t>& cuts : {std::vector<size_t>{}, {size - 2}, {size - 1}}) {
+      Request req({{100, 10}});
+      auto parser = ByteRangesParser::multipart();
+      const bool ok = req.feed(parser, body, cuts);
+      EXPECT_EQ(ok, size <= ByteRangesParser::kMaxPartHeader) << size;
+      EXPECT_EQ(req.complete(0), ok) << size;
+    }
+  }
+  // The stream tests' flood: 10 KB of header and no blank line.
+  Request req({{100, 10}});
+  auto parser = ByteRangesParser::multipart();
+  EXPECT_FALSE(req.feed(parser, first + "X-Filler: " + std::string(10240, 'x')));
+}
+
+TEST(StreamMultipart, BodyMayEndInsideAHeaderBlock) {
+  // The closing boundary (and anything short after the last part) is a header block never ended.
+  Request req({{100, 10}});
+  auto parser = ByteRangesParser::multipart();
+  EXPECT_TRUE(req.feed(parser, part(100, 109) + "\r\n--00000000000000000042--\r\n\r"));
+  EXPECT_FALSE(parser.malformed());
+  EXPECT_TRUE(req.complete(0) && req.correct(0));
+}
+
+TEST(StreamMultipart, ContentRangeValues) {
+  auto parse = [](const std::string& text) {
+    uint64_t start = 7, length = 7;
+    const bool ok = parse_content_range(text.data(), text.size(), start, length);
+    return ok ? std::to_string(start) + "+" + std::to_string(length) : std::string("no");
+  };
+  EXPECT_EQ(parse("Content-Range: bytes 100-109/1048576\r\n"), "100+10");
+  EXPECT_EQ(parse("--b\r\nX-A: 1\r\ncontent-range:BYTES 0-0/*\r\nX-B: 2\r\n"), "0+1");
+  EXPECT_EQ(parse("Content-Range:   bytes 5-5/6\r\n"), "5+1");
+  EXPECT_EQ(parse("Content-Range: bytes 18446744073709551614-18446744073709551614/*\r\n"),
+            "18446744073709551614+1");
+  EXPECT_EQ(parse("Content-Type: text/plain\r\n"), "no");
+  EXPECT_EQ(parse("X-Content-Range: bytes 1-2/3\r\n"), "no");  // only at a line's start
+  EXPECT_EQ(parse("Content-Range: items 1-2/3\r\n"), "no");
+  EXPECT_EQ(parse("Content-Range: bytes */1048576\r\n"), "no");
+  EXPECT_EQ(parse("Content-Range: bytes 109-100/1048576\r\n"), "no");
+  EXPECT_EQ(parse("Content-Range: bytes -100-109/1048576\r\n"), "no");
+  EXPECT_EQ(parse("Content-Range: bytes 100/1048576\r\n"), "no");
+  EXPECT_EQ(parse(""), "no");
+}
+
+}  // namespace
+}  // namespace tpf::stream

@@ -26,6 +26,33 @@ const char* header_value(const char* text, size_t n, const char* name) {
   return nullptr;
 }
 
+// Adds [lo, hi) to `spans` (disjoint, sorted, not touching); returns how many of its bytes were
+// not in them yet. A part's pieces arrive in order, so the usual case extends the last span.
+template <class Span>
+uint64_t add_span(std::vector<Span>& spans, uint64_t lo, uint64_t hi) {
+  if (spans.empty() || spans.back().hi < lo) {
+    spans.push_back({lo, hi});
+    return hi - lo;
+  }
+  // The spans that overlap or touch [lo, hi) become one.
+  auto first = std::lower_bound(spans.begin(), spans.end(), lo,
+                                [](const Span& s, uint64_t v) { return s.hi < v; });
+  auto last = first;
+  uint64_t merged_lo = lo, merged_hi = hi, before = 0;
+  for (; last != spans.end() && last->lo <= hi; ++last) {
+    merged_lo = std::min(merged_lo, last->lo);
+    merged_hi = std::max(merged_hi, last->hi);
+    before += last->hi - last->lo;
+  }
+  if (first == last) {
+    spans.insert(first, {lo, hi});
+    return hi - lo;
+  }
+  *first = {merged_lo, merged_hi};
+  spans.erase(first + 1, last);
+  return (merged_hi - merged_lo) - before;
+}
+
 }  // namespace
 
 bool parse_content_range(const char* text, size_t n, uint64_t& start, uint64_t& length) {
@@ -90,7 +117,7 @@ size_t ByteRangesParser::step(const char* data, size_t n, Piece& piece) {
 }
 
 RangeScatter::RangeScatter(const std::vector<ByteRange>& ranges)
-    : ranges_(&ranges), filled_(ranges.size(), 0) {}
+    : ranges_(&ranges), filled_(ranges.size(), 0), written_(ranges.size()) {}
 
 void RangeScatter::write(uint64_t pos, const char* data, size_t n) {
   const auto& ranges = *ranges_;
@@ -101,7 +128,8 @@ void RangeScatter::write(uint64_t pos, const char* data, size_t n) {
     const uint64_t lo = std::max(pos, it->offset), hi = std::min(pos + n, it->offset + it->length);
     if (lo >= hi) continue;
     std::memcpy(static_cast<uint8_t*>(it->dst) + (lo - it->offset), data + (lo - pos), hi - lo);
-    filled_[size_t(it - ranges.begin())] += hi - lo;
+    const size_t i = size_t(it - ranges.begin());
+    filled_[i] += add_span(written_[i], lo - it->offset, hi - it->offset);
   }
 }
 

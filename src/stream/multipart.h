@@ -64,7 +64,8 @@ class ByteRangesParser {
 };
 
 // The ranges one multi-range GET asked for (disjoint, sorted by offset; they must outlive this),
-// and the bytes of each that the answer has filled so far.
+// and the bytes of each that the answer has filled so far. Bytes written twice (a server that sends
+// a part twice, or overlapping parts) count once: a range is filled only when all of it was written.
 class RangeScatter {
  public:
   RangeScatter() = default;
@@ -73,12 +74,16 @@ class RangeScatter {
   // Copies body bytes that sit at file offset `pos` into every range they overlap.
   void write(uint64_t pos, const char* data, size_t n);
 
-  // Bytes of range i filled so far.
+  // Bytes of range i filled so far (each counted once).
   uint64_t filled(size_t i) const { return filled_[i]; }
 
  private:
+  struct Span {
+    uint64_t lo, hi;  // [lo, hi) within the range
+  };
   const std::vector<ByteRange>* ranges_ = nullptr;
   std::vector<uint64_t> filled_;
+  std::vector<std::vector<Span>> written_;  // per range: disjoint, sorted, not touching
 };
 
 }  // namespace tpf::stream

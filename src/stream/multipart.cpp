@@ -78,9 +78,10 @@ ByteRangesParser ByteRangesParser::multipart() {
 
 ByteRangesParser ByteRangesParser::single_part(uint64_t start) {
   ByteRangesParser p;
+  p.single_ = true;
   p.in_part_ = true;
   p.part_pos_ = start;
-  p.part_left_ = UINT64_MAX;
+  p.part_left_ = start ? 0 - start : UINT64_MAX;  // up to offset 2^64 - 1
   return p;
 }
 
@@ -92,6 +93,10 @@ size_t ByteRangesParser::step(const char* data, size_t n, Piece& piece) {
     part_left_ -= take;
     if (part_left_ == 0) in_part_ = false;
     return take;
+  }
+  if (single_) {
+    malformed_ = true;  // bytes past the last offset there is
+    return 0;
   }
   // Between parts: gather the boundary line and the part's headers up to the blank line.
   const size_t room = kMaxPartHeader - part_header_.size();

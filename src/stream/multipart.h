@@ -28,7 +28,8 @@ class ByteRangesParser {
 
   // A multipart/byteranges body.
   static ByteRangesParser multipart();
-  // A single-part body: all of it belongs at file offset `start` (the answer's Content-Range).
+  // A single-part body: all of it belongs at file offset `start` (the answer's Content-Range). One
+  // that runs past offset 2^64 - 1 is malformed.
   static ByteRangesParser single_part(uint64_t start);
 
   // Feeds the next `n` bytes of the body; sink(uint64_t pos, const char* data, size_t count) is
@@ -57,6 +58,7 @@ class ByteRangesParser {
   // how many bytes it used.
   size_t step(const char* data, size_t n, Piece& piece);
 
+  bool single_ = false;
   bool in_part_ = false;
   uint64_t part_pos_ = 0, part_left_ = 0;
   std::string part_header_;  // gathered between parts, bounded by kMaxPartHeader

@@ -107,6 +107,25 @@ TEST(StreamMultipart, MergedPartsAndSinglePartAnswersCoverSeveralRanges) {
   }
 }
 
+TEST(StreamMultipart, SinglePartPastTheLastOffsetIsMalformed) {
+  // Found by multipart_fuzz: a single-part answer's offsets wrapped around 2^64, so a Content-Range
+  // near the end of the offsets put the rest of the body into the ranges at offset 0.
+  const std::vector<std::pair<uint64_t, uint64_t>> spans = {{0, 8}};
+  for (const std::vector<size_t>& cuts : {std::vector<size_t>{}, {2}, {3}}) {
+    Request req(spans);
+    auto parser = ByteRangesParser::single_part(UINT64_MAX - 2);  // room for 3 bytes
+    EXPECT_TRUE(req.feed(parser, file_bytes(0, 3), cuts));
+    EXPECT_FALSE(req.feed(parser, file_bytes(3, 5)));
+    EXPECT_TRUE(parser.malformed());
+    EXPECT_EQ(req.scatter.filled(0), 0u);
+    EXPECT_EQ(req.buffers[0], std::string(8, '?'));
+  }
+  Request req(spans);
+  auto parser = ByteRangesParser::single_part(UINT64_MAX);
+  EXPECT_FALSE(req.feed(parser, file_bytes(0, 8)));
+  EXPECT_EQ(req.scatter.filled(0), 0u);
+}
+
 TEST(StreamMultipart, PartsOneByteOffLeaveARangeShort) {
   const std::vector<std::pair<uint64_t, uint64_t>> spans = {{10, 100}, {200, 50}};
   std::string body;

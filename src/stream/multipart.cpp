@@ -5,7 +5,6 @@
 #include <strings.h>
 
 #include <algorithm>
-#include <cstdlib>
 #include <cstring>
 
 namespace tpf::stream {
@@ -24,6 +23,19 @@ const char* header_value(const char* text, size_t n, const char* name) {
     line = static_cast<const char*>(nl) + 1;
   }
   return nullptr;
+}
+
+// The decimal digits at `at` (one at least, before `end`) -> value, `at` past them; false on none
+// or on overflow.
+bool read_number(const char*& at, const char* end, uint64_t& value) {
+  const char* first = at;
+  value = 0;
+  for (; at < end && *at >= '0' && *at <= '9'; ++at) {
+    const uint64_t digit = uint64_t(*at - '0');
+    if (value > (UINT64_MAX - digit) / 10) return false;
+    value = value * 10 + digit;
+  }
+  return at > first;
 }
 
 // Adds [lo, hi) to `spans` (disjoint, sorted, not touching); returns how many of its bytes were
@@ -60,13 +72,16 @@ bool parse_content_range(const char* text, size_t n, uint64_t& start, uint64_t& 
   const char* at = header_value(text, n, "content-range:");
   while (at && at < end && *at == ' ') ++at;
   if (!at || end - at < 5 || ::strncasecmp(at, "bytes", 5) != 0) return false;
-  // The numbers end at '-', '/' or the line's end, all inside the gathered header text.
-  char* stop = nullptr;
-  start = std::strtoull(at + 5, &stop, 10);
-  if (!stop || stop >= end || *stop != '-') return false;
-  const uint64_t last = std::strtoull(stop + 1, &stop, 10);
-  if (!stop || stop > end || last < start) return false;
-  length = last - start + 1;
+  at += 5;
+  while (at < end && (*at == ' ' || *at == '\t')) ++at;
+  // "A-B": digits only (no sign, space or line break), read inside the text, without overflow,
+  // and a length that fits.
+  uint64_t first = 0, last = 0;
+  if (!read_number(at, end, first) || at == end || *at != '-') return false;
+  ++at;
+  if (!read_number(at, end, last) || last < first || last - first == UINT64_MAX) return false;
+  start = first;
+  length = last - first + 1;
   return true;
 }
 

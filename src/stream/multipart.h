@@ -15,7 +15,8 @@ namespace tpf::stream {
 
 // "... Content-Range: bytes A-B/N ..." among the CRLF-separated header lines [text, text + n) ->
 // start A, length B - A + 1. false when no line starts with Content-Range or its value does not
-// parse.
+// parse (A and B are plain decimal numbers, B >= A, and the length fits in 64 bits). Reads nothing
+// outside [text, text + n).
 bool parse_content_range(const char* text, size_t n, uint64_t& start, uint64_t& length);
 
 // The parser of one body. feed() hands each piece of part data to a sink as (file offset, bytes,

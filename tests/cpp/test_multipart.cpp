@@ -235,5 +235,49 @@ TEST(StreamMultipart, ContentRangeValues) {
   EXPECT_EQ(parse(""), "no");
 }
 
+TEST(StreamMultipart, ContentRangeIsPlainDigitsInsideItsText) {
+  // Found by multipart_fuzz: strtoull read signs, skipped line breaks and spaces, saturated on
+  // overflow, took no digits for 0, and read past the text it was given.
+  auto parse = [](const std::string& text, size_t n) {
+    uint64_t start = 7, length = 7;
+    const bool ok = parse_content_range(text.data(), n, start, length);
+    return ok ? std::to_string(start) + "+" + std::to_string(length) : std::string("no");
+  };
+  auto whole = [&](const std::string& value) {
+    const std::string text = "Content-Range: " + value + "\r\n";
+    return parse(text, text.size());
+  };
+  EXPECT_EQ(whole("bytes\t100-109/1048576"), "100+10");
+  EXPECT_EQ(whole("bytes100-109/1048576"), "100+10");
+  EXPECT_EQ(whole("bytes 18446744073709551615-18446744073709551615/*"), "18446744073709551615+1");
+  EXPECT_EQ(whole("bytes +100-109/1048576"), "no");
+  EXPECT_EQ(whole("bytes 100--109/1048576"), "no");  // was 100 + 2^64 - 209
+  EXPECT_EQ(whole("bytes 100-+109/1048576"), "no");
+  EXPECT_EQ(whole("bytes 100- 109/1048576"), "no");
+  EXPECT_EQ(whole("bytes 100-99999999999999999999999/1048576"), "no");  // was saturated
+  EXPECT_EQ(whole("bytes 18446744073709551616-18446744073709551617/*"), "no");
+  EXPECT_EQ(whole("bytes 0-18446744073709551615/*"), "no");  // a length of 2^64 was 0
+  EXPECT_EQ(whole("bytes 0-/1048576"), "no");                // was 0-0
+  EXPECT_EQ(whole("bytes 100-\r\n109/1048576"), "no");       // was read from the next line
+  EXPECT_EQ(whole("bytes\r\n100-109/1048576"), "no");
+  // Nothing past n is read: the digits after it are not part of the value.
+  const std::string text = "Content-Range: bytes 1-234";
+  EXPECT_EQ(parse(text, text.size() - 1), "1+23");
+  EXPECT_EQ(parse(text, text.size() - 3), "no");  // "bytes 1-" ends the text
+  EXPECT_EQ(parse("Content-Range: bytes 12", 22), "no");
+}
+
+TEST(StreamMultipart, BadContentRangeMakesTheBodyMalformed) {
+  // A negative last byte once made a part of nearly 2^64 bytes: the next part's header and data
+  // were copied into the ranges as file bytes.
+  Request req({{100, 10}, {200, 10}});
+  auto parser = ByteRangesParser::multipart();
+  const std::string body = part(100, 109, "Content-Range: bytes 100--109/1048576\r\n") +
+                           part(200, 209) + kEnd;
+  EXPECT_FALSE(req.feed(parser, body));
+  EXPECT_EQ(req.scatter.filled(0), 0u);
+  EXPECT_EQ(req.scatter.filled(1), 0u);
+}
+
 }  // namespace
 }  // namespace tpf::stream

@@ -7,34 +7,16 @@
 #include <utility>
 #include <vector>
 
+#include "multipart_test_util.h"
 #include "stream/multipart.h"
 
 namespace tpf::stream {
 namespace {
 
-constexpr uint64_t kFileSize = 1 << 20;
-
-char file_byte(uint64_t pos) { return char((pos * 131 + 7) & 0xff); }
-
-std::string file_bytes(uint64_t lo, uint64_t n) {
-  std::string s;
-  for (uint64_t p = lo; p < lo + n; ++p) s += file_byte(p);
-  return s;
-}
-
-std::string content_range(uint64_t lo, uint64_t hi) {
-  return "Content-Range: bytes " + std::to_string(lo) + "-" + std::to_string(hi) + "/" +
-         std::to_string(kFileSize) + "\r\n";
-}
-
-// One part as nginx writes it: the bytes of [lo, hi] under `headers` (default: its Content-Range).
-std::string part(uint64_t lo, uint64_t hi, const std::string& headers) {
-  return "\r\n--00000000000000000042\r\nContent-Type: application/octet-stream\r\n" + headers +
-         "\r\n" + file_bytes(lo, hi - lo + 1);
-}
-std::string part(uint64_t lo, uint64_t hi) { return part(lo, hi, content_range(lo, hi)); }
-
-const std::string kEnd = "\r\n--00000000000000000042--\r\n";
+using testing::content_range;
+using testing::file_bytes;
+using testing::kEnd;
+using testing::part;
 
 // Ranges asked for, with buffers of their own (filled with '?' to show bytes never written).
 struct Request {

@@ -1,7 +1,7 @@
 // Writes a seed corpus for multipart_fuzz: multipart/byteranges answers as nginx sends them, and
-// the broken ones the stream tests serve (parts one byte off, parts without Content-Range, huge part
-// headers), single-part answers, odd Content-Range values and truncated bodies, each in one chunk
-// and cut into many.
+// the broken ones the stream tests serve (parts one byte off, parts without Content-Range, huge
+// part headers), duplicated parts, single-part answers, odd Content-Range values and truncated
+// bodies, each in one chunk and cut into many.
 #include <cstdint>
 #include <cstdio>
 #include <string>
@@ -9,37 +9,21 @@
 #include <vector>
 
 #include "multipart_fuzz_input.h"
+#include "multipart_test_util.h"
 
 namespace {
 
 using tpf::stream::fuzz::FuzzInput;
+using tpf::stream::testing::content_range;
+using tpf::stream::testing::file_bytes;
+using tpf::stream::testing::kEnd;
+using tpf::stream::testing::part;
 using Ranges = std::vector<std::pair<uint64_t, uint64_t>>;
 
-const uint64_t kFileSize = 1 << 20;
-
-char file_byte(uint64_t pos) { return char((pos * 131 + 7) & 0xff); }
-
-std::string file_bytes(uint64_t lo, uint64_t n) {
-  std::string s;
-  for (uint64_t p = lo; p < lo + n; ++p) s += file_byte(p);
-  return s;
+// A part whose Content-Range has the value `value`.
+std::string part_with(uint64_t lo, uint64_t hi, const std::string& value) {
+  return part(lo, hi, "Content-Range: " + value + "\r\n");
 }
-
-// One part: boundary line, headers (`content_range` empty: none), blank line, the bytes of [lo, hi].
-std::string part(uint64_t lo, uint64_t hi, const std::string& content_range,
-                 const std::string& extra_header = "") {
-  std::string s = "\r\n--00000000000000000042\r\nContent-Type: application/octet-stream\r\n";
-  s += extra_header;
-  if (!content_range.empty()) s += "Content-Range: " + content_range + "\r\n";
-  return s + "\r\n" + file_bytes(lo, hi - lo + 1);
-}
-
-std::string range_value(uint64_t lo, uint64_t hi) {
-  return "bytes " + std::to_string(lo) + "-" + std::to_string(hi) + "/" +
-         std::to_string(kFileSize);
-}
-
-const std::string kEnd = "\r\n--00000000000000000042--\r\n";
 
 struct Writer {
   std::string dir;
@@ -88,14 +72,14 @@ int main(int argc, char** argv) {
     std::string valid, off_by_one, no_range, flood, duplicated;
     for (const auto& [offset, length] : ranges) {
       const uint64_t lo = offset, hi = offset + length - 1;
-      valid += part(lo, hi, range_value(lo, hi));
-      off_by_one += part(lo + 1, hi + 1, range_value(lo + 1, hi + 1));
+      valid += part(lo, hi);
+      off_by_one += part(lo + 1, hi + 1);
       no_range += part(lo, hi, "");
-      flood += part(lo, hi, range_value(lo, hi), "X-Filler: " + std::string(10240, 'x') + "\r\n");
+      const std::string filler = "X-Filler: " + std::string(10240, 'x') + "\r\n";
+      flood += part(lo, hi, filler + content_range(lo, hi));
     }
     // The first part twice and nothing else: its range complete, the others empty.
-    duplicated = part(ranges[0].first, ranges[0].first + ranges[0].second - 1,
-                      range_value(ranges[0].first, ranges[0].first + ranges[0].second - 1));
+    duplicated = part(ranges[0].first, ranges[0].first + ranges[0].second - 1);
     duplicated += duplicated;
     w.multipart(ranges, valid + kEnd);
     w.multipart(ranges, valid);                         // no closing boundary
@@ -106,7 +90,7 @@ int main(int argc, char** argv) {
     w.multipart(ranges, duplicated + kEnd);
     // The server merged the ranges: one part (or a single-part answer) over all of them.
     const uint64_t lo = ranges.front().first, hi = ranges.back().first + ranges.back().second - 1;
-    w.multipart(ranges, part(lo, hi, range_value(lo, hi)) + kEnd);
+    w.multipart(ranges, part(lo, hi) + kEnd);
     w.single(ranges, lo, file_bytes(lo, hi - lo + 1));
     w.single(ranges, lo + 1, file_bytes(lo + 1, hi - lo + 1));
   }
@@ -116,11 +100,10 @@ int main(int argc, char** argv) {
 
   // A part header block just inside and just past the limit (8192 bytes up to the blank line).
   const Ranges one = {{100, 10}};
-  const std::string head = part(100, 109, range_value(100, 109));
-  const size_t header_bytes = head.size() - 10;  // up to and with the blank line
+  const size_t header_bytes = part(100, 109).size() - 10;  // up to and with the blank line
   for (size_t filler : {8192 - header_bytes - 12, 8192 - header_bytes - 11}) {
     const std::string header = "X-Filler: " + std::string(filler, 'y') + "\r\n";
-    w.multipart(one, part(100, 109, range_value(100, 109), header) + kEnd);
+    w.multipart(one, part(100, 109, header + content_range(100, 109)) + kEnd);
   }
 
   // Content-Range values, good and bad.
@@ -131,7 +114,7 @@ int main(int argc, char** argv) {
         "bytes 100-99999999999999999999999/1048576", "bytes 0-18446744073709551615/*",
         "bytes 18446744073709551615-18446744073709551615/*", "bytes */1048576",
         "bytes 100-\r\n109/1048576", "bytes\r\n100-109/1048576", "items 100-109/1048576"})
-    w.multipart(one, part(100, 109, value) + kEnd);
+    w.multipart(one, part_with(100, 109, value) + kEnd);
   // A Content-Range line that is not at a line's start, and one in lower case.
   w.multipart(one, "\r\n--b\r\nX-Content-Range: bytes 100-109/1048576\r\n\r\n" +
                        file_bytes(100, 10) + kEnd);

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "stream/curl_engine.h"
+#include "stream/multipart.h"
 #include "stream/sources.h"
 #include "tpf/error.h"
 
@@ -60,100 +61,11 @@ struct Transfer {
   const CancelToken* cancel = nullptr;
   bool multipart_type = false;  // Content-Type: multipart/byteranges
   // Multi-range requests: the ranges asked for, the bytes of each filled so far, and the parser of
-  // a multipart/byteranges body (part headers are gathered in `part_header`, bounded).
+  // the body (multipart/byteranges, or one part where the server merged the ranges).
   const std::vector<ByteRange>* ranges = nullptr;
-  std::vector<uint64_t> filled;
-  bool in_part = false;
-  uint64_t part_pos = 0, part_left = 0;
-  std::string part_header;
-  bool malformed = false;
+  RangeScatter scatter;
+  ByteRangesParser body;
 };
-
-constexpr size_t kMaxPartHeader = 8192;
-
-// The value of header `name` (lower case, with its colon) among the CRLF-separated lines of
-// [text, text + n), or nullptr. Only line starts are compared: a part's header block has a few.
-const char* header_value(const char* text, size_t n, const char* name) {
-  const size_t k = std::strlen(name);
-  const char* end = text + n;
-  for (const char* line = text; line < end;) {
-    if (size_t(end - line) >= k && ::strncasecmp(line, name, k) == 0) return line + k;
-    const void* nl = std::memchr(line, '\n', size_t(end - line));
-    if (!nl) break;
-    line = static_cast<const char*>(nl) + 1;
-  }
-  return nullptr;
-}
-
-// Copies body bytes that sit at file offset `pos` into every requested range they overlap.
-void scatter(Transfer& t, uint64_t pos, const char* data, size_t n) {
-  const auto& ranges = *t.ranges;
-  auto it = std::upper_bound(ranges.begin(), ranges.end(), pos,
-                             [](uint64_t p, const ByteRange& r) { return p < r.offset; });
-  if (it != ranges.begin()) --it;
-  for (; it != ranges.end() && it->offset < pos + n; ++it) {
-    const uint64_t lo = std::max(pos, it->offset), hi = std::min(pos + n, it->offset + it->length);
-    if (lo >= hi) continue;
-    std::memcpy(static_cast<uint8_t*>(it->dst) + (lo - it->offset), data + (lo - pos), hi - lo);
-    t.filled[size_t(it - ranges.begin())] += hi - lo;
-  }
-}
-
-// "... Content-Range: bytes A-B/N ..." in [text, text + n) -> (A, B - A + 1)
-bool parse_content_range(const char* text, size_t n, uint64_t& start, uint64_t& length) {
-  const char* end = text + n;
-  const char* at = header_value(text, n, "content-range:");
-  while (at && at < end && *at == ' ') ++at;
-  if (!at || end - at < 5 || ::strncasecmp(at, "bytes", 5) != 0) return false;
-  // The numbers end at '-', '/' or the line's end, all inside the gathered header text.
-  char* stop = nullptr;
-  start = std::strtoull(at + 5, &stop, 10);
-  if (!stop || stop >= end || *stop != '-') return false;
-  const uint64_t last = std::strtoull(stop + 1, &stop, 10);
-  if (!stop || stop > end || last < start) return false;
-  length = last - start + 1;
-  return true;
-}
-
-// Feeds a multipart/byteranges body: part headers, then part data scattered to the ranges.
-void feed_multipart(Transfer& t, const char* data, size_t n) {
-  while (n > 0 && !t.malformed) {
-    if (t.in_part) {
-      const size_t take = size_t(std::min<uint64_t>(n, t.part_left));
-      scatter(t, t.part_pos, data, take);
-      t.part_pos += take;
-      t.part_left -= take;
-      data += take;
-      n -= take;
-      if (t.part_left == 0) t.in_part = false;
-      continue;
-    }
-    // Between parts: gather the boundary line and the part's headers up to the blank line.
-    const size_t room = kMaxPartHeader - t.part_header.size();
-    const size_t take = std::min(n, room);
-    const size_t before = t.part_header.size();
-    t.part_header.append(data, take);
-    const auto end = t.part_header.find("\r\n\r\n", before >= 3 ? before - 3 : 0);
-    if (end == std::string::npos) {
-      if (t.part_header.size() >= kMaxPartHeader) t.malformed = true;
-      data += take;
-      n -= take;
-      continue;
-    }
-    uint64_t start = 0, length = 0;
-    if (!parse_content_range(t.part_header.data(), end + 2, start, length)) {
-      t.malformed = true;
-      return;
-    }
-    const size_t used = end + 4 - before;  // bytes of this chunk that belonged to the headers
-    t.part_header.clear();
-    t.in_part = true;
-    t.part_pos = start;
-    t.part_left = length;
-    data += used;
-    n -= used;
-  }
-}
 
 // Header lines arrive whole, ending in CRLF.
 size_t on_header(char* data, size_t size, size_t n, void* user) {
@@ -194,11 +106,8 @@ size_t on_body(char* data, size_t size, size_t n, void* user) {
       const bool multipart = status == 206 && t->multipart_type;
       // A single-part 206 (the server merged the ranges) is one part at its Content-Range.
       t->range_ok = status == 206 && (multipart || t->content_range_start.has_value());
-      if (t->range_ok && !multipart) {
-        t->in_part = true;
-        t->part_pos = *t->content_range_start;
-        t->part_left = UINT64_MAX;
-      }
+      if (t->range_ok && !multipart)
+        t->body = ByteRangesParser::single_part(*t->content_range_start);
     } else {
       t->range_ok = status == 206 && t->content_range_start.value_or(t->offset) == t->offset;
     }
@@ -210,8 +119,10 @@ size_t on_body(char* data, size_t size, size_t n, void* user) {
   }
   if (t->ranges) {
     if (t->range_ok) {
-      feed_multipart(*t, data, len);
-      return t->malformed ? 0 : len;
+      const bool ok = t->body.feed(data, len, [t](uint64_t pos, const char* part, size_t k) {
+        t->scatter.write(pos, part, k);
+      });
+      return ok ? len : 0;
     }
     // Not ranges (an error page): keep its start for the message and stop the transfer.
     t->error_body.append(data, std::min<size_t>(len, 300));
@@ -382,8 +293,8 @@ class HttpSource final : public CancellableSource {
                                       std::to_string(req.offset + req.length - 1));
     } else if (req.kind == HttpRequest::Kind::ranges) {
       t.ranges = &req.ranges;
-      t.filled.assign(req.ranges.size(), 0);
-      t.part_header.reserve(kMaxPartHeader);
+      t.scatter = RangeScatter(req.ranges);
+      t.body = ByteRangesParser::multipart();
       std::string spec = "bytes=";
       for (size_t i = 0; i < req.ranges.size(); ++i) {
         if (i) spec += ',';
@@ -455,7 +366,7 @@ class HttpSource final : public CancellableSource {
         return o;
       }
       case HttpRequest::Kind::ranges: {
-        if (t.malformed) return {Outcome::retry, "a malformed multipart/byteranges response"};
+        if (t.body.malformed()) return {Outcome::retry, "a malformed multipart/byteranges response"};
         Outcome o = classify(code, status, t, "");
         if (o.kind != Outcome::ok) return o;
         if (status == 200) {
@@ -466,10 +377,10 @@ class HttpSource final : public CancellableSource {
           return {Outcome::fatal,
                   "HTTP " + std::to_string(status) + " (expected 206 Partial Content)"};
         for (size_t i = 0; i < req.ranges.size(); ++i)
-          if (t.filled[i] < req.ranges[i].length)
+          if (t.scatter.filled(i) < req.ranges[i].length)
             return {Outcome::retry, "short read: range " + std::to_string(req.ranges[i].offset) +
                                         "+" + std::to_string(req.ranges[i].length) + " got " +
-                                        std::to_string(t.filled[i]) + " bytes"};
+                                        std::to_string(t.scatter.filled(i)) + " bytes"};
         return o;
       }
     }

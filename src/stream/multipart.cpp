@@ -1,0 +1,156 @@
+// The body of a 206 answer to a multi-range GET: multipart/byteranges parsing and the scatter of
+// part data into the ranges asked for (multipart.h).
+#include "stream/multipart.h"
+
+#include <strings.h>
+
+#include <algorithm>
+#include <cstring>
+
+namespace tpf::stream {
+
+namespace {
+
+// The value of header `name` (lower case, with its colon) among the CRLF-separated lines of
+// [text, text + n), or nullptr. Only line starts are compared: a part's header block has a few.
+const char* header_value(const char* text, size_t n, const char* name) {
+  const size_t k = std::strlen(name);
+  const char* end = text + n;
+  for (const char* line = text; line < end;) {
+    if (size_t(end - line) >= k && ::strncasecmp(line, name, k) == 0) return line + k;
+    const void* nl = std::memchr(line, '\n', size_t(end - line));
+    if (!nl) break;
+    line = static_cast<const char*>(nl) + 1;
+  }
+  return nullptr;
+}
+
+// The decimal digits at `at` (one at least, before `end`) -> value, `at` past them; false on none
+// or on overflow.
+bool read_number(const char*& at, const char* end, uint64_t& value) {
+  const char* first = at;
+  value = 0;
+  for (; at < end && *at >= '0' && *at <= '9'; ++at) {
+    const uint64_t digit = uint64_t(*at - '0');
+    if (value > (UINT64_MAX - digit) / 10) return false;
+    value = value * 10 + digit;
+  }
+  return at > first;
+}
+
+// Adds [lo, hi) to `spans` (disjoint, sorted, not touching); returns how many of its bytes were
+// not in them yet. A part's pieces arrive in order, so the usual case extends the last span.
+template <class Span>
+uint64_t add_span(std::vector<Span>& spans, uint64_t lo, uint64_t hi) {
+  if (spans.empty() || spans.back().hi < lo) {
+    spans.push_back({lo, hi});
+    return hi - lo;
+  }
+  // The spans that overlap or touch [lo, hi) become one.
+  auto first = std::lower_bound(spans.begin(), spans.end(), lo,
+                                [](const Span& s, uint64_t v) { return s.hi < v; });
+  auto last = first;
+  uint64_t merged_lo = lo, merged_hi = hi, before = 0;
+  for (; last != spans.end() && last->lo <= hi; ++last) {
+    merged_lo = std::min(merged_lo, last->lo);
+    merged_hi = std::max(merged_hi, last->hi);
+    before += last->hi - last->lo;
+  }
+  if (first == last) {
+    spans.insert(first, {lo, hi});
+    return hi - lo;
+  }
+  *first = {merged_lo, merged_hi};
+  spans.erase(first + 1, last);
+  return (merged_hi - merged_lo) - before;
+}
+
+}  // namespace
+
+bool parse_content_range(const char* text, size_t n, uint64_t& start, uint64_t& length) {
+  const char* end = text + n;
+  const char* at = header_value(text, n, "content-range:");
+  while (at && at < end && *at == ' ') ++at;
+  if (!at || end - at < 5 || ::strncasecmp(at, "bytes", 5) != 0) return false;
+  at += 5;
+  while (at < end && (*at == ' ' || *at == '\t')) ++at;
+  // "A-B": digits only (no sign, space or line break), read inside the text, without overflow,
+  // and a length that fits.
+  uint64_t first = 0, last = 0;
+  if (!read_number(at, end, first) || at == end || *at != '-') return false;
+  ++at;
+  if (!read_number(at, end, last) || last < first || last - first == UINT64_MAX) return false;
+  start = first;
+  length = last - first + 1;
+  return true;
+}
+
+ByteRangesParser ByteRangesParser::multipart() {
+  ByteRangesParser p;
+  p.part_header_.reserve(kMaxPartHeader);
+  return p;
+}
+
+ByteRangesParser ByteRangesParser::single_part(uint64_t start) {
+  ByteRangesParser p;
+  p.single_ = true;
+  p.in_part_ = true;
+  p.part_pos_ = start;
+  p.part_left_ = start ? 0 - start : UINT64_MAX;  // up to offset 2^64 - 1
+  return p;
+}
+
+size_t ByteRangesParser::step(const char* data, size_t n, Piece& piece) {
+  if (in_part_) {
+    const size_t take = size_t(std::min<uint64_t>(n, part_left_));
+    piece = {part_pos_, data, take};
+    part_pos_ += take;
+    part_left_ -= take;
+    if (part_left_ == 0) in_part_ = false;
+    return take;
+  }
+  if (single_) {
+    malformed_ = true;  // bytes past the last offset there is
+    return 0;
+  }
+  // Between parts: gather the boundary line and the part's headers up to the blank line.
+  const size_t room = kMaxPartHeader - part_header_.size();
+  const size_t take = std::min(n, room);
+  const size_t before = part_header_.size();
+  part_header_.append(data, take);
+  const auto end = part_header_.find("\r\n\r\n", before >= 3 ? before - 3 : 0);
+  if (end == std::string::npos) {
+    if (part_header_.size() >= kMaxPartHeader) malformed_ = true;
+    return take;
+  }
+  uint64_t start = 0, length = 0;
+  if (!parse_content_range(part_header_.data(), end + 2, start, length)) {
+    malformed_ = true;
+    return 0;
+  }
+  const size_t used = end + 4 - before;  // bytes of this chunk that belonged to the headers
+  part_header_.clear();
+  in_part_ = true;
+  part_pos_ = start;
+  part_left_ = length;
+  return used;
+}
+
+RangeScatter::RangeScatter(const std::vector<ByteRange>& ranges)
+    : ranges_(&ranges), filled_(ranges.size(), 0), written_(ranges.size()) {}
+
+void RangeScatter::write(uint64_t pos, const char* data, size_t n) {
+  const auto& ranges = *ranges_;
+  auto it = std::upper_bound(ranges.begin(), ranges.end(), pos,
+                             [](uint64_t p, const ByteRange& r) { return p < r.offset; });
+  if (it != ranges.begin()) --it;
+  for (; it != ranges.end() && it->offset < pos + n; ++it) {
+    const uint64_t lo = std::max(pos, it->offset), hi = std::min(pos + n, it->offset + it->length);
+    if (lo >= hi) continue;
+    std::memcpy(static_cast<uint8_t*>(it->dst) + (lo - it->offset), data + (lo - pos), hi - lo);
+    const size_t i = size_t(it - ranges.begin());
+    filled_[i] += add_span(written_[i], lo - it->offset, hi - it->offset);
+  }
+}
+
+}  // namespace tpf::stream

@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <string>
 
+#include "kernels/device_guard.h"
 #include "kernels/fused/api.h"
 #include "tpf/error.h"
 
@@ -18,24 +19,6 @@ namespace {
 
 using fused::Heads;
 using fused::Rows;
-
-void check(cudaError_t e, const char* what) {
-  if (e != cudaSuccess) throw RuntimeError(std::string(what) + ": " + cudaGetErrorString(e));
-}
-
-class DeviceGuard {
- public:
-  explicit DeviceGuard(int device) {
-    check(cudaGetDevice(&previous_), "cudaGetDevice");
-    if (previous_ != device) check(cudaSetDevice(device), "cudaSetDevice");
-  }
-  ~DeviceGuard() { cudaSetDevice(previous_); }
-  DeviceGuard(const DeviceGuard&) = delete;
-  DeviceGuard& operator=(const DeviceGuard&) = delete;
-
- private:
-  int previous_ = 0;
-};
 
 __device__ __forceinline__ float to_f(float v) { return v; }
 __device__ __forceinline__ float to_f(__half v) { return __half2float(v); }
@@ -312,7 +295,7 @@ void layer_norm_forward(const LayerNormForwardArgs& a, const Rows& rows, int64_t
       });
     });
   });
-  check(cudaGetLastError(), "layer_norm_forward_kernel");
+  check_cuda_call(cudaGetLastError(), "layer_norm_forward_kernel");
 }
 
 void layer_norm_backward(const LayerNormBackwardArgs& a, const Rows& rows, int64_t n_rows,
@@ -329,7 +312,7 @@ void layer_norm_backward(const LayerNormBackwardArgs& a, const Rows& rows, int64
       using TD = decltype(td);
       with_per_lane(C, [&](auto pl) {
         auto kernel = layer_norm_backward_kernel<TX, TD, decltype(pl)::value>;
-        check(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)),
+        check_cuda_call(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)),
               "cudaFuncSetAttribute");
         kernel<<<unsigned(blocks), kThreads, smem, s>>>(
             static_cast<const TD*>(a.dy.data), static_cast<const TX*>(a.x.data), rows, n_rows, C,
@@ -338,11 +321,11 @@ void layer_norm_backward(const LayerNormBackwardArgs& a, const Rows& rows, int64
       });
     });
   });
-  check(cudaGetLastError(), "layer_norm_backward_kernel");
+  check_cuda_call(cudaGetLastError(), "layer_norm_backward_kernel");
   layer_norm_finish_kernel<<<grid_for(2 * C, 128), 128, 0, s>>>(
       partial, int(blocks), C, static_cast<float*>(a.dweight.data),
       static_cast<float*>(a.dbias.data));
-  check(cudaGetLastError(), "layer_norm_finish_kernel");
+  check_cuda_call(cudaGetLastError(), "layer_norm_finish_kernel");
 }
 
 namespace {
@@ -364,7 +347,7 @@ void swiglu(const SwigluArgs& a, void* stream) {
     else
       swiglu_kernel<T, 1, Backward><<<grid_for(M * H, kThreads), kThreads, 0, s>>>(ab, dh, o, M, H);
   });
-  check(cudaGetLastError(), "swiglu_kernel");
+  check_cuda_call(cudaGetLastError(), "swiglu_kernel");
 }
 
 template <bool Backward>
@@ -390,7 +373,7 @@ void gated_output(const GatedOutputArgs& a, const Heads& heads, void* stream) {
       gated_output_kernel<T, 1, Backward><<<grid_for(R * HD, kThreads), kThreads, 0, s>>>(
           g, gs, o, dy, res, d_o, R, HD, heads);
   });
-  check(cudaGetLastError(), "gated_output_kernel");
+  check_cuda_call(cudaGetLastError(), "gated_output_kernel");
 }
 }  // namespace
 

@@ -8,6 +8,7 @@
 //           ordered sums of the partials -> the float32 gradients assembled (finish).
 #include <cuda_runtime.h>
 
+#include "kernels/device_guard.h"
 #include "kernels/trimul/api.h"
 #include "kernels/trimul/blas.h"
 #include "kernels/trimul/launch.h"
@@ -25,21 +26,6 @@ int elem_bytes(DType d) { return d == DType::f32 ? 4 : 2; }
 cudaDataType cuda_type(DType d) {
   return d == DType::f32 ? CUDA_R_32F : d == DType::bf16 ? CUDA_R_16BF : CUDA_R_16F;
 }
-
-// Runs on the tensors' device and restores the caller's.
-class DeviceGuard {
- public:
-  explicit DeviceGuard(int device) {
-    check_cuda(cudaGetDevice(&previous_), "cudaGetDevice");
-    if (previous_ != device) check_cuda(cudaSetDevice(device), "cudaSetDevice");
-  }
-  ~DeviceGuard() { cudaSetDevice(previous_); }
-  DeviceGuard(const DeviceGuard&) = delete;
-  DeviceGuard& operator=(const DeviceGuard&) = delete;
-
- private:
-  int previous_ = 0;
-};
 
 const float* f32(const TensorView& t) { return static_cast<const float*>(t.data); }
 const float* f32(const OptionalTensor& t) { return t.present ? f32(t.view) : nullptr; }

@@ -14,15 +14,13 @@
 #include <cstdlib>
 
 #include "kernels/attention/forward.h"
+#include "kernels/attention/forward_common.cuh"
 #include "kernels/attention/mma.cuh"
 #include "kernels/attention/tile_config.h"
 #include "kernels/attention/tile_io.cuh"
 
 namespace tpf::cuda {
 namespace {
-
-constexpr float kLog2e = 1.4426950408889634f;
-constexpr float kLn2 = 0.6931471805599453f;
 
 template <typename T, int D, int MT>
 struct ForwardSmem {
@@ -123,56 +121,10 @@ __device__ __forceinline__ void attention_forward_body(const AttentionForwardPar
 
 #pragma unroll
     for (int mt = 0; mt < MT; ++mt) {
-      // Scale, bias, mask (log2 domain) and the running row maxima. Each thread's elements come
-      // in pairs of adjacent keys: ldmatrix gives the bias pairs of two 8-key blocks at once (the
-      // A-fragment layout), and one 16-bit load gives a pair's key flags.
-      float tile_max[2] = {-INFINITY, -INFINITY};
-#pragma unroll
-      for (int jj = 0; jj < kTileK / 16; ++jj) {
-        uint32_t bias2[4];
-        load_a(bias2, sm.bias[stage], LDB, warp_row(mt), jj * 16);
-#pragma unroll
-        for (int half = 0; half < 2; ++half) {
-          const int j = 2 * jj + half;
-          const uint16_t ok =
-              *reinterpret_cast<const uint16_t*>(&sm.key_ok[stage][j * 8 + (lane & 3) * 2]);
-#pragma unroll
-          for (int r = 0; r < 2; ++r) {
-            const float2 bias = unpack2<T>(bias2[half * 2 + r]);
-            const float x0 = (ok & 0xff) ? fmaf(s[mt][j][2 * r], scale, bias.x) : -INFINITY;
-            const float x1 = (ok >> 8) ? fmaf(s[mt][j][2 * r + 1], scale, bias.y) : -INFINITY;
-            s[mt][j][2 * r] = x0;
-            s[mt][j][2 * r + 1] = x1;
-            tile_max[r] = fmaxf(tile_max[r], fmaxf(x0, x1));
-          }
-        }
-      }
       float correction[2];
-#pragma unroll
-      for (int r = 0; r < 2; ++r) {
-        tile_max[r] = fmaxf(tile_max[r], __shfl_xor_sync(0xffffffffu, tile_max[r], 1));
-        tile_max[r] = fmaxf(tile_max[r], __shfl_xor_sync(0xffffffffu, tile_max[r], 2));
-        const float m_new = fmaxf(m[mt][r], tile_max[r]);
-        const float m_use = m_new == -INFINITY ? 0.f : m_new;  // a row with no key yet stays zero
-        const float m_log2 = m_use * kLog2e;
-        correction[r] = fast_exp2(fmaf(m[mt][r], kLog2e, -m_log2));
-        m[mt][r] = m_new;
-        l[mt][r] *= correction[r];
-        // p = exp(s - m) = 2^(s log2e - m log2e), one FFMA and the SFU per score; kept in s.
-#pragma unroll
-        for (int j = 0; j < kTileK / 8; ++j) {
-          s[mt][j][2 * r] = fast_exp2(fmaf(s[mt][j][2 * r], kLog2e, -m_log2));
-          s[mt][j][2 * r + 1] = fast_exp2(fmaf(s[mt][j][2 * r + 1], kLog2e, -m_log2));
-          l[mt][r] += s[mt][j][2 * r] + s[mt][j][2 * r + 1];
-        }
-      }
-#pragma unroll
-      for (int i = 0; i < D / 8; ++i) {
-        o[mt][i][0] *= correction[0];
-        o[mt][i][1] *= correction[0];
-        o[mt][i][2] *= correction[1];
-        o[mt][i][3] *= correction[1];
-      }
+      softmax_tile<T>(s[mt], m[mt], l[mt], correction, sm.bias[stage], LDB, warp_row(mt),
+                      sm.key_ok[stage], scale, lane);
+      rescale_rows<D>(o[mt], correction);
     }
     // o += p v, with p rounded to the input dtype for the MMA; each value fragment serves every
     // row tile.
@@ -180,12 +132,7 @@ __device__ __forceinline__ void attention_forward_body(const AttentionForwardPar
     for (int kk = 0; kk < kTileK / 16; ++kk) {
       uint32_t pa[MT][4];
 #pragma unroll
-      for (int mt = 0; mt < MT; ++mt) {
-        pa[mt][0] = Mma<T>::pack(s[mt][2 * kk][0], s[mt][2 * kk][1]);
-        pa[mt][1] = Mma<T>::pack(s[mt][2 * kk][2], s[mt][2 * kk][3]);
-        pa[mt][2] = Mma<T>::pack(s[mt][2 * kk + 1][0], s[mt][2 * kk + 1][1]);
-        pa[mt][3] = Mma<T>::pack(s[mt][2 * kk + 1][2], s[mt][2 * kk + 1][3]);
-      }
+      for (int mt = 0; mt < MT; ++mt) pack_p<T>(pa[mt], s[mt], kk);
 #pragma unroll
       for (int i = 0; i < D / 8; ++i) {
         uint32_t bf[2];
@@ -197,43 +144,11 @@ __device__ __forceinline__ void attention_forward_body(const AttentionForwardPar
     __syncthreads();  // the next iteration's loads overwrite this stage
   }
 
-  // Finish: row sums across the lanes of a row, normalize, write O, its residual and the lse.
-  T* out = static_cast<T*>(p.o) + b * p.o_stride.b + n * p.o_stride.n + h * p.o_stride.h;
-  __nv_bfloat16* res = p.residual ? static_cast<__nv_bfloat16*>(p.residual) +
-                                        b * p.residual_stride.b + n * p.residual_stride.n +
-                                        h * p.residual_stride.h
-                                  : nullptr;
+  // Finish: normalize, write O, its residual and the lse.
+  const OutputSlice<T> out = output_slice<T>(p, b, n, h);
 #pragma unroll
-  for (int mt = 0; mt < MT; ++mt) {
-#pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      float sum = l[mt][r];
-      sum += __shfl_xor_sync(0xffffffffu, sum, 1);
-      sum += __shfl_xor_sync(0xffffffffu, sum, 2);
-      const int row = q0 + warp_row(mt) + (lane >> 2) + r * 8;
-      if (row >= p.Sq) continue;
-      const float inv = sum > 0.f ? 1.f / sum : 0.f;
-#pragma unroll
-      for (int i = 0; i < D / 8; ++i) {
-        const int col = i * 8 + (lane & 3) * 2;
-        const float x0 = o[mt][i][2 * r] * inv, x1 = o[mt][i][2 * r + 1] * inv;
-        const T y0 = from_float<T>(x0), y1 = from_float<T>(x1);
-        T* dst = out + row * p.o_stride.s + col;
-        dst[0] = y0;
-        dst[1] = y1;
-        if (res) {
-          __nv_bfloat16* rd = res + row * p.residual_stride.s + col;
-          rd[0] = __float2bfloat16_rn(x0 - to_float(y0));
-          rd[1] = __float2bfloat16_rn(x1 - to_float(y1));
-        }
-      }
-      if ((lane & 3) == 0) {
-        const float lse = sum > 0.f ? m[mt][r] + log2f(sum) * kLn2 : INFINITY;
-        p.lse[b * p.lse_stride_b + n * p.lse_stride_n + h * p.lse_stride_h + row * p.lse_stride_s] =
-            lse;
-      }
-    }
-  }
+  for (int mt = 0; mt < MT; ++mt)
+    store_rows<T, D>(p, out, b, n, h, q0 + warp_row(mt), o[mt], m[mt], l[mt], lane);
 }
 
 template <typename T, int D, int MT>

@@ -187,6 +187,13 @@ void launch(const AttentionForwardParams& p, cudaStream_t stream) {
     const char* env = std::getenv("TPF_ATTENTION_FWD_ROW_TILES");
     return env ? std::atoi(env) : kForwardRowTiles;
   }();
+  // TPF_ATTENTION_FWD_WGMMA=1: the warpgroup-MMA forward at head dims 16 and 32 (forward_wgmma.cu),
+  // read at each launch like TPF_ATTENTION_FWD_BLOCKS.
+  if constexpr (D <= 32) {
+    const char* wgmma = std::getenv("TPF_ATTENTION_FWD_WGMMA");
+    if (wgmma != nullptr && std::atoi(wgmma) == 1)
+      return attention_forward_wgmma_launch<T, D>(p, stream);
+  }
   // For D <= 32 (one row tile) registers are capped for 5 blocks per SM, the default since it was
   // measured on the H200 (D=32 S=768: forward kernel 2.62 -> 2.42 ms; bench/notes-attention.md);
   // TPF_ATTENTION_FWD_BLOCKS=4 selects the uncapped kernel (read at each launch, so that one test

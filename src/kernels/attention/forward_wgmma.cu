@@ -1,0 +1,276 @@
+// Triangle attention forward with warpgroup MMAs (sm_90a wgmma), head dims 16 and 32; selected by
+// TPF_ATTENTION_FWD_WGMMA=1 (forward.cu), the mma.sync kernel otherwise.
+//
+// A thread block is one warpgroup (128 threads) and computes one 64-query tile of one slice
+// (b, n, h) over all 64-key tiles, like the mma.sync forward, with the same numerics: fp32
+// accumulation, the scores scaled and biased in one FMA, the online softmax in the exp2 domain
+// (softmax_tile in forward_common.cuh, shared with that kernel), P rounded to the input dtype for
+// the second MMA, and the same output store (O, its BF16 residual, the lse).
+//   S = Q K^T:  wgmma m64n64k16, A = the Q fragments in registers (loaded once with ldmatrix),
+//               B = the key tile in shared memory (K-major: a key's D features are contiguous).
+//   O += P V:   wgmma m64nDk16, A = P from registers (the accumulator layout of S is the A fragment
+//               layout, so P never goes through shared memory), B = the value tile in shared memory
+//               (N-major: a key's D features are contiguous, the MMA's K dimension is the key).
+// Key and value tiles are stored in the no-swizzle core-matrix layout (load_tile<..., CORE>), which
+// cp.async fills with 16-byte copies; the bias tile and key flags are loaded as in the other kernel.
+// The tiles of key tile kt + 1 load (cp.async) while tile kt computes; one barrier per key tile.
+//
+// What this version does not do yet (the next optimizations, in the order we expect them to pay):
+//  1. Overlap the softmax with the MMAs (FA3's intra-warpgroup pipelining): issue S(kt + 1) = Q K^T
+//     before the softmax of tile kt and wait for it after; needs a second score tile (32 more
+//     registers) and a third K/V stage.
+//  2. Two consumer warpgroups per block (128 queries) ping-ponging on named barriers, so one's
+//     softmax runs under the other's MMAs; with a producer warp issuing TMA loads (mbarriers)
+//     instead of every thread's cp.async.
+//  3. 128-key tiles (m64n128k16) to halve the per-tile fixed costs (barriers, row max shuffles).
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <cmath>
+#include <cstdint>
+
+#include "kernels/attention/forward.h"
+#include "kernels/attention/forward_common.cuh"
+#include "kernels/attention/mma.cuh"
+#include "kernels/attention/tile_config.h"
+#include "kernels/attention/tile_io.cuh"
+
+namespace tpf::cuda {
+namespace {
+
+constexpr int kWarpgroupThreads = 128;
+static_assert(kForwardWarps * 32 == kWarpgroupThreads && kTileQ == 64,
+              "one warpgroup covers a 64-query tile (wgmma's M)");
+
+// ---- wgmma primitives (PTX ISA 9.7.15) ------------------------------------------------------------
+
+// Shared-memory matrix descriptor, no swizzle: start address, leading-dimension byte offset (between
+// core matrices along K) and stride-dimension byte offset (between core matrices along M or N),
+// each in 16-byte units.
+__device__ __forceinline__ uint64_t smem_desc(const void* p, uint32_t lbo, uint32_t sbo) {
+  return uint64_t((smem_addr(p) & 0x3FFFFu) >> 4) | uint64_t(lbo >> 4) << 16 |
+         uint64_t(sbo >> 4) << 32;
+}
+
+__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
+__device__ __forceinline__ void wgmma_commit() {
+  asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
+}
+template <int N>
+__device__ __forceinline__ void wgmma_wait() {
+  asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
+}
+// Generic-proxy shared-memory writes (cp.async, st.shared) made visible to wgmma's async proxy.
+__device__ __forceinline__ void fence_proxy_async_shared() {
+  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+}
+// Keeps the compiler from moving reads of an accumulator above the wait that completes it.
+template <int R>
+__device__ __forceinline__ void fence_accumulator(float (&d)[R][4]) {
+#pragma unroll
+  for (int i = 0; i < R; ++i)
+#pragma unroll
+    for (int j = 0; j < 4; ++j) asm volatile("" : "+f"(d[i][j])::"memory");
+}
+
+// d[N / 8][4] (+)= A (16 bits, registers: the warp's 16 rows x 16 k) x B (shared, descriptor),
+// fp32 accumulation. ScaleD = 0 overwrites d. TransB = 0: B is K-major, 1: N-major.
+template <typename T, int N>
+struct Wgmma;
+
+#define TPF_ACC4(d, j) "+f"(d[j][0]), "+f"(d[j][1]), "+f"(d[j][2]), "+f"(d[j][3])
+#define TPF_WGMMA_RS(TY, PTXTY)                                                                    \
+  template <>                                                                                      \
+  struct Wgmma<TY, 16> {                                                                           \
+    template <int ScaleD, int TransB>                                                              \
+    static __device__ __forceinline__ void run(float (&d)[2][4], const uint32_t (&a)[4],          \
+                                               uint64_t desc) {                                    \
+      asm volatile(                                                                                \
+          "{\n.reg .pred p;\nsetp.ne.b32 p, %13, 0;\n"                                             \
+          "wgmma.mma_async.sync.aligned.m64n16k16.f32." PTXTY "." PTXTY " "                        \
+          "{%0,%1,%2,%3,%4,%5,%6,%7}, {%8,%9,%10,%11}, %12, p, 1, 1, %14;\n}\n"                   \
+          : TPF_ACC4(d, 0), TPF_ACC4(d, 1)                                                         \
+          : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "n"(ScaleD), "n"(TransB));     \
+    }                                                                                              \
+  };                                                                                               \
+  template <>                                                                                      \
+  struct Wgmma<TY, 32> {                                                                           \
+    template <int ScaleD, int TransB>                                                              \
+    static __device__ __forceinline__ void run(float (&d)[4][4], const uint32_t (&a)[4],          \
+                                               uint64_t desc) {                                    \
+      asm volatile(                                                                                \
+          "{\n.reg .pred p;\nsetp.ne.b32 p, %21, 0;\n"                                             \
+          "wgmma.mma_async.sync.aligned.m64n32k16.f32." PTXTY "." PTXTY " "                        \
+          "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15}, {%16,%17,%18,%19}, %20, p, "   \
+          "1, 1, %22;\n}\n"                                                                        \
+          : TPF_ACC4(d, 0), TPF_ACC4(d, 1), TPF_ACC4(d, 2), TPF_ACC4(d, 3)                         \
+          : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "n"(ScaleD), "n"(TransB));     \
+    }                                                                                              \
+  };                                                                                               \
+  template <>                                                                                      \
+  struct Wgmma<TY, 64> {                                                                           \
+    template <int ScaleD, int TransB>                                                              \
+    static __device__ __forceinline__ void run(float (&d)[8][4], const uint32_t (&a)[4],          \
+                                               uint64_t desc) {                                    \
+      asm volatile(                                                                                \
+          "{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"                                             \
+          "wgmma.mma_async.sync.aligned.m64n64k16.f32." PTXTY "." PTXTY " "                        \
+          "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,"    \
+          "%23,%24,%25,%26,%27,%28,%29,%30,%31}, {%32,%33,%34,%35}, %36, p, 1, 1, %38;\n}\n"       \
+          : TPF_ACC4(d, 0), TPF_ACC4(d, 1), TPF_ACC4(d, 2), TPF_ACC4(d, 3), TPF_ACC4(d, 4),        \
+            TPF_ACC4(d, 5), TPF_ACC4(d, 6), TPF_ACC4(d, 7)                                         \
+          : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "n"(ScaleD), "n"(TransB));     \
+    }                                                                                              \
+  };
+TPF_WGMMA_RS(__nv_bfloat16, "bf16")
+TPF_WGMMA_RS(__half, "f16")
+#undef TPF_WGMMA_RS
+#undef TPF_ACC4
+
+// ---- the kernel -------------------------------------------------------------------------------------
+
+template <typename T, int D>
+struct WgmmaForwardSmem {
+  static constexpr int LDQ = D + kPad;
+  static constexpr int LDB = kTileK + kPad;
+  // Core-matrix layout ([D / 8][kTileK][8], load_tile<..., CORE>): the 8 x 8 block of keys
+  // 8i..8i+7 and features 8c..8c+7 is 128 contiguous bytes at ((c * kTileK) + 8 i) * 8 elements.
+  alignas(128) T k[2][kTileK * D];
+  alignas(128) T v[2][kTileK * D];
+  T q[kTileQ * LDQ];  // padded rows, read once into registers with ldmatrix
+  T bias[2][kTileQ * LDB];
+  uint8_t key_ok[2][kTileK];
+};
+
+// Descriptor strides of the core-matrix layout, in bytes: 128 between core matrices along the
+// keys, kTileK * 16 between core matrices along the features.
+constexpr uint32_t kAlongKeys = 128;
+constexpr uint32_t kAlongFeatures = kTileK * 16;
+
+// Registers: D = 32 needs ~S 32 + O 16 + Q 8 + P 16 fp32/b32 registers plus addressing; capped for
+// 4 blocks (16 warps) per SM, which shared memory (~40 KB per block at D = 32) also allows.
+template <typename T, int D>
+__global__ void __launch_bounds__(kWarpgroupThreads, 4)
+    attention_forward_wgmma_kernel(const AttentionForwardParams p) {
+  static_assert(D == 16 || D == 32, "the wgmma forward covers head dims 16 and 32");
+  using S = WgmmaForwardSmem<T, D>;
+  extern __shared__ __align__(128) uint8_t smem_raw[];
+  S& sm = *reinterpret_cast<S*>(smem_raw);
+
+  const int n = blockIdx.x, q0 = blockIdx.y * kTileQ;
+  const int b = blockIdx.z / p.H, h = blockIdx.z % p.H;
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int qrows = min(kTileQ, p.Sq - q0);
+
+  const T* q = static_cast<const T*>(p.q) + b * p.q_stride.b + n * p.q_stride.n + h * p.q_stride.h;
+  const T* k = static_cast<const T*>(p.k) + b * p.k_stride.b + n * p.k_stride.n + h * p.k_stride.h;
+  const T* v = static_cast<const T*>(p.v) + b * p.v_stride.b + n * p.v_stride.n + h * p.v_stride.h;
+  const T* bias = static_cast<const T*>(p.bias) + b * p.bias_stride_b + h * p.bias_stride_h +
+                  q0 * p.bias_stride_q;
+  const uint8_t* mask = p.mask ? p.mask + b * p.mask_stride_b + n * p.mask_stride_n : nullptr;
+  const T* safe = static_cast<const T*>(p.q);
+
+  auto load_keys = [&](int kt, int stage) {
+    const int k0 = kt * kTileK, krows = min(kTileK, p.Sk - k0);
+    load_tile<T, kTileK, D, kWarpgroupThreads, true>(sm.k[stage], k + k0 * p.k_stride.s,
+                                                     p.k_stride.s, krows, D, p.qkv_aligned, safe);
+    load_tile<T, kTileK, D, kWarpgroupThreads, true>(sm.v[stage], v + k0 * p.v_stride.s,
+                                                     p.v_stride.s, krows, D, p.qkv_aligned, safe);
+    load_tile<T, kTileQ, kTileK, kWarpgroupThreads>(sm.bias[stage], bias + k0, p.bias_stride_q,
+                                                    qrows, krows, p.bias_aligned, safe);
+    for (int j = threadIdx.x; j < kTileK; j += kWarpgroupThreads)
+      sm.key_ok[stage][j] = j < krows && (mask == nullptr || mask[k0 + j] != 0);
+  };
+
+  load_tile<T, kTileQ, D, kWarpgroupThreads>(sm.q, q + q0 * p.q_stride.s, p.q_stride.s, qrows, D,
+                                             p.qkv_aligned, safe);
+  load_keys(0, 0);
+  cp_async_commit();
+
+  // This thread's rows: warp * 16 + lane / 4 and + 8 (wgmma gives warp w of the warpgroup the
+  // accumulator rows 16 w .. 16 w + 15, in the mma.sync C fragment layout).
+  const int row0 = warp * kWarpRows;
+  uint32_t qf[D / 16][4];
+  float o[D / 8][4];
+  float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};
+#pragma unroll
+  for (int i = 0; i < D / 8; ++i) o[i][0] = o[i][1] = o[i][2] = o[i][3] = 0.f;
+
+  const float scale = p.scale;
+  const int key_tiles = (p.Sk + kTileK - 1) / kTileK;
+  for (int kt = 0; kt < key_tiles; ++kt) {
+    const int stage = kt & 1;
+    // Tile kt is the only load group in flight. The proxy fence (MEMBAR + FENCE.VIEW.ASYNC in SASS)
+    // is issued here, before the next tile's copies start, so that it has no copy to wait for.
+    cp_async_wait<0>();
+    fence_proxy_async_shared();  // this thread's copies of stage `stage`, before wgmma reads them
+    __syncthreads();  // also: every thread is done with tile kt - 1, whose stage the next load reuses
+    if (kt + 1 < key_tiles) {
+      load_keys(kt + 1, stage ^ 1);  // overlaps this tile's MMAs and softmax
+      cp_async_commit();
+    }
+    if (kt == 0) {
+#pragma unroll
+      for (int ks = 0; ks < D / 16; ++ks) load_a(qf[ks], sm.q, S::LDQ, row0, ks * 16);
+    }
+
+    // s = q k^T (64 x 64): k-step ks covers features 16 ks .. 16 ks + 15, two core-matrix columns.
+    float s[kTileK / 8][4];
+    wgmma_fence();
+#pragma unroll
+    for (int ks = 0; ks < D / 16; ++ks) {
+      const uint64_t desc = smem_desc(sm.k[stage] + ks * 2 * kTileK * 8, kAlongFeatures, kAlongKeys);
+      if (ks == 0)
+        Wgmma<T, kTileK>::template run<0, 0>(s, qf[ks], desc);
+      else
+        Wgmma<T, kTileK>::template run<1, 0>(s, qf[ks], desc);
+    }
+    wgmma_commit();
+    wgmma_wait<0>();
+    fence_accumulator(s);
+
+    float correction[2];
+    softmax_tile<T>(s, m, l, correction, sm.bias[stage], S::LDB, row0, sm.key_ok[stage], scale,
+                    lane);
+    rescale_rows<D>(o, correction);
+
+    // o += p v: k-step kk covers keys 16 kk .. 16 kk + 15, two core-matrix rows of the value tile.
+    uint32_t pa[kTileK / 16][4];
+#pragma unroll
+    for (int kk = 0; kk < kTileK / 16; ++kk) pack_p<T>(pa[kk], s, kk);
+    fence_accumulator(o);
+    wgmma_fence();  // o's rescale and the P registers, before the MMAs that read them
+#pragma unroll
+    for (int kk = 0; kk < kTileK / 16; ++kk) {
+      const uint64_t desc = smem_desc(sm.v[stage] + kk * 16 * 8, kAlongKeys, kAlongFeatures);
+      Wgmma<T, D>::template run<1, 1>(o, pa[kk], desc);
+    }
+    wgmma_commit();
+    wgmma_wait<0>();
+    fence_accumulator(o);
+  }
+
+  store_rows<T, D>(p, output_slice<T>(p, b, n, h), b, n, h, q0 + row0, o, m, l, lane);
+}
+
+}  // namespace
+
+template <typename T, int D>
+void attention_forward_wgmma_launch(const AttentionForwardParams& p, cudaStream_t stream) {
+  using S = WgmmaForwardSmem<T, D>;
+  const size_t smem = sizeof(S);
+  auto kernel = attention_forward_wgmma_kernel<T, D>;
+  cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem));
+  cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout,
+                       cudaSharedmemCarveoutMaxShared);
+  const dim3 grid(p.N, (p.Sq + kTileQ - 1) / kTileQ, p.B * p.H);
+  kernel<<<grid, kWarpgroupThreads, smem, stream>>>(p);
+}
+
+template void attention_forward_wgmma_launch<__nv_bfloat16, 16>(const AttentionForwardParams&, cudaStream_t);
+template void attention_forward_wgmma_launch<__nv_bfloat16, 32>(const AttentionForwardParams&, cudaStream_t);
+template void attention_forward_wgmma_launch<__half, 16>(const AttentionForwardParams&, cudaStream_t);
+template void attention_forward_wgmma_launch<__half, 32>(const AttentionForwardParams&, cudaStream_t);
+
+}  // namespace tpf::cuda

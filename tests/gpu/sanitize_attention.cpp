@@ -1,11 +1,14 @@
 // A small forward + backward through the C++ API with no Python, for compute-sanitizer
 // (memcheck, racecheck, initcheck): bf16, sizes that are not tile multiples, masked keys and a
-// fully masked slice. Exits non-zero on any CUDA error or non-finite output.
+// fully masked slice; then the forward once more with TPF_ATTENTION_FWD_WGMMA=1 (the wgmma
+// forward) into fresh buffers, whose O must be finite and close to the default forward's. Exits
+// non-zero on any CUDA error, non-finite output or disagreement.
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <random>
 #include <vector>
 
@@ -102,6 +105,38 @@ int main() {
         return 1;
       }
   }
-  std::printf("sanitize_attention: ok\n");
+  // The wgmma forward (read at each launch), into fresh buffers.
+  std::vector<__nv_bfloat16> o_default(qn);
+  check(cudaMemcpy(o_default.data(), o, qn * 2, cudaMemcpyDeviceToHost), "copy back");
+  __nv_bfloat16 *o2, *res2;
+  float* lse2;
+  check(cudaMalloc(&o2, qn * 2), "o2");
+  check(cudaMalloc(&res2, qn * 2), "res2");
+  check(cudaMalloc(&lse2, B * N * H * S * 4), "lse2");
+  setenv("TPF_ATTENTION_FWD_WGMMA", "1", 1);
+  tpf::AttentionForwardArgs f2 = f;
+  f2.o = view5(o2);
+  f2.residual = {true, view5(res2)};
+  f2.lse = tpf::make_view(lse2, DType::f32, {B, N, H, S}, Device::cuda);
+  tpf::attention_forward(f2);
+  check(cudaDeviceSynchronize(), "sync (wgmma forward)");
+  unsetenv("TPF_ATTENTION_FWD_WGMMA");
+  float worst = 0.f;
+  for (void* p : {static_cast<void*>(o2), static_cast<void*>(res2)}) {
+    check(cudaMemcpy(host.data(), p, qn * 2, cudaMemcpyDeviceToHost), "copy back");
+    for (int64_t i = 0; i < qn; ++i) {
+      const float x = __bfloat162float(host[i]);
+      if (!std::isfinite(x)) {
+        std::fprintf(stderr, "non-finite output of the wgmma forward\n");
+        return 1;
+      }
+      if (p == o2) worst = std::fmax(worst, std::fabs(x - __bfloat162float(o_default[i])));
+    }
+  }
+  if (worst > 0.05f) {
+    std::fprintf(stderr, "wgmma forward differs from the default forward by %g\n", worst);
+    return 1;
+  }
+  std::printf("sanitize_attention: ok (wgmma forward within %g of the default)\n", worst);
   return 0;
 }

@@ -56,20 +56,21 @@ def test_chunked_backward_matches_single_chunk(monkeypatch, seed):
     check_fa3_rule(ours, base, ref, torch.bfloat16, "(chunked)")
 
 
-def check_kernel_variant(monkeypatch, variable, value, S, N, D, seed, label):
+def check_kernel_variant(monkeypatch, variable, value, S, N, D, seed, label, dtype=torch.bfloat16):
     """Under variable=value: within the FP64 rule with an odd slice count (a half-empty last group),
-    B = 2, masked keys and rows, a poisoned allocator, and bitwise reproducible."""
+    B = 2, masked keys and rows, a poisoned allocator, and bitwise reproducible (gradients and O)."""
     monkeypatch.setenv(variable, value)
     g = torch.Generator().manual_seed(seed)
-    q, k, v, bias, mask, grad = make_case(2, N, 4, S, D, torch.bfloat16, "cuda", g)
+    q, k, v, bias, mask, grad = make_case(2, N, 4, S, D, dtype, "cuda", g)
     ref = reference_fp64(q, k, v, bias, mask, grad, 1 / math.sqrt(D))
     poison_allocator()
     ours = run_with_grads(tpf.triangle_attention, q, k, v, bias, mask, grad)
     base = run_with_grads(triangle_attention_torch, q, k, v, bias, mask, grad)
-    check_fa3_rule(ours, base, ref, torch.bfloat16, f"({label}, S={S}, N={N}, D={D}, seed {seed})")
+    check_fa3_rule(ours, base, ref, dtype, f"({label}, S={S}, N={N}, D={D}, {dtype}, seed {seed})")
     again = run_with_grads(tpf.triangle_attention, q, k, v, bias, mask, grad)
-    for name in GRADS:
+    for name in ("o",) + tuple(GRADS):
         assert torch.equal(ours[name], again[name]), f"{name} differs between calls ({label})"
+    return ours
 
 
 @pytest.mark.parametrize("D", [16, 32])
@@ -86,6 +87,52 @@ def test_uncapped_forward_matches_fp64_reference(monkeypatch, S, N, D, seed):
     """The forward without the 5-blocks-per-SM register cap (TPF_ATTENTION_FWD_BLOCKS=4; the
     default at head dims 16 and 32 is the capped one that every other test runs)."""
     check_kernel_variant(monkeypatch, "TPF_ATTENTION_FWD_BLOCKS", "4", S, N, D, seed, "uncapped forward")
+
+
+@pytest.mark.parametrize("D", [16, 32])
+@pytest.mark.parametrize("S,N", [(33, 5), (257, 7), (384, 3)])
+def test_wgmma_forward_matches_fp64_reference(monkeypatch, S, N, D, seed):
+    """The warpgroup-MMA forward (TPF_ATTENTION_FWD_WGMMA=1, forward_wgmma.cu); the backward, which
+    reads its O, lse and residual, is the default one. The last slice of the second batch is fully
+    masked: its O must be zero."""
+    ours = check_kernel_variant(monkeypatch, "TPF_ATTENTION_FWD_WGMMA", "1", S, N, D, seed,
+                                "wgmma forward")
+    assert (ours["o"][-1, N - 1] == 0).all(), "O of the fully masked slice is not zero"
+
+
+@pytest.mark.parametrize("D", [16, 32])
+def test_wgmma_forward_float16(monkeypatch, D, seed):
+    check_kernel_variant(monkeypatch, "TPF_ATTENTION_FWD_WGMMA", "1", 257, 7, D, seed,
+                         "wgmma forward", dtype=torch.float16)
+
+
+@pytest.mark.parametrize("D", [16, 32])
+def test_wgmma_forward_matches_default_forward(monkeypatch, D, seed):
+    """O and the lse of the wgmma forward against the default forward on the same inputs, with
+    residual, at a size with a partial last query and key tile: both round P to bf16 and accumulate
+    in fp32, so they agree to a few bf16 ulps (the MMA summation order may differ)."""
+    g = torch.Generator().manual_seed(seed)
+    q, k, v, bias, mask, _ = make_case(2, 6, 4, 200, D, torch.bfloat16, "cuda", g)
+    B, N, H, S, _ = q.shape
+    bias3, mask3 = bias.reshape(B, H, S, S), mask.reshape(B, N, S)
+
+    def forward():
+        o, lse, res = torch.ops.turbopairformer.triangle_attention_fwd(
+            q, k, v, bias3, mask3, 1 / math.sqrt(D), True)
+        torch.cuda.synchronize()
+        return o, lse, res
+
+    monkeypatch.delenv("TPF_ATTENTION_FWD_WGMMA", raising=False)
+    o0, lse0, res0 = forward()
+    monkeypatch.setenv("TPF_ATTENTION_FWD_WGMMA", "1")
+    o1, lse1, res1 = forward()
+    finite = torch.isfinite(lse0)
+    assert torch.equal(finite, torch.isfinite(lse1)), "rows without keys differ"
+    assert (lse0[~finite] == lse1[~finite]).all()
+    torch.testing.assert_close(lse1[finite], lse0[finite], rtol=0, atol=1e-3)
+    exact0 = o0.float() + res0.float()
+    exact1 = o1.float() + res1.float()
+    torch.testing.assert_close(exact1, exact0, rtol=2e-2, atol=2e-3)
 
 
 def test_residual_lowers_gradient_error(seed):

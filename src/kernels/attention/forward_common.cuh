@@ -15,11 +15,56 @@
 #include "kernels/attention/mma.cuh"
 #include "kernels/attention/params.h"
 #include "kernels/attention/tile_config.h"
+#include "kernels/attention/tile_io.cuh"
 
 namespace tpf::cuda {
 
 constexpr float kLog2e = 1.4426950408889634f;
 constexpr float kLn2 = 0.6931471805599453f;
+
+// The inputs of slice (b, n, h) for the query tile starting at q0 (bias points at q0's row);
+// `safe` is a readable address for copies that read nothing.
+template <typename T>
+struct SliceInputs {
+  const T* q;
+  const T* k;
+  const T* v;
+  const T* bias;
+  const uint8_t* mask;  // nullptr: every key attends
+  const T* safe;
+};
+template <typename T>
+__device__ __forceinline__ SliceInputs<T> slice_inputs(const AttentionForwardParams& p, int b, int n,
+                                                       int h, int q0) {
+  SliceInputs<T> in;
+  in.q = static_cast<const T*>(p.q) + b * p.q_stride.b + n * p.q_stride.n + h * p.q_stride.h;
+  in.k = static_cast<const T*>(p.k) + b * p.k_stride.b + n * p.k_stride.n + h * p.k_stride.h;
+  in.v = static_cast<const T*>(p.v) + b * p.v_stride.b + n * p.v_stride.n + h * p.v_stride.h;
+  in.bias = static_cast<const T*>(p.bias) + b * p.bias_stride_b + h * p.bias_stride_h +
+            q0 * p.bias_stride_q;
+  in.mask = p.mask ? p.mask + b * p.mask_stride_b + n * p.mask_stride_n : nullptr;
+  in.safe = static_cast<const T*>(p.q);
+  return in;
+}
+
+// Starts the copies of key tile kt (the caller commits and waits): keys and values ([kTileK][D],
+// padded rows, or the wgmma core-matrix layout with CORE), the bias tile of the ROWS queries
+// ([ROWS][kTileK], padded rows, qrows of them valid) and the key flags (1 = attend; 0 for a masked
+// key or one past Sk).
+template <typename T, int D, int ROWS, int THREADS, bool CORE>
+__device__ __forceinline__ void load_key_tile(T* k_dst, T* v_dst, T* bias_dst, uint8_t* key_ok,
+                                              const SliceInputs<T>& in,
+                                              const AttentionForwardParams& p, int kt, int qrows) {
+  const int k0 = kt * kTileK, krows = min(kTileK, p.Sk - k0);
+  load_tile<T, kTileK, D, THREADS, CORE>(k_dst, in.k + k0 * p.k_stride.s, p.k_stride.s, krows, D,
+                                         p.qkv_aligned, in.safe);
+  load_tile<T, kTileK, D, THREADS, CORE>(v_dst, in.v + k0 * p.v_stride.s, p.v_stride.s, krows, D,
+                                         p.qkv_aligned, in.safe);
+  load_tile<T, ROWS, kTileK, THREADS>(bias_dst, in.bias + k0, p.bias_stride_q, qrows, krows,
+                                      p.bias_aligned, in.safe);
+  for (int j = threadIdx.x; j < kTileK; j += THREADS)
+    key_ok[j] = j < krows && (in.mask == nullptr || in.mask[k0 + j] != 0);
+}
 
 // One key tile of the online softmax for a warp's 16 rows. In: s = q k^T (unscaled); the bias tile
 // in shared memory ([query][key], `ldb` elements per row, the warp's rows starting at row0) and the

@@ -163,28 +163,14 @@ __global__ void __launch_bounds__(kWarpgroupThreads, 4)
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int qrows = min(kTileQ, p.Sq - q0);
 
-  const T* q = static_cast<const T*>(p.q) + b * p.q_stride.b + n * p.q_stride.n + h * p.q_stride.h;
-  const T* k = static_cast<const T*>(p.k) + b * p.k_stride.b + n * p.k_stride.n + h * p.k_stride.h;
-  const T* v = static_cast<const T*>(p.v) + b * p.v_stride.b + n * p.v_stride.n + h * p.v_stride.h;
-  const T* bias = static_cast<const T*>(p.bias) + b * p.bias_stride_b + h * p.bias_stride_h +
-                  q0 * p.bias_stride_q;
-  const uint8_t* mask = p.mask ? p.mask + b * p.mask_stride_b + n * p.mask_stride_n : nullptr;
-  const T* safe = static_cast<const T*>(p.q);
-
+  const SliceInputs<T> in = slice_inputs<T>(p, b, n, h, q0);
   auto load_keys = [&](int kt, int stage) {
-    const int k0 = kt * kTileK, krows = min(kTileK, p.Sk - k0);
-    load_tile<T, kTileK, D, kWarpgroupThreads, true>(sm.k[stage], k + k0 * p.k_stride.s,
-                                                     p.k_stride.s, krows, D, p.qkv_aligned, safe);
-    load_tile<T, kTileK, D, kWarpgroupThreads, true>(sm.v[stage], v + k0 * p.v_stride.s,
-                                                     p.v_stride.s, krows, D, p.qkv_aligned, safe);
-    load_tile<T, kTileQ, kTileK, kWarpgroupThreads>(sm.bias[stage], bias + k0, p.bias_stride_q,
-                                                    qrows, krows, p.bias_aligned, safe);
-    for (int j = threadIdx.x; j < kTileK; j += kWarpgroupThreads)
-      sm.key_ok[stage][j] = j < krows && (mask == nullptr || mask[k0 + j] != 0);
+    load_key_tile<T, D, kTileQ, kWarpgroupThreads, true>(sm.k[stage], sm.v[stage], sm.bias[stage],
+                                                         sm.key_ok[stage], in, p, kt, qrows);
   };
 
-  load_tile<T, kTileQ, D, kWarpgroupThreads>(sm.q, q + q0 * p.q_stride.s, p.q_stride.s, qrows, D,
-                                             p.qkv_aligned, safe);
+  load_tile<T, kTileQ, D, kWarpgroupThreads>(sm.q, in.q + q0 * p.q_stride.s, p.q_stride.s, qrows,
+                                             D, p.qkv_aligned, in.safe);
   load_keys(0, 0);
   cp_async_commit();
 

@@ -124,9 +124,11 @@ def test_cuda_errors_name_the_argument():
 
 # The kernel variants that TPF_TRIMUL_VARIANT selects (src/kernels/trimul/launch.h; every other
 # test runs the default, variant 1, or whatever the variable says): 0, the fused kernels' GEMMs
-# through WMMA and the IEEE sigmoid; 2, also input_backward's epilogue changes. D = 8, 24 and 72 leave warps with half or none of their 32 output columns; S = 70 and
-# 257 leave partial tiles.
-VARIANTS = ["0", "2"]
+# through WMMA and the IEEE sigmoid; 2, also input_backward's epilogue changes; 3, the forward
+# kernels' epilogues from the MMA registers at 3 CTAs per SM (S = 70, 257 and 33 also take the
+# scalar path of the 16-byte channel-major stores). D = 8, 24 and 72 leave warps with half or none
+# of their 32 output columns; S = 70 and 257 leave partial tiles.
+VARIANTS = ["0", "2", "3"]
 
 
 @pytest.mark.parametrize("variant", VARIANTS)

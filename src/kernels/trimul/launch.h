@@ -29,7 +29,8 @@ inline void check_cuda(cudaError_t e, const char* what) {
 //      pass with a fixed, unrolled trip count (input_backward.cu; same arithmetic as variant 1);
 //   3  variant 1 at higher occupancy: input_forward and output_forward take their epilogues from
 //      the MMA registers and stage 16-bit results instead of fp32 products (less shared memory),
-//      under launch bounds of 3 CTAs per SM (same arithmetic as variant 1).
+//      under launch bounds of 3 CTAs per SM (same arithmetic as variant 1); the two backward
+//      kernels run variant 1's code (persistent grids of kBackwardCtas, two per SM).
 // The workspace is the same under all of them.
 constexpr int kVariants = 4;
 inline int variant() {

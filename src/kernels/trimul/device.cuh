@@ -329,6 +329,17 @@ struct WarpTileLdsm {
   static __device__ __forceinline__ int col(int j, int h, int e) {
     return (threadIdx.x / 32 >> 1) * 32 + 16 * j + 8 * h + 2 * (threadIdx.x & 3) + (e & 1);
   }
+  // v[j][h][e] = src[col(j, h, e)] for columns below n, zero past them: per-column values (biases)
+  // of the thread's elements, 8 loads.
+  static __device__ __forceinline__ void column_values(const float* src, int n,
+                                                       float (&v)[2][2][2]) {
+#pragma unroll
+    for (int j = 0; j < 2; ++j)
+#pragma unroll
+      for (int h = 0; h < 2; ++h)
+#pragma unroll
+        for (int e = 0; e < 2; ++e) v[j][h][e] = col(j, h, e) < n ? src[col(j, h, e)] : 0.0f;
+  }
 
  private:
   // Row-major: two float2 per 8-column block (rows g and g + 8); transposed: element (m, n) at

@@ -106,8 +106,6 @@ __global__ void __launch_bounds__(kThreads, 2) input_forward_kernel(const Params
 //                        kRows + kPad), go row-major; written out in 16-byte pieces
 // No fp32 staging (34 KB less shared memory: 68 KB per CTA at D = 128) and at most 80 registers.
 
-constexpr int kLdSt = kChunkN + kPad;
-
 // Packed row pr of an a/b block (P of channels 0..63, then G of the same channels) to its row in
 // shared memory: the 16 P rows of channels 16u..16u+15, then their 16 G rows, for u = 0..3.
 struct InterleavePG {
@@ -155,20 +153,19 @@ __global__ void __launch_bounds__(kThreads, kOccupancyCtas)
     // This thread's biases before the GEMM, which hides their latency: [j][h][e % 2] = the P and
     // G biases of channel cl_base + 8 h + e % 2 (a | b steps) or go column Acc::col(j, h, e).
     float bias[2][2][2];
+    if (gate_step) {
+      Acc::column_values(p.bias_out + D, D, bias);
+    } else {
 #pragma unroll
-    for (int j = 0; j < 2; ++j)
+      for (int j = 0; j < 2; ++j)
 #pragma unroll
-      for (int h = 0; h < 2; ++h)
+        for (int h = 0; h < 2; ++h)
 #pragma unroll
-        for (int e = 0; e < 2; ++e) {
-          if (!gate_step) {
+          for (int e = 0; e < 2; ++e) {
             const int c = q * kChunkChannels + cl_base + 8 * h + e;
             bias[j][h][e] = c < 2 * D ? p.bias_in[j * 2 * D + c] : 0.0f;
-          } else {
-            const int c = Acc::col(j, h, e);
-            bias[j][h][e] = c < D ? p.bias_out[D + c] : 0.0f;
           }
-        }
+    }
     cp_async_wait_all();
     __syncthreads();
     Acc acc;

@@ -81,8 +81,6 @@ __global__ void __launch_bounds__(kThreads, 2) output_forward_kernel(const Param
 // The epilogue takes the products from the MMA registers: no fp32 staging, 68 KB of shared memory
 // per CTA at D = 128 (101 KB under variant 1), at most 80 registers.
 
-constexpr int kLdSt = kChunkN + kPad;
-
 template <typename T>
 struct OutputForwardOccupancySmem {
   T* zx;
@@ -121,15 +119,7 @@ __global__ void __launch_bounds__(kThreads, kOccupancyCtas)
   normalize_output_rows(p, tile, s.zx, s.zx, ld, nullptr, nullptr, static_cast<T*>(nullptr));
   // This thread's output biases before the GEMM, which hides their latency.
   float bias[2][2][2];
-#pragma unroll
-  for (int j = 0; j < 2; ++j)
-#pragma unroll
-    for (int h = 0; h < 2; ++h)
-#pragma unroll
-      for (int e = 0; e < 2; ++e) {
-        const int c = Acc::col(j, h, e);
-        bias[j][h][e] = c < D ? p.bias_out[c] : 0.0f;
-      }
+  Acc::column_values(p.bias_out, D, bias);
   cp_async_wait_all();
   __syncthreads();
 

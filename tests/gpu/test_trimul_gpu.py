@@ -124,13 +124,16 @@ def test_cuda_errors_name_the_argument():
 
 # The kernel variants that TPF_TRIMUL_VARIANT selects (src/kernels/trimul/launch.h; every other
 # test runs the default, variant 1, or whatever the variable says): 0, the fused kernels' GEMMs
-# through WMMA and the IEEE sigmoid; 2, also input_backward's epilogue changes. D = 8, 24 and 72 leave warps with half or none of their 32 output columns; S = 70 and
-# 257 leave partial tiles.
-VARIANTS = ["0", "2"]
+# through WMMA and the IEEE sigmoid; 2, also input_backward's epilogue changes; 3, the forward
+# kernels' epilogues from the MMA registers at 3 CTAs per SM, whose 16-byte stores fall back to
+# scalar ones where S (a, b) or D (go, y) is not a multiple of 8: (20, 136) takes the vector path
+# for a and b and the scalar one for go and y, the others the reverse. D = 8, 20, 24 and 72 leave
+# warps with half or none of their 32 output columns; S = 70, 257 and 136 leave partial tiles.
+VARIANTS = ["0", "2", "3"]
 
 
 @pytest.mark.parametrize("variant", VARIANTS)
-@pytest.mark.parametrize("D,S", [(8, 70), (24, 33), (72, 70), (64, 257), (128, 100)])
+@pytest.mark.parametrize("D,S", [(8, 70), (24, 33), (72, 70), (64, 257), (128, 100), (20, 136)])
 @pytest.mark.parametrize("direction", ["outgoing", "incoming"])
 def test_variant_against_fp64_reference(monkeypatch, variant, D, S, direction, seed):
     monkeypatch.setenv("TPF_TRIMUL_VARIANT", variant)

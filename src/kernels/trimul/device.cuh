@@ -29,6 +29,16 @@ __device__ __forceinline__ T from_f(float v) {
   else return __float2half_rn(v);
 }
 
+// Two adjacent 16-bit values, each rounded as from_f, in one 32-bit store (dst 4-byte aligned).
+template <typename T>
+__device__ __forceinline__ void store_pair(T* dst, float a, float b) {
+  static_assert(sizeof(T) == 2, "16-bit types");
+  if constexpr (std::is_same_v<T, __nv_bfloat16>)
+    *reinterpret_cast<__nv_bfloat162*>(dst) = __floats2bfloat162_rn(a, b);
+  else
+    *reinterpret_cast<__half2*>(dst) = __floats2half2_rn(a, b);
+}
+
 __device__ __forceinline__ float sigmoid(float v) { return 1.0f / (1.0f + expf(-v)); }
 
 // The same through the approximate exponential and division (MUFU.EX2, MUFU.RCP: a few
@@ -63,19 +73,52 @@ __device__ __forceinline__ void cp_async_wait_all() {
   asm volatile("cp.async.wait_group 0;\n" ::: "memory");
 }
 
+struct SameRow {
+  __device__ int operator()(int r) const { return r; }
+};
+
 // Starts copying rows x cols elements (cols * sizeof(T) a multiple of 16) from a row-major global
-// matrix with row stride ld_g into shared memory with row stride ld_s. The block waits with
-// cp_async_wait_all() then __syncthreads().
-template <typename T>
+// matrix with row stride ld_g into shared memory with row stride ld_s; source row r lands in row
+// row_map(r). The block waits with cp_async_wait_all() then __syncthreads().
+template <typename T, typename RowMap = SameRow>
 __device__ __forceinline__ void copy_tile_async(T* dst, int ld_s, const T* src, int64_t ld_g,
-                                                int rows, int cols) {
+                                                int rows, int cols, RowMap row_map = {}) {
   constexpr int kPer = 16 / sizeof(T);
   const int pieces = cols / kPer;
   for (int idx = threadIdx.x; idx < rows * pieces; idx += kThreads) {
     const int r = idx / pieces, c = (idx % pieces) * kPer;
-    cp_async16(dst + r * ld_s + c, src + r * ld_g + c);
+    cp_async16(dst + row_map(r) * ld_s + c, src + r * ld_g + c);
   }
   cp_async_commit();
+}
+
+// Writes a tile of 16-bit values staged in shared memory (row-major, row stride ld_s, a multiple
+// of 8 elements) to global memory: staged row rr, columns [0, cols), goes to row_ptr(rr)[0, cols)
+// (rows with a null row_ptr are skipped). Consecutive threads take consecutive 16-byte pieces of a
+// row; a piece is one vector store where its destination is 16-byte aligned and whole, scalar
+// stores otherwise (odd D or S). kMaxRows x kMaxCols bounds the tile (compile time: unrolled).
+template <int kMaxRows, int kMaxCols, typename T, typename RowPtr>
+__device__ __forceinline__ void store_staged_rows(const T* st, int ld_s, int cols, RowPtr row_ptr) {
+  static_assert(sizeof(T) == 2, "16-bit staging");
+  constexpr int kVec = 8, kPieces = kMaxCols / kVec, kTotal = kMaxRows * kPieces;
+  static_assert(kMaxCols % kVec == 0 && kTotal % kThreads == 0, "whole pieces per thread");
+#pragma unroll
+  for (int it = 0; it < kTotal / kThreads; ++it) {
+    const int idx = threadIdx.x + it * kThreads;
+    const int rr = idx / kPieces, c = (idx % kPieces) * kVec;
+    T* dst = row_ptr(rr);
+    if (dst == nullptr || c >= cols) continue;
+    const uint4 v = *reinterpret_cast<const uint4*>(st + rr * ld_s + c);
+    if (c + kVec <= cols && reinterpret_cast<uintptr_t>(dst + c) % 16 == 0) {
+      *reinterpret_cast<uint4*>(dst + c) = v;
+    } else {
+      const uint32_t w[4] = {v.x, v.y, v.z, v.w};
+      uint16_t* d = reinterpret_cast<uint16_t*>(dst + c);
+#pragma unroll
+      for (int k = 0; k < kVec; ++k)
+        if (c + k < cols) d[k] = uint16_t(w[k / 2] >> (16 * (k % 2)));
+    }
+  }
 }
 
 // ---- Warp-level GEMM on shared-memory tiles.
@@ -278,6 +321,25 @@ struct WarpTileLdsm {
 
   __device__ void store(float* C, int ldc, int N) const { store_as<false>(C, ldc, N); }
   __device__ void store_col_major(float* C, int ldc, int N) const { store_as<true>(C, ldc, N); }
+
+  // Row and column of the warp's element acc[i][j][h][e] (for epilogues from the registers).
+  static __device__ __forceinline__ int row(int i, int e) {
+    return (threadIdx.x / 32 & 1) * 32 + 16 * i + (threadIdx.x % 32 >> 2) + 8 * (e >> 1);
+  }
+  static __device__ __forceinline__ int col(int j, int h, int e) {
+    return (threadIdx.x / 32 >> 1) * 32 + 16 * j + 8 * h + 2 * (threadIdx.x & 3) + (e & 1);
+  }
+  // v[j][h][e] = src[col(j, h, e)] for columns below n, zero past them: per-column values (biases)
+  // of the thread's elements, 8 loads.
+  static __device__ __forceinline__ void column_values(const float* src, int n,
+                                                       float (&v)[2][2][2]) {
+#pragma unroll
+    for (int j = 0; j < 2; ++j)
+#pragma unroll
+      for (int h = 0; h < 2; ++h)
+#pragma unroll
+        for (int e = 0; e < 2; ++e) v[j][h][e] = col(j, h, e) < n ? src[col(j, h, e)] : 0.0f;
+  }
 
  private:
   // Row-major: two float2 per 8-column block (rows g and g + 8); transposed: element (m, n) at

@@ -96,10 +96,143 @@ __global__ void __launch_bounds__(kThreads, 2) input_forward_kernel(const Params
   }
 }
 
+// ---- Variant 3: the same arithmetic at 3 CTAs per SM (16-bit types).
+//
+//   X  [kRows, Dp]       x_ln (T)
+//   W  [kChunkN, Dp]     one packed weight block (T); a/b blocks with their rows interleaved
+//                        (InterleavePG) so that a warp's two 16-column halves are P and G of the
+//                        same 16 channels, and the epilogue takes both from its own registers
+//   St [kRows, kLdSt]    the step's results in T: a | b transposed ([channel][row], row stride
+//                        kRows + kPad), go row-major; written out in 16-byte pieces
+// No fp32 staging (34 KB less shared memory: 68 KB per CTA at D = 128) and at most 80 registers.
+
+// Packed row pr of an a/b block (P of channels 0..63, then G of the same channels) to its row in
+// shared memory: the 16 P rows of channels 16u..16u+15, then their 16 G rows, for u = 0..3.
+struct InterleavePG {
+  __device__ int operator()(int pr) const {
+    const int g = pr / kChunkChannels, cl = pr % kChunkChannels;
+    return (cl / 16) * 32 + g * 16 + cl % 16;
+  }
+};
+
+template <typename T>
+struct InputForwardOccupancySmem {
+  T* x;
+  T* w;
+  T* st;
+  float* mask;
+  size_t bytes;
+  __host__ __device__ InputForwardOccupancySmem(unsigned char* base, int Dp) {
+    SmemCarver s{base};
+    x = s.take<T>(size_t(kRows) * (Dp + kPad));
+    w = s.take<T>(size_t(kChunkN) * (Dp + kPad));
+    st = s.take<T>(size_t(kRows) * kLdSt);
+    mask = s.take<float>(kRows);
+    bytes = s.at;
+  }
+};
+
+template <typename T>
+__global__ void __launch_bounds__(kThreads, kOccupancyCtas)
+    input_forward_occupancy_kernel(const Params p) {
+  using Acc = WarpTileLdsm<T>;
+  constexpr int kLdAB = kRows + kPad;
+  extern __shared__ __align__(128) unsigned char smem_raw[];
+  InputForwardOccupancySmem<T> s(smem_raw, p.Dp);
+  const Tile tile(blockIdx.x, p);
+  const int ld = p.Dp + kPad, D = int(p.D);
+  const T* w_in = static_cast<const T*>(p.w_in);
+
+  copy_tile_async(s.w, ld, w_in, p.Dp, kChunkN, p.Dp, InterleavePG{});
+  normalize_input_rows(p, tile, s.x, ld, s.mask, nullptr, nullptr);
+  // Channel (within the step) of this thread's a | b elements acc[i][0 or 1][h][e].
+  const int cl_base = (threadIdx.x / 32 >> 1) * 16 + 2 * (threadIdx.x & 3);
+
+  for (int q = 0; q <= p.input_chunks; ++q) {
+    const bool gate_step = q == p.input_chunks;
+    // This thread's biases before the GEMM, which hides their latency: [j][h][e % 2] = the P and
+    // G biases of channel cl_base + 8 h + e % 2 (a | b steps) or go column Acc::col(j, h, e).
+    float bias[2][2][2];
+    if (gate_step) {
+      Acc::column_values(p.bias_out + D, D, bias);
+    } else {
+#pragma unroll
+      for (int j = 0; j < 2; ++j)
+#pragma unroll
+        for (int h = 0; h < 2; ++h)
+#pragma unroll
+          for (int e = 0; e < 2; ++e) {
+            const int c = q * kChunkChannels + cl_base + 8 * h + e;
+            bias[j][h][e] = c < 2 * D ? p.bias_in[j * 2 * D + c] : 0.0f;
+          }
+    }
+    cp_async_wait_all();
+    __syncthreads();
+    Acc acc;
+    acc.zero();
+    acc.template mma<WLayout::kNK>(s.x, ld, s.w, ld, p.Dp, kChunkN);
+    __syncthreads();
+    if (q + 1 < p.input_chunks)
+      copy_tile_async(s.w, ld, w_in + int64_t(q + 1) * kChunkN * p.Dp, p.Dp, kChunkN, p.Dp,
+                      InterleavePG{});
+    else if (!gate_step)
+      copy_tile_async(s.w, ld, w_in + int64_t(q + 1) * kChunkN * p.Dp, p.Dp, kChunkN, p.Dp);
+
+    if (!gate_step) {
+      // a | b = sigmoid(G) * P * mask into St transposed, then channel-major to global.
+#pragma unroll
+      for (int i = 0; i < 2; ++i)
+#pragma unroll
+        for (int h = 0; h < 2; ++h)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            const int r = Acc::row(i, e), cl = cl_base + 8 * h + (e & 1);
+            const float pv = acc.acc[i][0][h][e] + bias[0][h][e & 1];
+            const float gv = acc.acc[i][1][h][e] + bias[1][h][e & 1];
+            s.st[cl * kLdAB + r] = from_f<T>(sigmoid_t<T, true>(gv) * pv * s.mask[r]);
+          }
+      __syncthreads();
+      store_staged_rows<kChunkChannels, kRows>(s.st, kLdAB, tile.n, [=](int cl) -> T* {
+        const int c = q * kChunkChannels + cl;
+        if (c >= 2 * D) return nullptr;
+        return static_cast<T*>(c < D ? p.a : p.b) + tile.channel_major(p, c < D ? c : c - D, 0);
+      });
+    } else {
+      // Output gate logits, row-major.
+#pragma unroll
+      for (int i = 0; i < 2; ++i)
+#pragma unroll
+        for (int j = 0; j < 2; ++j)
+#pragma unroll
+          for (int h = 0; h < 2; ++h)
+#pragma unroll
+            for (int e = 0; e < 4; e += 2)
+              store_pair(s.st + Acc::row(i, e) * kLdSt + Acc::col(j, h, e),
+                         acc.acc[i][j][h][e] + bias[j][h][0],
+                         acc.acc[i][j][h][e + 1] + bias[j][h][1]);
+      __syncthreads();
+      T* go = static_cast<T*>(p.go);
+      store_staged_rows<kRows, kChunkN>(s.st, kLdSt, D, [=](int r) -> T* {
+        return r < tile.n ? go + (tile.row0 + r) * D : nullptr;
+      });
+    }
+  }
+}
+
 }  // namespace
 
 template <typename T>
 void launch_input_forward(const Params& p, cudaStream_t stream) {
+  if constexpr (kHasFast<T>) {
+    if (variant() == 3) {
+      const size_t smem = InputForwardOccupancySmem<T>(nullptr, p.Dp).bytes;
+      const auto kernel = input_forward_occupancy_kernel<T>;
+      set_max_smem(kernel, smem);
+      kernel<<<dim3(unsigned(p.tiles)), kThreads, smem, stream>>>(p);
+      check_launch("trimul input_forward");
+      return;
+    }
+  }
   const size_t smem = InputForwardSmem<T>(nullptr, p.Dp).bytes;
   const auto kernel = fast_variant() ? input_forward_kernel<T, kHasFast<T>>
                                      : input_forward_kernel<T, false>;

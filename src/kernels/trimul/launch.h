@@ -26,17 +26,23 @@ inline void check_cuda(cudaError_t e, const char* what) {
 //   1  the same GEMMs through mma.sync m16n8k16 with ldmatrix fragments, and for 16-bit types the
 //      sigmoid through the approximate exponential and division (device.cuh);
 //   2  variant 1, and in input_backward the step's biases from shared memory and the dP | dG
-//      pass with a fixed, unrolled trip count (input_backward.cu; same arithmetic as variant 1).
+//      pass with a fixed, unrolled trip count (input_backward.cu; same arithmetic as variant 1);
+//   3  variant 1 at higher occupancy: input_forward and output_forward take their epilogues from
+//      the MMA registers and stage 16-bit results instead of fp32 products (less shared memory),
+//      under launch bounds of 3 CTAs per SM (same arithmetic as variant 1); the two backward
+//      kernels run variant 1's code (persistent grids of kBackwardCtas, two per SM).
 // The workspace is the same under all of them.
-constexpr int kVariants = 3;
+constexpr int kVariants = 4;
 inline int variant() {
   const char* env = std::getenv("TPF_TRIMUL_VARIANT");
   if (env == nullptr || env[0] == '\0') return 1;
   if (env[1] != '\0' || env[0] < '0' || env[0] >= char('0' + kVariants))
-    throw Error(std::string("TPF_TRIMUL_VARIANT: expected 0, 1 or 2 (or unset), got '") + env + "'");
+    throw Error(std::string("TPF_TRIMUL_VARIANT: expected 0, 1, 2 or 3 (or unset), got '") + env + "'");
   return env[0] - '0';
 }
 inline bool fast_variant() { return variant() >= 1; }
+// CTAs per SM that the occupancy variant's kernels are bounded for (__launch_bounds__).
+constexpr int kOccupancyCtas = 3;
 // float has no fast code (its GEMMs run on the CUDA cores, its sigmoid stays IEEE): one kernel.
 template <typename T>
 constexpr bool kHasFast = !std::is_same_v<T, float>;

@@ -24,6 +24,8 @@ constexpr int kLdC = kChunkN + 4;  // fp32 staging rows (a multiple of 4, as WMM
 // The same staging stored transposed (column n at n * kLdCT): for epilogues that write
 // channel-major outputs, a warp then reads 32 consecutive rows of one column, conflict-free.
 constexpr int kLdCT = kRows + 4;
+// 16-bit staging rows of kChunkN values (variant 3's epilogues from the MMA registers).
+constexpr int kLdSt = kChunkN + kPad;
 // fp32 staging large enough for either layout.
 constexpr int kStagingFloats = kRows * kLdC > kChunkN * kLdCT ? kRows * kLdC : kChunkN * kLdCT;
 // Persistent CTAs of the backward kernels (two per SM on a 132-SM H100/H200). A constant, not the

@@ -323,7 +323,9 @@ def measure(python: str, impl: str, location: str, budget_mib: int, opts: argpar
            "--block-size", str(block_size), "--max-inflight", str(opts.max_inflight),
            "--group-records", str(opts.group_records), "--coalesce-gap", str(opts.coalesce_gap),
            "--limit", str(opts.limit)]
-    env = dict(os.environ, PYTHONPATH=os.path.join(REPO, "python"))
+    # The repo's package first; the rest of PYTHONPATH kept (the GPU machine's carried wheels).
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(
+        [os.path.join(REPO, "python")] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]))
     server_cpu0 = {name: cpu_seconds(pids) for name, pids in servers.items()}
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
     series: list[tuple[float, float]] = []
@@ -377,11 +379,21 @@ def measure(python: str, impl: str, location: str, budget_mib: int, opts: argpar
 # ---------------------------------------------------------------------------------------------
 
 def git_commit() -> str:
+    if os.environ.get("TPF_COMMIT"):  # the GPU machine's copy has no .git (scripts/gpu-check)
+        return os.environ["TPF_COMMIT"]
     try:
         return subprocess.run(["git", "-C", REPO, "rev-parse", "--short", "HEAD"], capture_output=True,
                               text=True, check=True).stdout.strip()
     except (OSError, subprocess.CalledProcessError):
         return "unknown"
+
+
+def cpu_model() -> str:
+    try:
+        with open("/proc/cpuinfo") as f:
+            return next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
+    except (OSError, StopIteration):
+        return platform.processor() or "unknown"
 
 
 def wait_port(port: int, timeout: float = 20.0) -> None:
@@ -501,6 +513,9 @@ def main() -> int:
     p.add_argument("--suffix", default="", help="appended to the result files' names")
     p.add_argument("--json", help="write the rows here")
     p.add_argument("--out-dir", default=os.path.join(HERE, "results"))
+    p.add_argument("--machine", default=os.environ.get("TPF_MACHINE") or platform.node(),
+                   help="the machine's name in the rows and the result files' names "
+                        "(default: TPF_MACHINE, else the host name)")
     # internal: one measurement
     p.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--impl", default="turbopairformer", help=argparse.SUPPRESS)
@@ -531,7 +546,7 @@ def main() -> int:
         print(f"shuffle quality {shuffle}: {quality[shuffle]}")
 
     rows, series, procs = [], {}, []
-    machine = f"{platform.node()} ({os.cpu_count()} cpus)"
+    machine = f"{args.machine} ({os.cpu_count()} cpus)"
     date = datetime.date.today().isoformat()
     commit = git_commit()
     work = tempfile.mkdtemp(prefix="tpf-bench-nginx-")
@@ -610,12 +625,13 @@ def main() -> int:
         print(f"{line['source']} {line['shuffle']} {line['budget_mib']} MiB: "
               f"{100 * line['fraction_of_local']:.0f}% of local")
     os.makedirs(args.out_dir, exist_ok=True)
-    name = f"stream-{platform.node()}-{date}" + (f"-{args.suffix}" if args.suffix else "")
+    name = f"stream-{args.machine}-{date}" + (f"-{args.suffix}" if args.suffix else "")
     stem = os.path.join(args.out_dir, name)
     setup = {"nginx": "Debian's nginx, one worker, sendfile and tcp_nopush on "
                       "(tests/python/stream_harness.py)",
              "latency": f"{args.latency_ms} ms added to every request by a splicing proxy "
                         "(bench/stream.py); its CPU is counted apart",
+             "nginx_binary": h.nginx_binary(), "cpus": os.cpu_count(), "cpu_model": cpu_model(),
              "repeats": args.repeats, "max_inflight": args.max_inflight,
              "group_records": args.group_records, "coalesce_gap": args.coalesce_gap}
     with open(stem + ".json", "w") as f:
@@ -624,8 +640,11 @@ def main() -> int:
     if args.json:
         with open(args.json, "w") as f:
             json.dump(rows, f, indent=1)
-    plot(rows, series, stem + ".png")
-    print(f"wrote {stem}.json and {stem}.png")
+    try:
+        plot(rows, series, stem + ".png")
+        print(f"wrote {stem}.json and {stem}.png")
+    except ImportError as e:  # matplotlib missing: the numbers are in the JSON all the same
+        print(f"wrote {stem}.json (no plot: {e})")
     return 0
 
 

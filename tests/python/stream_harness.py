@@ -1,6 +1,6 @@
-"""Servers for the streaming tests, all on 127.0.0.1 and started here: Debian's nginx with a config
-written to a temp dir, moto's S3 server, and a small HTTP server that injects faults on demand.
-Every wait is bounded in time; every server is stopped by its context manager."""
+"""Servers for the streaming tests, all on 127.0.0.1 and started here: Debian's nginx (or the one
+TPF_NGINX names) with a config written to a temp dir, moto's S3 server, and a small HTTP server
+that injects faults on demand. Every wait is bounded in time; every server is stopped by its context manager."""
 from __future__ import annotations
 
 import collections
@@ -29,11 +29,14 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def wait_for_port(port: int, proc: subprocess.Popen, what: str, log: str | None = None) -> None:
+def wait_for_port(port: int, proc: subprocess.Popen, what: str,
+                  log: str | tuple[str, ...] | None = None) -> None:
+    """Waits until `proc` listens on `port`; if it exits first, the error names its logs' text."""
     deadline = time.monotonic() + START_TIMEOUT_S
     while time.monotonic() < deadline:
         if proc.poll() is not None:
-            detail = open(log).read() if log and os.path.exists(log) else ""
+            logs = (log,) if isinstance(log, str) else (log or ())
+            detail = "".join(open(p).read() for p in logs if os.path.exists(p))
             raise RuntimeError(f"{what} exited with {proc.returncode} before listening: {detail}")
         try:
             with socket.create_connection(("127.0.0.1", port), timeout=0.5):
@@ -54,6 +57,13 @@ def stop(proc: subprocess.Popen) -> None:
 
 
 def nginx_binary() -> str:
+    """TPF_NGINX when set (a carried nginx: the GPU machine has none, scripts/build-device-data),
+    else the installed one."""
+    named = os.environ.get("TPF_NGINX")
+    if named:
+        if not os.access(named, os.X_OK):
+            raise RuntimeError(f"TPF_NGINX={named} is not an executable file")
+        return named
     found = shutil.which("nginx") or ("/usr/sbin/nginx" if os.path.exists("/usr/sbin/nginx") else None)
     if found is None:
         raise RuntimeError("nginx is not installed (scripts/setup installs Debian's nginx)")
@@ -100,9 +110,13 @@ http {{
   }}
 }}
 """)
-        self.proc = subprocess.Popen([nginx_binary(), "-p", self.workdir, "-c", conf],
-                                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        wait_for_port(self.port, self.proc, "nginx", self.log)
+        # Its stderr is kept: a binary that cannot start (a carried one whose libraries do not load)
+        # says why there, before any error_log is open.
+        stderr = os.path.join(self.workdir, "stderr.log")
+        with open(stderr, "w") as err:
+            self.proc = subprocess.Popen([nginx_binary(), "-p", self.workdir, "-c", conf],
+                                         stdout=subprocess.DEVNULL, stderr=err)
+        wait_for_port(self.port, self.proc, "nginx", (self.log, stderr))
         return self
 
     def __exit__(self, *exc) -> None:

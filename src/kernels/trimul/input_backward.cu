@@ -229,15 +229,7 @@ __global__ void __launch_bounds__(kThreads, 2) input_backward_kernel(const Param
 #pragma unroll
     for (int k0 = 0; k0 < kRowsPerWarp; k0 += kXBatch) {
       float xv[kXBatch][kPerLane];
-#pragma unroll
-      for (int k = 0; k < kXBatch; ++k) {
-        const int r = warp + kWarps * (k0 + k);
-#pragma unroll
-        for (int e = 0; e < kPerLane; ++e) {
-          const int c = lane + 32 * e;
-          xv[k][e] = (r < tile.n && c < D) ? to_f(x[(tile.row0 + r) * D + c]) : 0.0f;
-        }
-      }
+      load_warp_rows(x, tile, D, k0, xv);
 #pragma unroll
       for (int k = 0; k < kXBatch; ++k) {
         const int r = warp + kWarps * (k0 + k);

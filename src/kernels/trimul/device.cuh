@@ -68,6 +68,12 @@ __device__ __forceinline__ void cp_async16(void* smem, const void* gmem) {
   const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(smem));
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(s), "l"(gmem));
 }
+// 4 bytes, or zeros where !valid (gmem is then not read but must be a valid address).
+__device__ __forceinline__ void cp_async4(void* smem, const void* gmem, bool valid) {
+  const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(smem));
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(s), "l"(gmem),
+               "r"(valid ? 4 : 0));
+}
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
 __device__ __forceinline__ void cp_async_wait_all() {
   asm volatile("cp.async.wait_group 0;\n" ::: "memory");
@@ -91,6 +97,17 @@ __device__ __forceinline__ void copy_tile_async(T* dst, int ld_s, const T* src, 
   }
   cp_async_commit();
 }
+
+// Packed row pr of an a/b block of w_in (P of channels 0..63, then G of the same channels) to its
+// row in shared memory: the 16 P rows of channels 16u..16u+15, then their 16 G rows, for u = 0..3.
+// A warp's two 16-column halves of a WarpTileLdsm product are then P and G of the same channels
+// (variant 3's epilogues from the MMA registers).
+struct InterleavePG {
+  __device__ int operator()(int pr) const {
+    const int g = pr / kChunkChannels, cl = pr % kChunkChannels;
+    return (cl / 16) * 32 + g * 16 + cl % 16;
+  }
+};
 
 // Writes a tile of 16-bit values staged in shared memory (row-major, row stride ld_s, a multiple
 // of 8 elements) to global memory: staged row rr, columns [0, cols), goes to row_ptr(rr)[0, cols)

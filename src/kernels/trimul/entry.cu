@@ -61,6 +61,7 @@ Params make_params(const TrimulDims& d, const TensorView& x, const OptionalTenso
   p.ln_out_w = f32(w.norm_out_weight);
   p.ln_out_b = f32(w.norm_out_bias);
   p.grid_backward = int(p.tiles < kBackwardCtas ? p.tiles : kBackwardCtas);
+  p.grid_input_backward = p.grid_backward;
   return p;
 }
 
@@ -109,6 +110,8 @@ void backward(const TrimulBackwardArgs& a, const TrimulDims& d, cudaStream_t str
   p.partials_bias_in = reinterpret_cast<float*>(ws + layout.partials_bias_in);
   p.partials_norm_in = reinterpret_cast<float*>(ws + layout.partials_norm_in);
   p.sums = reinterpret_cast<double*>(ws + layout.sums);
+  if (split_input_backward<T>())
+    p.grid_input_backward = int(p.tiles < kSplitBackwardCtas ? p.tiles : kSplitBackwardCtas);
   float* dw_in = reinterpret_cast<float*>(ws + layout.dw_in);
   const Blas blas(stream, ws + layout.cublas, kCublasWorkspaceBytes, cuda_type(a.x.dtype));
   const TrimulWeightGrads& g = a.dw;

@@ -229,15 +229,7 @@ __global__ void __launch_bounds__(kThreads, 2) input_backward_kernel(const Param
 #pragma unroll
     for (int k0 = 0; k0 < kRowsPerWarp; k0 += kXBatch) {
       float xv[kXBatch][kPerLane];
-#pragma unroll
-      for (int k = 0; k < kXBatch; ++k) {
-        const int r = warp + kWarps * (k0 + k);
-#pragma unroll
-        for (int e = 0; e < kPerLane; ++e) {
-          const int c = lane + 32 * e;
-          xv[k][e] = (r < tile.n && c < D) ? to_f(x[(tile.row0 + r) * D + c]) : 0.0f;
-        }
-      }
+      load_warp_rows(x, tile, D, k0, xv);
 #pragma unroll
       for (int k = 0; k < kXBatch; ++k) {
         const int r = warp + kWarps * (k0 + k);
@@ -279,16 +271,18 @@ __global__ void __launch_bounds__(kThreads, 2) input_backward_kernel(const Param
 
 template <typename T>
 void launch_input_backward(const Params& p, cudaStream_t stream) {
+  if constexpr (kHasFast<T>) {
+    if (split_input_backward<T>()) return launch_input_backward_split<T>(p, stream);
+  }
   const int v = variant();
   const size_t smem = InputBackwardSmem<T>(nullptr, p.Dp, v == 2).bytes;
-  // float runs the same code under variants 0 and 1 (launch.h): one kernel for both. Variant 3
-  // runs variant 1's kernel here (its persistent grid is fixed at kBackwardCtas, two per SM:
-  // bench/notes-trimul.md section 9).
+  // float runs the same code under variants 0 and 1 (launch.h): one kernel for both, and also
+  // under 3 (the split of input_backward_split.cu is for 16-bit types).
   const auto kernel = v == 2                                 ? input_backward_kernel<T, 2>
                       : (v == 1 || v == 3) && kHasFast<T> ? input_backward_kernel<T, 1>
                                                             : input_backward_kernel<T, 0>;
   set_max_smem(kernel, smem);
-  kernel<<<p.grid_backward, kThreads, smem, stream>>>(p);
+  kernel<<<p.grid_input_backward, kThreads, smem, stream>>>(p);
   check_launch("trimul input_backward");
 }
 

@@ -106,15 +106,6 @@ __global__ void __launch_bounds__(kThreads, 2) input_forward_kernel(const Params
 //                        kRows + kPad), go row-major; written out in 16-byte pieces
 // No fp32 staging (34 KB less shared memory: 68 KB per CTA at D = 128) and at most 80 registers.
 
-// Packed row pr of an a/b block (P of channels 0..63, then G of the same channels) to its row in
-// shared memory: the 16 P rows of channels 16u..16u+15, then their 16 G rows, for u = 0..3.
-struct InterleavePG {
-  __device__ int operator()(int pr) const {
-    const int g = pr / kChunkChannels, cl = pr % kChunkChannels;
-    return (cl / 16) * 32 + g * 16 + cl % 16;
-  }
-};
-
 template <typename T>
 struct InputForwardOccupancySmem {
   T* x;

@@ -29,9 +29,11 @@ inline void check_cuda(cudaError_t e, const char* what) {
 //      pass with a fixed, unrolled trip count (input_backward.cu; same arithmetic as variant 1);
 //   3  variant 1 at higher occupancy: input_forward and output_forward take their epilogues from
 //      the MMA registers and stage 16-bit results instead of fp32 products (less shared memory),
-//      under launch bounds of 3 CTAs per SM (same arithmetic as variant 1); the two backward
-//      kernels run variant 1's code (persistent grids of kBackwardCtas, two per SM).
-// The workspace is the same under all of them.
+//      under launch bounds of 3 CTAs per SM (same arithmetic as variant 1); input_backward is
+//      split in two kernels of kSplitBackwardCtas persistent CTAs, three per SM
+//      (input_backward_split.cu); output_backward runs variant 1's code.
+// The workspace is the same under all of them (the input side's partials are sized for the larger
+// grid).
 constexpr int kVariants = 4;
 inline int variant() {
   const char* env = std::getenv("TPF_TRIMUL_VARIANT");
@@ -46,6 +48,11 @@ constexpr int kOccupancyCtas = 3;
 // float has no fast code (its GEMMs run on the CUDA cores, its sigmoid stays IEEE): one kernel.
 template <typename T>
 constexpr bool kHasFast = !std::is_same_v<T, float>;
+// Variant 3's split input_backward (16-bit types; float runs variant 0's kernel under 3).
+template <typename T>
+bool split_input_backward() {
+  return kHasFast<T> && variant() == 3;
+}
 
 inline void check_launch(const char* kernel) { check_cuda(cudaGetLastError(), kernel); }
 
@@ -64,6 +71,8 @@ template <typename T> void launch_input_forward(const Params& p, cudaStream_t s)
 template <typename T> void launch_output_forward(const Params& p, cudaStream_t s);
 template <typename T> void launch_output_backward(const Params& p, cudaStream_t s);
 template <typename T> void launch_input_backward(const Params& p, cudaStream_t s);
+// Variant 3's two kernels (16-bit types), called by launch_input_backward.
+template <typename T> void launch_input_backward_split(const Params& p, cudaStream_t s);
 
 // Sums the backward kernels' per-CTA partials (Params::partials_*) in row order, in double, into
 // Params::sums; one launch, no atomics.

@@ -81,6 +81,23 @@ __device__ inline void normalize_output_rows(const Params& p, const Tile& tile, 
   }
 }
 
+// Rows warp + kWarps (k0 + k), k < N, of the tile of a row-major [positions, D] tensor, as floats
+// held by the warp (lane l, element l + 32 e; zeros past the tile and past D): all loads first.
+template <int N, typename T>
+__device__ __forceinline__ void load_warp_rows(const T* src, const Tile& tile, int D, int k0,
+                                               float (&v)[N][kPerLane]) {
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+#pragma unroll
+  for (int k = 0; k < N; ++k) {
+    const int r = warp + kWarps * (k0 + k);
+#pragma unroll
+    for (int e = 0; e < kPerLane; ++e) {
+      const int c = lane + 32 * e;
+      v[k][e] = (r < tile.n && c < D) ? to_f(src[(tile.row0 + r) * D + c]) : 0.0f;
+    }
+  }
+}
+
 // The backward of y = xhat * w + b for one row held by a warp (lane l, element l + 32 t):
 // dx = rstd (g - mean(g) - xhat mean(g xhat)) with g = dy * w.
 __device__ __forceinline__ void layer_norm_backward_row(const float (&dy)[kPerLane],

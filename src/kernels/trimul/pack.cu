@@ -134,11 +134,11 @@ template void launch_pack_weights<__half>(const Params&, const float* const*, co
 
 void launch_reduce_sums(const Params& p, cudaStream_t stream) {
   using C = SumColumns;
-  const int D = int(p.D), grid = p.grid_backward;
+  const int D = int(p.D), grid = p.grid_backward, grid_in = p.grid_input_backward;
   const SumSegments segs{{{p.partials_norm_out, kWarps * grid, D, C::kNormOutWeight * D},
                           {p.partials_bias_out, 2 * grid, 2 * D, C::kPOutBias * D},
-                          {p.partials_norm_in, kWarps * grid, D, C::kNormInWeight * D},
-                          {p.partials_bias_in, 2 * grid, 4 * D, C::kPInBias * D}}};
+                          {p.partials_norm_in, kWarps * grid_in, D, C::kNormInWeight * D},
+                          {p.partials_bias_in, 2 * grid_in, 4 * D, C::kPInBias * D}}};
   static_assert(C::kGOutBias == C::kPOutBias + 1 && C::kGInBias == C::kPInBias + 2,
                 "each bias segment holds its P and G halves back to back");
   constexpr int kBlock = 128;

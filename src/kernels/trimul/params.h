@@ -53,10 +53,12 @@ struct Params {
   // into `sums` (double, [8D]: see SumColumns).
   float* partials_bias_out;  // [2 * grid_backward, 2D]: d p_out_bias | d g_out_bias
   float* partials_norm_out;  // [kWarps * grid_backward, D]: d norm_out_weight
-  float* partials_bias_in;   // [2 * grid_backward, 4D]: d p_in_bias | d g_in_bias
-  float* partials_norm_in;   // [kWarps * grid_backward, D]: d norm_in_weight
+  float* partials_bias_in;   // [2 * grid_input_backward, 4D]: d p_in_bias | d g_in_bias
+  float* partials_norm_in;   // [kWarps * grid_input_backward, D]: d norm_in_weight
   double* sums;
-  int grid_backward;      // persistent CTAs of both backward kernels
+  int grid_backward;        // persistent CTAs of output_backward (and of input_backward but under
+                            // variant 3's split)
+  int grid_input_backward;  // persistent CTAs of the input_backward kernel(s)
 };
 
 // Where each reduced sum lives in Params::sums, in units of D.
@@ -105,8 +107,8 @@ inline Workspace workspace_layout(int64_t B, int64_t S, int64_t D, int elem_byte
     w.dpg = take(5 * unit);
     w.partials_bias_out = take(size_t(2) * kBackwardCtas * 2 * D * sizeof(float));
     w.partials_norm_out = take(size_t(kWarps) * kBackwardCtas * D * sizeof(float));
-    w.partials_bias_in = take(size_t(2) * kBackwardCtas * 4 * D * sizeof(float));
-    w.partials_norm_in = take(size_t(kWarps) * kBackwardCtas * D * sizeof(float));
+    w.partials_bias_in = take(size_t(2) * kMaxInputBackwardCtas * 4 * D * sizeof(float));
+    w.partials_norm_in = take(size_t(kWarps) * kMaxInputBackwardCtas * D * sizeof(float));
     w.sums = take(size_t(SumColumns::kTotal) * D * sizeof(double));
     w.dw_in = take(size_t(5) * D * D * sizeof(float));
   }

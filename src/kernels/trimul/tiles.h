@@ -31,6 +31,11 @@ constexpr int kStagingFloats = kRows * kLdC > kChunkN * kLdCT ? kRows * kLdC : k
 // Persistent CTAs of the backward kernels (two per SM on a 132-SM H100/H200). A constant, not the
 // device's SM count: the order of the bias and LayerNorm gradient sums follows from it.
 constexpr int kBackwardCtas = 264;
+// Persistent CTAs of variant 3's two input_backward kernels (three per SM), and the most that the
+// input side's partial sums are sized for.
+constexpr int kSplitBackwardCtas = 396;
+constexpr int kMaxInputBackwardCtas =
+    kSplitBackwardCtas > kBackwardCtas ? kSplitBackwardCtas : kBackwardCtas;
 
 static_assert(kRows == 2 * 32 && kChunkN == 4 * 32, "the 2 x 4 grid of 32 x 32 warp tiles");
 static_assert(kMaxD <= kChunkN, "output-side GEMMs and dx_ln are one kChunkN step");

@@ -167,7 +167,7 @@ __global__ void __launch_bounds__(BackwardTiles<D, Lean>::kWarps * 32,
       for (int e = 0; e < 4; ++e) dk[gi][i][e] = dv[gi][i][e] = 0.f;
 
   const T* bias_base = static_cast<const T*>(f.bias) + b * f.bias_stride_b + h * f.bias_stride_h + k0;
-  const float scale = f.scale;  // in a register: read from the parameter bank per score otherwise
+  const float scale = in_register(f.scale);  // see in_register (mma.cuh)
   const int query_tiles = (f.Sq + kTileQ - 1) / kTileQ;
   for (int qt = 0; qt < query_tiles; ++qt) {
     const int q0 = qt * kTileQ, qrows = min(kTileQ, f.Sq - q0);

@@ -1,8 +1,10 @@
 // A small forward + backward through the C++ API with no Python, for compute-sanitizer
 // (memcheck, racecheck, initcheck): bf16, sizes that are not tile multiples, masked keys and a
 // fully masked slice; then the forward once more with TPF_ATTENTION_FWD_WGMMA=1 (the wgmma
-// forward) into fresh buffers, whose O must be finite and close to the default forward's. Exits
-// non-zero on any CUDA error, non-finite output or disagreement.
+// forward) into fresh buffers, whose O must be finite and close to the default forward's; then the
+// backward once more with TPF_ATTENTION_BWD_DQ=cluster (dQ summed in thread-block clusters), whose
+// gradients must be finite and whose dQ must equal the default's (one cluster per slice: the same
+// additions in the same order). Exits non-zero on any CUDA error, non-finite output or disagreement.
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
@@ -137,6 +139,47 @@ int main() {
     std::fprintf(stderr, "wgmma forward differs from the default forward by %g\n", worst);
     return 1;
   }
-  std::printf("sanitize_attention: ok (wgmma forward within %g of the default)\n", worst);
+  // The cluster dQ backward (read at each call; its workspace is sized under the same switch),
+  // into fresh gradient buffers.
+  std::vector<__nv_bfloat16> dq_default(qn);
+  check(cudaMemcpy(dq_default.data(), dq, qn * 2, cudaMemcpyDeviceToHost), "copy back");
+  setenv("TPF_ATTENTION_BWD_DQ", "cluster", 1);
+  tpf::AttentionBackwardArgs a2 = a;
+  __nv_bfloat16 *dq2, *dk2, *dv2, *dbias2;
+  check(cudaMalloc(&dq2, qn * 2), "dq2");
+  check(cudaMalloc(&dk2, qn * 2), "dk2");
+  check(cudaMalloc(&dv2, qn * 2), "dv2");
+  check(cudaMalloc(&dbias2, B * H * S * S * 2), "dbias2");
+  a2.dq = view5(dq2);
+  a2.dk = view5(dk2);
+  a2.dv = view5(dv2);
+  a2.dbias = tpf::make_view(dbias2, DType::bf16, {B, H, S, S}, Device::cuda);
+  a2.workspace_bytes = tpf::attention_backward_workspace_bytes(dims, Device::cuda);
+  check(cudaMalloc(&a2.workspace, a2.workspace_bytes), "workspace (cluster dQ)");
+  tpf::attention_backward(a2);
+  check(cudaDeviceSynchronize(), "sync (cluster dQ backward)");
+  unsetenv("TPF_ATTENTION_BWD_DQ");
+  for (void* p : {static_cast<void*>(dq2), static_cast<void*>(dk2), static_cast<void*>(dv2)}) {
+    check(cudaMemcpy(host.data(), p, qn * 2, cudaMemcpyDeviceToHost), "copy back");
+    for (int64_t i = 0; i < qn; ++i) {
+      if (!std::isfinite(__bfloat162float(host[i]))) {
+        std::fprintf(stderr, "non-finite gradient of the cluster dQ backward\n");
+        return 1;
+      }
+      if (p == dq2 && __bfloat162float(host[i]) != __bfloat162float(dq_default[i])) {
+        std::fprintf(stderr, "cluster dQ differs from the default dQ at %lld\n", (long long)i);
+        return 1;
+      }
+    }
+  }
+  std::vector<__nv_bfloat16> dbias_host(B * H * S * S);
+  check(cudaMemcpy(dbias_host.data(), dbias2, dbias_host.size() * 2, cudaMemcpyDeviceToHost), "copy back");
+  for (auto x : dbias_host)
+    if (!std::isfinite(__bfloat162float(x))) {
+      std::fprintf(stderr, "non-finite dbias of the cluster dQ backward\n");
+      return 1;
+    }
+  std::printf("sanitize_attention: ok (wgmma forward within %g of the default; cluster dQ equal)\n",
+              worst);
   return 0;
 }

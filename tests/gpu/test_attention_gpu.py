@@ -101,6 +101,38 @@ def test_wgmma_forward_matches_fp64_reference(monkeypatch, S, N, D, seed):
 
 
 @pytest.mark.parametrize("D", [16, 32])
+@pytest.mark.parametrize("S,N", [(33, 5), (257, 7), (384, 3)])
+def test_cluster_dq_backward_matches_fp64_reference(monkeypatch, S, N, D, seed):
+    """The lean backward with dQ summed over the key tiles in a thread-block cluster
+    (TPF_ATTENTION_BWD_DQ=cluster): 1, 5 and 6 key tiles, one cluster per slice."""
+    check_kernel_variant(monkeypatch, "TPF_ATTENTION_BWD_DQ", "cluster", S, N, D, seed, "cluster dQ")
+
+
+@pytest.mark.parametrize("D", [16, 32])
+def test_cluster_dq_partials_padding_and_chunks(monkeypatch, D, seed):
+    """Clusters of at most 4 CTAs: S = 257 has 5 key tiles, so 2 clusters of 3 (the last with one
+    CTA past the keys) leave 2 dQ partials for the reduce kernel; a small budget makes 4 chunks."""
+    monkeypatch.setenv("TPF_ATTENTION_DQ_CLUSTER_MAX", "4")
+    monkeypatch.setenv("TPF_ATTENTION_DQ_BUDGET_BYTES", str(5 * 2 * 4 * 257 * D * 4 * 2))
+    check_kernel_variant(monkeypatch, "TPF_ATTENTION_BWD_DQ", "cluster", 257, 7, D, seed,
+                         "cluster dQ, 2 partials")
+
+
+@pytest.mark.parametrize("D", [16, 32])
+def test_cluster_dq_is_bitwise_the_default(monkeypatch, D, seed):
+    """With one cluster per slice the cluster adds the same scaled per-key-tile dQ tiles in the same
+    order, from zero, as the reduce kernel: every gradient is bitwise the default backward's."""
+    g = torch.Generator().manual_seed(seed)
+    inputs = make_case(2, 7, 4, 257, D, torch.bfloat16, "cuda", g)
+    monkeypatch.delenv("TPF_ATTENTION_BWD_DQ", raising=False)
+    base = run_with_grads(tpf.triangle_attention, *inputs)
+    monkeypatch.setenv("TPF_ATTENTION_BWD_DQ", "cluster")
+    ours = run_with_grads(tpf.triangle_attention, *inputs)
+    for name in GRADS:
+        assert torch.equal(ours[name], base[name]), f"{name} differs from the default backward"
+
+
+@pytest.mark.parametrize("D", [16, 32])
 def test_wgmma_forward_float16(monkeypatch, D, seed):
     check_kernel_variant(monkeypatch, "TPF_ATTENTION_FWD_WGMMA", "1", 257, 7, D, seed,
                          "wgmma forward", dtype=torch.float16)

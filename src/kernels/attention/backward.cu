@@ -10,6 +10,10 @@
 //     through shared memory to give one dQ partial per key tile; dS summed over the block's G
 //     slices (in slice order, quad 0's sum then quad 1's) gives one dbias partial per group.
 //  3. Reductions add the dQ partials in key-tile order and the dbias partials in group order.
+// TPF_ATTENTION_BWD_DQ=cluster (lean only): the CTAs of a slice group's key tiles form thread-block
+// clusters; per query tile each CTA leaves its dQ tile in shared memory and the cluster adds them in
+// rank (= key-tile) order through distributed shared memory, writing dQ once (or, when the key tiles
+// need several clusters, one partial per cluster): no per-key-tile partials.
 // Slices run in chunks (the workspace bounds the partials); the dbias accumulator carries the sum
 // from chunk to chunk in order.
 #include <cuda_bf16.h>
@@ -17,6 +21,7 @@
 #include <cuda_runtime.h>
 
 #include <cmath>
+#include <cstddef>
 
 #include "kernels/attention/backward_workspace.h"
 #include "kernels/attention/forward.h"
@@ -28,6 +33,40 @@ namespace tpf::cuda {
 namespace {
 
 constexpr float kLog2e = 1.4426950408889634f;
+
+// Thread-block clusters (sm_90): split arrive / wait over all threads of the cluster, and 16-byte
+// loads from another CTA's shared memory at the same offset as `local` in this one. The release
+// arrive makes this CTA's shared-memory writes visible to the others after their wait (acquire);
+// it compiles to MEMBAR.ALL.GPU, which also waits for this thread's outstanding global stores, so
+// it is issued where none are recent. The relaxed arrive (no fence) only says that this thread's
+// earlier loads from the cluster are done: their values were consumed before it.
+__device__ __forceinline__ void cluster_arrive_release() {
+  asm volatile("barrier.cluster.arrive.release.aligned;\n" ::: "memory");
+}
+__device__ __forceinline__ void cluster_arrive_relaxed() {
+  asm volatile("barrier.cluster.arrive.relaxed.aligned;\n" ::: "memory");
+}
+__device__ __forceinline__ void cluster_wait() {
+  asm volatile("barrier.cluster.wait.acquire.aligned;\n" ::: "memory");
+}
+__device__ __forceinline__ float4 load_cluster(uint32_t local, int rank) {
+  uint32_t remote;
+  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;\n" : "=r"(remote) : "r"(local), "r"(rank));
+  float4 x;
+  asm volatile("ld.shared::cluster.v4.f32 {%0,%1,%2,%3}, [%4];\n"
+               : "=f"(x.x), "=f"(x.y), "=f"(x.z), "=f"(x.w)
+               : "r"(remote)
+               : "memory");
+  return x;
+}
+
+template <typename T>
+__device__ __forceinline__ void store4(T* out, float4 x) {
+  out[0] = from_float<T>(x.x);
+  out[1] = from_float<T>(x.y);
+  out[2] = from_float<T>(x.z);
+  out[3] = from_float<T>(x.w);
+}
 
 template <typename T, int D>
 __global__ void attention_delta_kernel(const AttentionBackwardParams p) {
@@ -111,7 +150,8 @@ struct BackwardSmem {
   T q[G][kTileQ * LD];
   T dout[G][kTileQ * LD];
   T bias[kTileQ * LDT];
-  T ds[2][kTileQ * LDT];
+  T ds[2][kTileQ * LDT];  // cluster dQ: each quad's dQ tile, [query][LDQ] fp32, once dS is used
+  static constexpr int LDQ = D + 4;
   float lse2[G][kTileQ];
   float delta[G][kTileQ];
   // Default: quad 1's dbias sums, [warp][register][lane]. Lean: each quad's dS, [quad][query][key].
@@ -119,12 +159,62 @@ struct BackwardSmem {
   uint8_t key_ok[G][kTileK];
 };
 
-template <typename T, int D, bool Lean>
+// Cluster dQ of one query tile: the CTAs' dQ tiles (sm.ds reused, rows of Smem::LDQ floats) summed
+// in rank order, which is key-tile order, from 0: at one cluster per slice the same additions in
+// the same order as attention_dq_reduce_kernel, so dQ is bitwise today's. Rank r of C takes the
+// r-th C-th of the block's 2 x 64 x D / 4 float4s. Writes dQ (dq_parts == 1) or the fp32 partial
+// of cluster `part`.
+template <typename T, int D, typename Smem, int THREADS>
+__device__ __forceinline__ void cluster_dq_sum(const AttentionBackwardParams& p, Smem& sm, int rank,
+                                               int part, int b, int h, int n_first, int n_begin,
+                                               int n_end, int q0, int qrows) {
+  const AttentionForwardParams& f = p.fwd;
+  constexpr int U4 = kTileQ * (D / 4), U = 2 * U4;
+  constexpr int BATCH = D == 32 ? 2 : 4;  // remote loads in flight per thread; more spills at D = 32
+  const int C = p.dq_cluster, u_end = (rank + 1) * U / C;
+  for (int u = rank * U / C + threadIdx.x; u < u_end; u += THREADS) {
+    const int g = u / U4, row = (u % U4) / (D / 4), c = (u % (D / 4)) * 4, n = n_first + g;
+    if (n >= n_end || row >= qrows) continue;
+    const uint32_t local =
+        smem_addr(reinterpret_cast<const float*>(sm.ds[g]) + row * Smem::LDQ + c);
+    float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
+    for (int r0 = 0; r0 < C; r0 += BATCH) {  // BATCH loads in flight, then the adds in order
+      float4 x[BATCH];
+#pragma unroll
+      for (int r = 0; r < BATCH; ++r)
+        if (r0 + r < C) x[r] = load_cluster(local, r0 + r);
+#pragma unroll
+      for (int r = 0; r < BATCH; ++r)
+        if (r0 + r < C) {
+          acc.x += x[r].x;
+          acc.y += x[r].y;
+          acc.z += x[r].z;
+          acc.w += x[r].w;
+        }
+    }
+    if (p.dq_parts == 1) {
+      store4(static_cast<T*>(p.dq) + b * p.dq_stride.b + int64_t(n) * p.dq_stride.n +
+                 h * p.dq_stride.h + int64_t(q0 + row) * p.dq_stride.s + c,
+             acc);
+    } else {
+      *reinterpret_cast<float4*>(
+          p.dq_partial +
+          ((((int64_t(part) * p.chunk + (n - n_begin)) * f.B + b) * f.H + h) * f.Sq + q0 + row) * D +
+          c) = acc;
+    }
+  }
+}
+
+template <typename T, int D, bool Lean, bool Cluster = false>
 __global__ void __launch_bounds__(BackwardTiles<D, Lean>::kWarps * 32,
                                   BackwardTiles<D, Lean>::kMinBlocksPerSm)
     attention_backward_kernel(const AttentionBackwardParams p, int n_begin, int n_end) {
+  static_assert(!Cluster || Lean, "the cluster dQ is for the lean backward (one slice per quad)");
   using Tiles = BackwardTiles<D, Lean>;
   using Smem = BackwardSmem<T, D, Lean>;
+  static_assert(!Cluster || sizeof(float) * kTileQ * Smem::LDQ <= sizeof(Smem::ds[0]) &&
+                    offsetof(Smem, ds) % 16 == 0,
+                "a quad's fp32 dQ tile fits in its dS tile, 16-byte aligned");
   constexpr int G = Tiles::kSlices, GQ = Tiles::kSlicesPerQuad, THREADS = Tiles::kWarps * 32;
   constexpr int LD = Smem::LD, LDT = Smem::LDT;
   extern __shared__ __align__(16) uint8_t smem_raw[];
@@ -133,7 +223,8 @@ __global__ void __launch_bounds__(BackwardTiles<D, Lean>::kWarps * 32,
 
   const int kt = blockIdx.x, group = blockIdx.y;
   const int b = blockIdx.z / f.H, h = blockIdx.z % f.H;
-  const int k0 = kt * kTileK, krows = min(kTileK, f.Sk - k0);
+  // krows = 0 for a cluster's padding CTAs (key tiles padded to whole clusters): no keys, zero dQ.
+  const int k0 = kt * kTileK, krows = max(0, min(kTileK, f.Sk - k0));
   const int n_first = n_begin + group * G;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int quad = warp >> 2, wq = warp & 3;
@@ -167,7 +258,7 @@ __global__ void __launch_bounds__(BackwardTiles<D, Lean>::kWarps * 32,
       for (int e = 0; e < 4; ++e) dk[gi][i][e] = dv[gi][i][e] = 0.f;
 
   const T* bias_base = static_cast<const T*>(f.bias) + b * f.bias_stride_b + h * f.bias_stride_h + k0;
-  const float scale = f.scale;  // in a register: read from the parameter bank per score otherwise
+  const float scale = in_register(f.scale);  // see in_register (mma.cuh)
   const int query_tiles = (f.Sq + kTileQ - 1) / kTileQ;
   for (int qt = 0; qt < query_tiles; ++qt) {
     const int q0 = qt * kTileQ, qrows = min(kTileQ, f.Sq - q0);
@@ -199,6 +290,9 @@ __global__ void __launch_bounds__(BackwardTiles<D, Lean>::kWarps * 32,
     cp_async_commit();
     cp_async_wait<0>();
     __syncthreads();
+    // The other CTAs have read the previous query tile's dQ tiles before sm.ds is rewritten.
+    if constexpr (Cluster)
+      if (qt > 0) cluster_wait();
 
     const T* s_bias = sm.bias;
     const float* s_lse2 = sm.lse2[0];
@@ -316,6 +410,19 @@ __global__ void __launch_bounds__(BackwardTiles<D, Lean>::kWarps * 32,
           Mma<T>::run(dq[i], a, bf);
         }
       }
+      if constexpr (Cluster) {  // dQ tile (scaled) into the quad's dS tile, read by the cluster
+        named_barrier(1 + quad, 128);  // the quad's reads of dS are done
+        float* sdq = reinterpret_cast<float*>(sds);
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+          const int row = wq * kWarpRows + (lane >> 2) + r * 8;
+#pragma unroll
+          for (int i = 0; i < D / 8; ++i)
+            *reinterpret_cast<float2*>(sdq + row * Smem::LDQ + i * 8 + (lane & 3) * 2) =
+                make_float2(dq[i][2 * r] * f.scale, dq[i][2 * r + 1] * f.scale);
+        }
+        continue;  // one slice per quad: sds is not rewritten before the next query tile
+      }
       float* part = p.dq_partial +
                     ((((int64_t(kt) * p.chunk + (n - n_begin)) * f.B + b) * f.H + h) * f.Sq + q0) * D;
 #pragma unroll
@@ -333,6 +440,7 @@ __global__ void __launch_bounds__(BackwardTiles<D, Lean>::kWarps * 32,
     }
 
     if constexpr (Lean) {
+      if constexpr (Cluster) cluster_arrive_release();  // this CTA's dQ tiles are written
       // dbias partial of this group: slice n_first's dS plus slice n_first + 1's, row by row.
       __syncthreads();
       float* part = p.dbias_partial + ((int64_t(group) * f.B + b) * f.H + h) * f.Sq * int64_t(f.Sk);
@@ -344,6 +452,12 @@ __global__ void __launch_bounds__(BackwardTiles<D, Lean>::kWarps * 32,
           if (second) v += sm.dbias_buf[(kTileQ + query) * Smem::LDB + key];
           part[int64_t(q0 + query) * f.Sk + k0 + key] = v;
         }
+      }
+      if constexpr (Cluster) {
+        cluster_wait();  // every CTA's dQ tiles are written (acquire)
+        cluster_dq_sum<T, D, Smem, THREADS>(p, sm, kt % p.dq_cluster, kt / p.dq_cluster, b, h,
+                                            n_first, n_begin, n_end, q0, qrows);
+        cluster_arrive_relaxed();  // done reading the others' tiles; waited for before sm.ds is rewritten
       }
       continue;
     }
@@ -393,13 +507,17 @@ __global__ void __launch_bounds__(BackwardTiles<D, Lean>::kWarps * 32,
       }
     }
   }
+  // No CTA leaves while another may still read its shared memory.
+  if constexpr (Cluster)
+    if (query_tiles > 0) cluster_wait();
 }
 
-// dq[n] = sum over key tiles, in order, of the partials (slices [n_begin, n_end)).
+// dq[n] = sum over the `parts` partials (one per key tile, or per cluster), in order (slices
+// [n_begin, n_end)).
 template <typename T, int D>
-__global__ void attention_dq_reduce_kernel(const AttentionBackwardParams p, int n_begin, int n_end) {
+__global__ void attention_dq_reduce_kernel(const AttentionBackwardParams p, int n_begin, int n_end,
+                                           int parts) {
   const AttentionForwardParams& f = p.fwd;
-  const int key_tiles = (f.Sk + kTileK - 1) / kTileK;
   const int64_t rows = int64_t(n_end - n_begin) * f.B * f.H * f.Sq;
   const int64_t tile_stride = int64_t(p.chunk) * f.B * f.H * f.Sq * D;
   for (int64_t idx = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; idx < rows * (D / 4);
@@ -410,19 +528,16 @@ __global__ void attention_dq_reduce_kernel(const AttentionBackwardParams p, int 
     const int nn = int(row / (int64_t(f.Sq) * f.H * f.B));
     const float* part = p.dq_partial + (((int64_t(nn) * f.B + b) * f.H + h) * f.Sq + s) * D + c;
     float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
-    for (int t = 0; t < key_tiles; ++t) {
+    for (int t = 0; t < parts; ++t) {
       const float4 x = *reinterpret_cast<const float4*>(part + t * tile_stride);
       acc.x += x.x;
       acc.y += x.y;
       acc.z += x.z;
       acc.w += x.w;
     }
-    T* out = static_cast<T*>(p.dq) + b * p.dq_stride.b + int64_t(n_begin + nn) * p.dq_stride.n +
-             h * p.dq_stride.h + int64_t(s) * p.dq_stride.s + c;
-    out[0] = from_float<T>(acc.x);
-    out[1] = from_float<T>(acc.y);
-    out[2] = from_float<T>(acc.z);
-    out[3] = from_float<T>(acc.w);
+    store4(static_cast<T*>(p.dq) + b * p.dq_stride.b + int64_t(n_begin + nn) * p.dq_stride.n +
+               h * p.dq_stride.h + int64_t(s) * p.dq_stride.s + c,
+           acc);
   }
 }
 
@@ -452,7 +567,7 @@ int grid_for(int64_t work, int threads) {
   return int(blocks < 65535 * 8 ? (blocks > 0 ? blocks : 1) : 65535 * 8);
 }
 
-template <typename T, int D, bool Lean>
+template <typename T, int D, bool Lean, bool Cluster = false>
 void launch(const AttentionBackwardParams& p, cudaStream_t stream) {
   const AttentionForwardParams& f = p.fwd;
   using Tiles = BackwardTiles<D, Lean>;
@@ -464,19 +579,43 @@ void launch(const AttentionBackwardParams& p, cudaStream_t stream) {
     attention_delta_kernel<T, D><<<grid_for(rows, 256), 256, 0, stream>>>(p);
 
   const size_t smem = sizeof(BackwardSmem<T, D, Lean>);
-  auto kernel = attention_backward_kernel<T, D, Lean>;
+  auto kernel = attention_backward_kernel<T, D, Lean, Cluster>;
   cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem));
   if (Lean)  // room for two blocks' shared memory per SM
     cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout,
                          cudaSharedmemCarveoutMaxShared);
+  if (Cluster && p.dq_cluster > 8)
+    cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1);
   const int key_tiles = (f.Sk + kTileK - 1) / kTileK;
+  // Cluster dQ: key tiles padded to whole clusters, which lie along x; dQ partials (and their
+  // reduce) only when a slice's key tiles need more than one cluster.
+  const int grid_x = Cluster ? p.dq_cluster * p.dq_parts : key_tiles;
+  const int dq_parts = Cluster ? (p.dq_parts > 1 ? p.dq_parts : 0) : key_tiles;
   for (int n_begin = 0; n_begin < f.N; n_begin += p.chunk) {
     const int n_end = min(f.N, n_begin + p.chunk);
     const int groups = (n_end - n_begin + G - 1) / G;
-    const dim3 grid(key_tiles, groups, f.B * f.H);
-    kernel<<<grid, Tiles::kWarps * 32, smem, stream>>>(p, n_begin, n_end);
+    const dim3 grid(grid_x, groups, f.B * f.H);
+    if constexpr (Cluster) {
+      cudaLaunchConfig_t config{};
+      config.gridDim = grid;
+      config.blockDim = dim3(Tiles::kWarps * 32);
+      config.dynamicSmemBytes = smem;
+      config.stream = stream;
+      cudaLaunchAttribute attr[1];
+      attr[0].id = cudaLaunchAttributeClusterDimension;
+      attr[0].val.clusterDim.x = unsigned(p.dq_cluster);
+      attr[0].val.clusterDim.y = 1;
+      attr[0].val.clusterDim.z = 1;
+      config.attrs = attr;
+      config.numAttrs = 1;
+      cudaLaunchKernelEx(&config, kernel, p, n_begin, n_end);
+    } else {
+      kernel<<<grid, Tiles::kWarps * 32, smem, stream>>>(p, n_begin, n_end);
+    }
     const int64_t dq_work = int64_t(n_end - n_begin) * f.B * f.H * f.Sq * (D / 4);
-    attention_dq_reduce_kernel<T, D><<<grid_for(dq_work, 256), 256, 0, stream>>>(p, n_begin, n_end);
+    if (dq_parts > 0)
+      attention_dq_reduce_kernel<T, D>
+          <<<grid_for(dq_work, 256), 256, 0, stream>>>(p, n_begin, n_end, dq_parts);
     const int64_t dbias_work = int64_t(f.B) * f.H * f.Sq * f.Sk;
     attention_dbias_reduce_kernel<T><<<grid_for(dbias_work, 256), 256, 0, stream>>>(
         p, groups, n_begin == 0, n_end == f.N);
@@ -488,8 +627,12 @@ void launch(const AttentionBackwardParams& p, cudaStream_t stream) {
 template <typename T>
 void attention_backward_launch(const AttentionBackwardParams& p, int head_dim, cudaStream_t stream) {
   switch (head_dim) {
-    case 16: return backward_lean(16) ? launch<T, 16, true>(p, stream) : launch<T, 16, false>(p, stream);
-    case 32: return backward_lean(32) ? launch<T, 32, true>(p, stream) : launch<T, 32, false>(p, stream);
+    case 16:
+      if (p.dq_cluster > 0) return launch<T, 16, true, true>(p, stream);
+      return backward_lean(16) ? launch<T, 16, true>(p, stream) : launch<T, 16, false>(p, stream);
+    case 32:
+      if (p.dq_cluster > 0) return launch<T, 32, true, true>(p, stream);
+      return backward_lean(32) ? launch<T, 32, true>(p, stream) : launch<T, 32, false>(p, stream);
     case 64: return launch<T, 64, false>(p, stream);
   }
 }

@@ -141,6 +141,11 @@ void attention_backward(const AttentionBackwardArgs& a, const AttentionDims& d, 
   p.dbias_partial = reinterpret_cast<float*>(ws + w.dbias_partial);
   p.dbias_acc = reinterpret_cast<float*>(ws + w.dbias_acc);
   p.chunk = w.chunk;
+  if (backward_dq_cluster(int(d.D))) {
+    const DqClusters c = dq_clusters((d.Sk + kTileK - 1) / kTileK);
+    p.dq_cluster = c.size;
+    p.dq_parts = c.parts;
+  }
   auto s = static_cast<cudaStream_t>(stream);
   if (a.q.dtype == DType::bf16)
     attention_backward_launch<__nv_bfloat16>(p, int(d.D), s);

@@ -71,7 +71,7 @@ __device__ __forceinline__ void attention_forward_body(const AttentionForwardPar
     for (int i = 0; i < D / 8; ++i) o[mt][i][0] = o[mt][i][1] = o[mt][i][2] = o[mt][i][3] = 0.f;
   }
 
-  const float scale = p.scale;  // in a register: read from the parameter bank per score otherwise
+  const float scale = in_register(p.scale);  // see in_register (mma.cuh)
   const int key_tiles = (p.Sk + kTileK - 1) / kTileK;
   for (int kt = 0; kt < key_tiles; ++kt) {
     const int stage = kt & 1;

@@ -183,7 +183,7 @@ __global__ void __launch_bounds__(kWarpgroupThreads, 4)
 #pragma unroll
   for (int i = 0; i < D / 8; ++i) o[i][0] = o[i][1] = o[i][2] = o[i][3] = 0.f;
 
-  const float scale = p.scale;
+  const float scale = in_register(p.scale);  // see in_register (mma.cuh)
   const int key_tiles = (p.Sk + kTileK - 1) / kTileK;
   for (int kt = 0; kt < key_tiles; ++kt) {
     const int stage = kt & 1;

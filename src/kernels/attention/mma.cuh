@@ -122,6 +122,14 @@ __device__ __forceinline__ float fast_exp2(float x) {
   return y;
 }
 
+// `x` as a value only a register holds. A kernel parameter such as the softmax scale, copied to a
+// local, is otherwise re-read by ptxas from the constant bank at each use (one predicated LDC per
+// score in the softmax loops); ptxas sees through a mov and a shfl of it, not through this add.
+__device__ __forceinline__ float in_register(float x) {
+  asm volatile("add.rn.f32 %0, %0, 0f80000000;\n" : "+f"(x));  // x + (-0) == x for every x
+  return x;
+}
+
 // 16-byte asynchronous copy; bytes past src_bytes (0..16) are zero-filled.
 __device__ __forceinline__ void cp_async_16(void* dst, const void* src, int src_bytes) {
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_addr(dst)), "l"(src),

@@ -42,10 +42,13 @@ struct AttentionBackwardParams {
   bool delta_vectorized;   // o, dout (and residual) rows start on 16-byte boundaries
   // Workspace (see backward_workspace.h): delta, dQ partials, dbias partials, dbias accumulator.
   float* delta;            // [B, N, H, Sq]
-  float* dq_partial;       // [key tiles][chunk slices][B][H][Sq][D]
+  float* dq_partial;       // [key tiles or dq_parts][chunk slices][B][H][Sq][D]
   float* dbias_partial;    // [chunk slices / G][B][H][Sq][Sk]
   float* dbias_acc;        // [B][H][Sq][Sk]
   int chunk;               // slices per chunk (a multiple of G)
+  // TPF_ATTENTION_BWD_DQ=cluster: CTAs per cluster and clusters per slice's key tiles (dQ partials
+  // when dq_parts > 1); dq_cluster == 0: one dQ partial per key tile.
+  int dq_cluster, dq_parts;
 };
 
 }  // namespace tpf::cuda

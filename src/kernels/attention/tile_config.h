@@ -41,4 +41,7 @@ struct BackwardTiles {
 // dQ partials are bounded to this many bytes; the slices run in chunks that fit.
 constexpr long long kDqPartialBudgetBytes = 256LL << 20;
 
+// TPF_ATTENTION_BWD_DQ=cluster (backward_workspace.h): the largest portable thread-block cluster.
+constexpr int kDqClusterMax = 8;
+
 }  // namespace tpf::cuda

@@ -29,6 +29,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <type_traits>
 
 #include "kernels/attention/forward.h"
 #include "kernels/attention/forward_common.cuh"
@@ -130,17 +131,17 @@ TPF_WGMMA_RS(__half, "f16")
 
 // ---- the kernel -------------------------------------------------------------------------------------
 
-template <typename T, int D>
+template <typename T, int D, int STAGES = 2>
 struct WgmmaForwardSmem {
   static constexpr int LDQ = D + kPad;
   static constexpr int LDB = kTileK + kPad;
   // Core-matrix layout ([D / 8][kTileK][8], load_tile<..., CORE>): the 8 x 8 block of keys
   // 8i..8i+7 and features 8c..8c+7 is 128 contiguous bytes at ((c * kTileK) + 8 i) * 8 elements.
-  alignas(128) T k[2][kTileK * D];
-  alignas(128) T v[2][kTileK * D];
+  alignas(128) T k[STAGES][kTileK * D];
+  alignas(128) T v[STAGES][kTileK * D];
   T q[kTileQ * LDQ];  // padded rows, read once into registers with ldmatrix
-  T bias[2][kTileQ * LDB];
-  uint8_t key_ok[2][kTileK];
+  T bias[STAGES][kTileQ * LDB];
+  uint8_t key_ok[STAGES][kTileK];
 };
 
 // Descriptor strides of the core-matrix layout, in bytes: 128 between core matrices along the
@@ -240,6 +241,159 @@ __global__ void __launch_bounds__(kWarpgroupThreads, 4)
   store_rows<T, D>(p, output_slice<T>(p, b, n, h), b, n, h, q0 + row0, o, m, l, lane);
 }
 
+// ---- TPF_ATTENTION_FWD_WGMMA=2: the same kernel with the score MMA of the next key tile in flight
+// during the softmax of this one (FA3's intra-warpgroup pipelining) ---------------------------------
+//
+// Per key tile j, with S(j) = Q K(j)^T already in registers (s_cur) and O += P(j-1) V(j-1) in flight:
+//   1. issue S(j+1) into s_next (commit group), no wait;
+//   2. the softmax of tile j (softmax_tile, as value 1) under S(j+1) and PV(j-1);
+//   3. wait_group 1: PV(j-1) is done (S(j+1) may still run); rescale O; make tile j+1 visible
+//      (cp.async wait, proxy fence, the one barrier per tile) and start the copies of tile j+2;
+//   4. issue O += P(j) V(j) (commit group);
+//   5. wait_group 1: S(j+1) is done (PV(j) may still run); s_next becomes s_cur.
+// O goes through the same sequence as in value 1 (O = O * correction(j) + P(j) V(j), the rows'
+// m and l updated by the same code in the same order), so the results are the same up to the MMAs'
+// internal order. Tile j + 2 overwrites the stage of tile j - 1, which PV(j - 1) read: three stages,
+// and the copies start after the barrier that follows every thread's wait for PV(j - 1). The two
+// score tiles alternate between two register arrays (the loop body is unrolled twice), so no copy.
+template <typename T, int D>
+__device__ __forceinline__ void issue_scores(float (&s)[kTileK / 8][4], const uint32_t (&qf)[D / 16][4],
+                                             const T* k_tile) {
+#pragma unroll
+  for (int ks = 0; ks < D / 16; ++ks) {
+    const uint64_t desc = smem_desc(k_tile + ks * 2 * kTileK * 8, kAlongFeatures, kAlongKeys);
+    if (ks == 0)
+      Wgmma<T, kTileK>::template run<0, 0>(s, qf[ks], desc);
+    else
+      Wgmma<T, kTileK>::template run<1, 0>(s, qf[ks], desc);
+  }
+}
+
+constexpr int kPipelinedStages = 3;
+
+// Registers: D = 32 needs a second score tile (32 more than value 1): capped for 3 blocks (12 warps)
+// per SM, ~57 KB of shared memory per block at D = 32.
+template <typename T, int D>
+__global__ void __launch_bounds__(kWarpgroupThreads, 3)
+    attention_forward_wgmma_pipelined_kernel(const AttentionForwardParams p) {
+  static_assert(D == 16 || D == 32, "the wgmma forward covers head dims 16 and 32");
+  using S = WgmmaForwardSmem<T, D, kPipelinedStages>;
+  extern __shared__ __align__(128) uint8_t smem_raw[];
+  S& sm = *reinterpret_cast<S*>(smem_raw);
+
+  const int n = blockIdx.x, q0 = blockIdx.y * kTileQ;
+  const int b = blockIdx.z / p.H, h = blockIdx.z % p.H;
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int qrows = min(kTileQ, p.Sq - q0);
+
+  const SliceInputs<T> in = slice_inputs<T>(p, b, n, h, q0);
+  auto load_keys = [&](int kt, int stage) {
+    load_key_tile<T, D, kTileQ, kWarpgroupThreads, true>(sm.k[stage], sm.v[stage], sm.bias[stage],
+                                                         sm.key_ok[stage], in, p, kt, qrows);
+  };
+  const int key_tiles = (p.Sk + kTileK - 1) / kTileK;
+
+  // Q and tiles 0 and 1 (two groups); tile 0 made visible here, tile 1 in the first step.
+  load_tile<T, kTileQ, D, kWarpgroupThreads>(sm.q, in.q + q0 * p.q_stride.s, p.q_stride.s, qrows,
+                                             D, p.qkv_aligned, in.safe);
+  load_keys(0, 0);
+  cp_async_commit();
+  if (key_tiles > 1) {
+    load_keys(1, 1);
+    cp_async_commit();
+    cp_async_wait<1>();
+  } else {
+    cp_async_wait<0>();
+  }
+  fence_proxy_async_shared();
+  __syncthreads();
+
+  const int row0 = warp * kWarpRows;
+  uint32_t qf[D / 16][4];
+#pragma unroll
+  for (int ks = 0; ks < D / 16; ++ks) load_a(qf[ks], sm.q, S::LDQ, row0, ks * 16);
+  float o[D / 8][4];
+  float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};
+#pragma unroll
+  for (int i = 0; i < D / 8; ++i) o[i][0] = o[i][1] = o[i][2] = o[i][3] = 0.f;
+  const float scale = in_register(p.scale);  // see in_register (mma.cuh)
+
+  float s_a[kTileK / 8][4], s_b[kTileK / 8][4];
+  wgmma_fence();
+  issue_scores<T, D>(s_a, qf, sm.k[0]);
+  wgmma_commit();
+  wgmma_wait<0>();
+  fence_accumulator(s_a);
+
+  int stage = 0;  // the stage of tile j
+  // more: tile j + 1 exists (a compile-time flag, so that every path through the loop has the
+  // same wgmma groups in flight and ptxas can keep them asynchronous).
+  auto step = [&](int j, float (&s_cur)[kTileK / 8][4], float (&s_next)[kTileK / 8][4], auto more_c) {
+    constexpr bool more = decltype(more_c)::value;
+    const int st = stage, st1 = st == kPipelinedStages - 1 ? 0 : st + 1;
+    const int st2 = st1 == kPipelinedStages - 1 ? 0 : st1 + 1;
+    if constexpr (more) {  // 1. S(j+1), in flight from here to step 5
+      wgmma_fence();
+      issue_scores<T, D>(s_next, qf, sm.k[st1]);
+      wgmma_commit();
+    }
+    float correction[2];  // 2. the softmax of tile j
+    softmax_tile<T>(s_cur, m, l, correction, sm.bias[st], S::LDB, row0, sm.key_ok[st], scale,
+                    lane);
+    if constexpr (more)  // 3. PV(j-1) done
+      wgmma_wait<1>();
+    else
+      wgmma_wait<0>();
+    fence_accumulator(o);
+    rescale_rows<D>(o, correction);
+    if constexpr (more) {
+      // Tile j+1's copies (started one step ago) are the only ones in flight: the proxy fence has
+      // none to wait for. After the barrier every thread is past its wait for PV(j-1), so the stage
+      // of tile j-1 is free for tile j+2.
+      cp_async_wait<0>();
+      fence_proxy_async_shared();
+      __syncthreads();
+      if (j + 2 < key_tiles) {
+        load_keys(j + 2, st2);
+        cp_async_commit();
+      }
+    }
+    uint32_t pa[kTileK / 16][4];  // 4. O += P(j) V(j)
+#pragma unroll
+    for (int kk = 0; kk < kTileK / 16; ++kk) pack_p<T>(pa[kk], s_cur, kk);
+    wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < kTileK / 16; ++kk) {
+      const uint64_t desc = smem_desc(sm.v[st] + kk * 16 * 8, kAlongKeys, kAlongFeatures);
+      Wgmma<T, D>::template run<1, 1>(o, pa[kk], desc);
+    }
+    wgmma_commit();
+    if constexpr (more) {  // 5. S(j+1) done
+      wgmma_wait<1>();
+      fence_accumulator(s_next);
+    } else {
+      wgmma_wait<0>();
+      fence_accumulator(o);
+    }
+    stage = st1;
+  };
+  const std::true_type more;
+  const std::false_type last;
+  int j = 0;
+  for (; j + 2 < key_tiles; j += 2) {
+    step(j, s_a, s_b, more);
+    step(j + 1, s_b, s_a, more);
+  }
+  if (j + 1 < key_tiles) {  // two tiles left, or one
+    step(j, s_a, s_b, more);
+    step(j + 1, s_b, s_a, last);
+  } else {
+    step(j, s_a, s_b, last);
+  }
+
+  store_rows<T, D>(p, output_slice<T>(p, b, n, h), b, n, h, q0 + row0, o, m, l, lane);
+}
+
 }  // namespace
 
 template <typename T, int D>
@@ -254,9 +408,29 @@ void attention_forward_wgmma_launch(const AttentionForwardParams& p, cudaStream_
   kernel<<<grid, kWarpgroupThreads, smem, stream>>>(p);
 }
 
+template <typename T, int D>
+void attention_forward_wgmma_pipelined_launch(const AttentionForwardParams& p, cudaStream_t stream) {
+  using S = WgmmaForwardSmem<T, D, kPipelinedStages>;
+  const size_t smem = sizeof(S);
+  auto kernel = attention_forward_wgmma_pipelined_kernel<T, D>;
+  cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem));
+  cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout,
+                       cudaSharedmemCarveoutMaxShared);
+  const dim3 grid(p.N, (p.Sq + kTileQ - 1) / kTileQ, p.B * p.H);
+  kernel<<<grid, kWarpgroupThreads, smem, stream>>>(p);
+}
+
 template void attention_forward_wgmma_launch<__nv_bfloat16, 16>(const AttentionForwardParams&, cudaStream_t);
 template void attention_forward_wgmma_launch<__nv_bfloat16, 32>(const AttentionForwardParams&, cudaStream_t);
 template void attention_forward_wgmma_launch<__half, 16>(const AttentionForwardParams&, cudaStream_t);
 template void attention_forward_wgmma_launch<__half, 32>(const AttentionForwardParams&, cudaStream_t);
+template void attention_forward_wgmma_pipelined_launch<__nv_bfloat16, 16>(const AttentionForwardParams&,
+                                                                          cudaStream_t);
+template void attention_forward_wgmma_pipelined_launch<__nv_bfloat16, 32>(const AttentionForwardParams&,
+                                                                          cudaStream_t);
+template void attention_forward_wgmma_pipelined_launch<__half, 16>(const AttentionForwardParams&,
+                                                                   cudaStream_t);
+template void attention_forward_wgmma_pipelined_launch<__half, 32>(const AttentionForwardParams&,
+                                                                   cudaStream_t);
 
 }  // namespace tpf::cuda

@@ -394,31 +394,28 @@ __global__ void __launch_bounds__(kWarpgroupThreads, 3)
   store_rows<T, D>(p, output_slice<T>(p, b, n, h), b, n, h, q0 + row0, o, m, l, lane);
 }
 
+// One warpgroup per 64-query tile of one slice; `smem` bytes of dynamic shared memory.
+void launch_wgmma(void (*kernel)(AttentionForwardParams), size_t smem,
+                  const AttentionForwardParams& p, cudaStream_t stream) {
+  cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem));
+  cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout,
+                       cudaSharedmemCarveoutMaxShared);
+  const dim3 grid(p.N, (p.Sq + kTileQ - 1) / kTileQ, p.B * p.H);
+  kernel<<<grid, kWarpgroupThreads, smem, stream>>>(p);
+}
 }  // namespace
 
 template <typename T, int D>
 void attention_forward_wgmma_launch(const AttentionForwardParams& p, cudaStream_t stream) {
-  using S = WgmmaForwardSmem<T, D>;
-  const size_t smem = sizeof(S);
-  auto kernel = attention_forward_wgmma_kernel<T, D>;
-  cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem));
-  cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout,
-                       cudaSharedmemCarveoutMaxShared);
-  const dim3 grid(p.N, (p.Sq + kTileQ - 1) / kTileQ, p.B * p.H);
-  kernel<<<grid, kWarpgroupThreads, smem, stream>>>(p);
+  launch_wgmma(attention_forward_wgmma_kernel<T, D>, sizeof(WgmmaForwardSmem<T, D>), p, stream);
 }
 
 template <typename T, int D>
 void attention_forward_wgmma_pipelined_launch(const AttentionForwardParams& p, cudaStream_t stream) {
-  using S = WgmmaForwardSmem<T, D, kPipelinedStages>;
-  const size_t smem = sizeof(S);
-  auto kernel = attention_forward_wgmma_pipelined_kernel<T, D>;
-  cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem));
-  cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout,
-                       cudaSharedmemCarveoutMaxShared);
-  const dim3 grid(p.N, (p.Sq + kTileQ - 1) / kTileQ, p.B * p.H);
-  kernel<<<grid, kWarpgroupThreads, smem, stream>>>(p);
+  launch_wgmma(attention_forward_wgmma_pipelined_kernel<T, D>,
+               sizeof(WgmmaForwardSmem<T, D, kPipelinedStages>), p, stream);
 }
+
 
 template void attention_forward_wgmma_launch<__nv_bfloat16, 16>(const AttentionForwardParams&, cudaStream_t);
 template void attention_forward_wgmma_launch<__nv_bfloat16, 32>(const AttentionForwardParams&, cudaStream_t);

@@ -59,6 +59,15 @@ struct GatesSmem {
   }
 };
 
+// threadIdx.x read anew at each call (volatile: not hoisted out of loops), for addresses that are
+// cheaper to recompute from it than to keep: under the 80-register bound, ptxas otherwise hoists
+// them out of the step loop and spills them (bench/notes-trimul.md section 10).
+__device__ __forceinline__ int thread_index_here() {
+  int t;
+  asm volatile("mov.u32 %0, %%tid.x;" : "=r"(t));
+  return t;
+}
+
 // Starts copying dA | dB of channels q * kChunkChannels + [0, kChunkChannels) of the tile into
 // Dab (channel cl at row cl). 16-byte copies where S is a multiple of 8 (every piece of 8 rows is
 // then aligned and wholly inside or outside the tile); otherwise plain loads (odd shapes). Rows
@@ -72,8 +81,8 @@ __device__ __forceinline__ void load_dab(const Params& p, const Tile& tile, int 
     constexpr int kPieces = kRows / 8;
 #pragma unroll
     for (int k = 0; k < kChunkChannels * kPieces / kThreads; ++k) {
-      const int idx = threadIdx.x + k * kThreads, cl = idx / kPieces, r = (idx % kPieces) * 8;
-      const int c = q * kChunkChannels + cl;
+      const int idx = thread_index_here() + k * kThreads, cl = idx / kPieces;
+      const int r = (idx % kPieces) * 8, c = q * kChunkChannels + cl;
       if (c < 2 * D && r < tile.n)
         cp_async16(dst + cl * kLdDab + r,
                    (c < D ? da : db) + tile.channel_major(p, c < D ? c : c - D, r));
@@ -95,12 +104,12 @@ __device__ __forceinline__ void load_dab(const Params& p, const Tile& tile, int 
 template <typename T>
 __device__ __forceinline__ void load_gates_step(const Params& p, const Tile& tile, int q,
                                                 const GatesSmem<T>& s) {
-  if (threadIdx.x < kChunkN) {
-    const int c = q * kChunkChannels + threadIdx.x % kChunkChannels;
+  const int tid = thread_index_here();
+  if (tid < kChunkN) {
+    const int c = q * kChunkChannels + tid % kChunkChannels;
     const bool valid = c < 2 * p.D;
-    cp_async4(s.bias + (q % 2) * kChunkN + threadIdx.x,
-              valid ? p.bias_in + (threadIdx.x < kChunkChannels ? 0 : 2 * p.D) + c : p.bias_in,
-              valid);
+    cp_async4(s.bias + (q % 2) * kChunkN + tid,
+              valid ? p.bias_in + (tid < kChunkChannels ? 0 : 2 * p.D) + c : p.bias_in, valid);
   }
   copy_tile_async(s.w, p.Dp + kPad, static_cast<const T*>(p.w_in) + int64_t(q) * kChunkN * p.Dp,
                   p.Dp, kChunkN, p.Dp, InterleavePG{});

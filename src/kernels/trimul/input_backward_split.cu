@@ -62,8 +62,9 @@ struct GatesSmem {
 // threadIdx.x read anew at each call (volatile: not hoisted out of loops), for addresses that are
 // cheaper to recompute from it than to keep: under the 80-register bound, ptxas otherwise hoists
 // them out of the step loop and spills them (bench/notes-trimul.md section 10).
-__device__ __forceinline__ int thread_index_here() {
-  int t;
+// Unsigned, so that divisions by powers of two stay shifts.
+__device__ __forceinline__ unsigned thread_index_here() {
+  unsigned t;
   asm volatile("mov.u32 %0, %%tid.x;" : "=r"(t));
   return t;
 }
@@ -81,8 +82,8 @@ __device__ __forceinline__ void load_dab(const Params& p, const Tile& tile, int 
     constexpr int kPieces = kRows / 8;
 #pragma unroll
     for (int k = 0; k < kChunkChannels * kPieces / kThreads; ++k) {
-      const int idx = thread_index_here() + k * kThreads, cl = idx / kPieces;
-      const int r = (idx % kPieces) * 8, c = q * kChunkChannels + cl;
+      const unsigned idx = thread_index_here() + k * kThreads;
+      const int cl = int(idx / kPieces), r = int(idx % kPieces) * 8, c = q * kChunkChannels + cl;
       if (c < 2 * D && r < tile.n)
         cp_async16(dst + cl * kLdDab + r,
                    (c < D ? da : db) + tile.channel_major(p, c < D ? c : c - D, r));
@@ -104,7 +105,7 @@ __device__ __forceinline__ void load_dab(const Params& p, const Tile& tile, int 
 template <typename T>
 __device__ __forceinline__ void load_gates_step(const Params& p, const Tile& tile, int q,
                                                 const GatesSmem<T>& s) {
-  const int tid = thread_index_here();
+  const int tid = int(thread_index_here() % kThreads);  // (the % tells the compiler tid >= 0)
   if (tid < kChunkN) {
     const int c = q * kChunkChannels + tid % kChunkChannels;
     const bool valid = c < 2 * p.D;
@@ -350,10 +351,14 @@ __global__ void __launch_bounds__(kThreads, kOccupancyCtas)
         const int r = warp + kWarps * (k0 + k);
         const RowStats rs = row_stats(xv[k], D, p.eps);
         float dxl[kPerLane], xhat[kPerLane], dx[kPerLane];
+        // The thread's staging address, s.c + r * kLdC + lane, recomputed (ptxas would otherwise
+        // keep it spilled).
+        const unsigned tid = thread_index_here();
+        const float* c_row = s.c + (r - warp) * kLdC + (tid + (tid / 32) * (kLdC - 32));
 #pragma unroll
         for (int e = 0; e < kPerLane; ++e) {
           const int c = lane + 32 * e;
-          dxl[e] = c < D ? s.c[r * kLdC + c] : 0.0f;
+          dxl[e] = c < D ? c_row[32 * e] : 0.0f;
           xhat[e] = c < D ? (xv[k][e] - rs.mean) * rs.rstd : 0.0f;
           if (r < tile.n) sum_ln_w[e * kThreads] += dxl[e] * xhat[e];
         }

@@ -59,16 +59,6 @@ struct GatesSmem {
   }
 };
 
-// threadIdx.x read anew at each call (volatile: not hoisted out of loops), for addresses that are
-// cheaper to recompute from it than to keep: under the 80-register bound, ptxas otherwise hoists
-// them out of the step loop and spills them (bench/notes-trimul.md section 10).
-// Unsigned, so that divisions by powers of two stay shifts.
-__device__ __forceinline__ unsigned thread_index_here() {
-  unsigned t;
-  asm volatile("mov.u32 %0, %%tid.x;" : "=r"(t));
-  return t;
-}
-
 // Starts copying dA | dB of channels q * kChunkChannels + [0, kChunkChannels) of the tile into
 // Dab (channel cl at row cl). 16-byte copies where S is a multiple of 8 (every piece of 8 rows is
 // then aligned and wholly inside or outside the tile); otherwise plain loads (odd shapes). Rows

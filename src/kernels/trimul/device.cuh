@@ -109,19 +109,31 @@ struct InterleavePG {
   }
 };
 
+// threadIdx.x read anew at each call (volatile: not hoisted out of loops), for addresses that are
+// cheaper to recompute from it than to keep: under variant 3's 80-register bound, ptxas otherwise
+// hoists them out of the step loops and spills them (bench/notes-trimul.md section 10). Unsigned,
+// so that divisions by powers of two stay shifts.
+__device__ __forceinline__ unsigned thread_index_here() {
+  unsigned t;
+  asm volatile("mov.u32 %0, %%tid.x;" : "=r"(t));
+  return t;
+}
+
 // Writes a tile of 16-bit values staged in shared memory (row-major, row stride ld_s, a multiple
 // of 8 elements) to global memory: staged row rr, columns [0, cols), goes to row_ptr(rr)[0, cols)
 // (rows with a null row_ptr are skipped). Consecutive threads take consecutive 16-byte pieces of a
 // row; a piece is one vector store where its destination is 16-byte aligned and whole, scalar
 // stores otherwise (odd D or S). kMaxRows x kMaxCols bounds the tile (compile time: unrolled).
-template <int kMaxRows, int kMaxCols, typename T, typename RowPtr>
+// kTidHere: the thread's pieces from thread_index_here() (80-register kernels).
+template <int kMaxRows, int kMaxCols, bool kTidHere = false, typename T, typename RowPtr>
 __device__ __forceinline__ void store_staged_rows(const T* st, int ld_s, int cols, RowPtr row_ptr) {
   static_assert(sizeof(T) == 2, "16-bit staging");
   constexpr int kVec = 8, kPieces = kMaxCols / kVec, kTotal = kMaxRows * kPieces;
   static_assert(kMaxCols % kVec == 0 && kTotal % kThreads == 0, "whole pieces per thread");
 #pragma unroll
   for (int it = 0; it < kTotal / kThreads; ++it) {
-    const int idx = threadIdx.x + it * kThreads;
+    const int tid = kTidHere ? int(thread_index_here() % kThreads) : int(threadIdx.x);
+    const int idx = tid + it * kThreads;
     const int rr = idx / kPieces, c = (idx % kPieces) * kVec;
     T* dst = row_ptr(rr);
     if (dst == nullptr || c >= cols) continue;

@@ -41,7 +41,9 @@ struct GatesSmem {
   T* x;
   T* w;
   T* dab;
-  float* bias[2];  // the step's kChunkN biases (P half, then G half), by step parity
+  // [2][kChunkN]: the step's kChunkN biases (P half, then G half), by step parity (one pointer
+  // and an offset: an array of two pointers indexed by q % 2 would live in local memory)
+  float* bias;
   float* mask;
   float* sums;
   size_t bytes;
@@ -50,7 +52,7 @@ struct GatesSmem {
     x = s.take<T>(size_t(kRows) * (Dp + kPad));
     w = s.take<T>(size_t(kChunkN) * (Dp + kPad));
     dab = s.take<T>(size_t(kChunkChannels) * kLdDab);
-    for (float*& b : bias) b = s.take<float>(kChunkN);
+    bias = s.take<float>(2 * kChunkN);
     mask = s.take<float>(kRows);
     sums = s.take<float>(size_t(kMaxInputChunks) * kThreads);
     bytes = s.at;
@@ -70,8 +72,8 @@ __device__ __forceinline__ void load_dab(const Params& p, const Tile& tile, int 
     constexpr int kPieces = kRows / 8;
 #pragma unroll
     for (int k = 0; k < kChunkChannels * kPieces / kThreads; ++k) {
-      const int idx = threadIdx.x + k * kThreads, cl = idx / kPieces, r = (idx % kPieces) * 8;
-      const int c = q * kChunkChannels + cl;
+      const unsigned idx = thread_index_here() + k * kThreads;
+      const int cl = int(idx / kPieces), r = int(idx % kPieces) * 8, c = q * kChunkChannels + cl;
       if (c < 2 * D && r < tile.n)
         cp_async16(dst + cl * kLdDab + r,
                    (c < D ? da : db) + tile.channel_major(p, c < D ? c : c - D, r));
@@ -93,12 +95,12 @@ __device__ __forceinline__ void load_dab(const Params& p, const Tile& tile, int 
 template <typename T>
 __device__ __forceinline__ void load_gates_step(const Params& p, const Tile& tile, int q,
                                                 const GatesSmem<T>& s) {
-  if (threadIdx.x < kChunkN) {
-    const int c = q * kChunkChannels + threadIdx.x % kChunkChannels;
+  const int tid = int(thread_index_here() % kThreads);  // (the % tells the compiler tid >= 0)
+  if (tid < kChunkN) {
+    const int c = q * kChunkChannels + tid % kChunkChannels;
     const bool valid = c < 2 * p.D;
-    cp_async4(s.bias[q % 2] + threadIdx.x,
-              valid ? p.bias_in + (threadIdx.x < kChunkChannels ? 0 : 2 * p.D) + c : p.bias_in,
-              valid);
+    cp_async4(s.bias + (q % 2) * kChunkN + tid,
+              valid ? p.bias_in + (tid < kChunkChannels ? 0 : 2 * p.D) + c : p.bias_in, valid);
   }
   copy_tile_async(s.w, p.Dp + kPad, static_cast<const T*>(p.w_in) + int64_t(q) * kChunkN * p.Dp,
                   p.Dp, kChunkN, p.Dp, InterleavePG{});
@@ -168,7 +170,7 @@ __global__ void __launch_bounds__(kThreads, kOccupancyCtas)
             const int r = Acc::row(i, e), c = q * kChunkChannels + cl_base + 8 * h + (e & 1);
             const float2 dab2 = unpack2<T>(dab[i][2 * h + (e >> 1)]);
             const float dv = e & 1 ? dab2.y : dab2.x;
-            const float* bias = s.bias[q % 2] + cl_base + 8 * h + (e & 1);
+            const float* bias = s.bias + (q % 2) * kChunkN + cl_base + 8 * h + (e & 1);
             const float pv = acc.acc[i][0][h][e] + bias[0];
             const float gv = acc.acc[i][1][h][e] + bias[kChunkChannels];
             const float sg = sigmoid_t<T, true>(gv), mv = m[i][e >> 1];
@@ -235,8 +237,11 @@ __global__ void __launch_bounds__(kThreads, kOccupancyCtas)
 
 template <typename T>
 struct DxSmem {
-  T* a[2];
-  T* w[2];
+  // Stage b's tiles at a + b * stage and w + b * stage (a base and an offset: an array of two
+  // pointers indexed by st % 2 would live in local memory).
+  T* a;
+  T* w;
+  int stage;
   float* c;
   // The running d norm_in_weight sums of each thread at sums[e * kThreads + thread] (in registers,
   // they spill beside the GEMM's).
@@ -245,12 +250,13 @@ struct DxSmem {
   __host__ __device__ DxSmem(unsigned char* base, int Dp) {
     SmemCarver s{base};
     sums = s.take<float>(size_t(kPerLane) * kThreads);
-    size_t stage1 = 0;
-    for (int b = 0; b < 2; ++b) {
-      if (b == 1) stage1 = s.at;
-      a[b] = s.take<T>(size_t(kRows) * kLdA);
-      w[b] = s.take<T>(size_t(kStageK) * (Dp + kPad));
-    }
+    const size_t stage0 = s.at;
+    a = s.take<T>(size_t(kRows) * kLdA);
+    w = s.take<T>(size_t(kStageK) * (Dp + kPad));
+    const size_t stage1 = s.at;
+    stage = int((stage1 - stage0) / sizeof(T));
+    s.take<T>(size_t(kRows) * kLdA);
+    s.take<T>(size_t(kStageK) * (Dp + kPad));
     c = reinterpret_cast<float*>(base + stage1);
     const size_t c_end = stage1 + size_t(kRows) * kLdC * sizeof(float);
     bytes = s.at > c_end ? s.at : c_end;
@@ -304,7 +310,7 @@ __global__ void __launch_bounds__(kThreads, kOccupancyCtas)
   float* sum_ln_w = s.sums + threadIdx.x;  // [e * kThreads]
   for (int e = 0; e < kPerLane; ++e) sum_ln_w[e * kThreads] = 0.0f;
 
-  load_dx_stage(p, Tile(blockIdx.x, p), 0, s.a[0], s.w[0]);
+  load_dx_stage(p, Tile(blockIdx.x, p), 0, s.a, s.w);
   for (int64_t t = blockIdx.x; t < p.tiles; t += gridDim.x) {
     const Tile tile(t, p);
     WarpTileLdsm<T> dxln;
@@ -312,14 +318,14 @@ __global__ void __launch_bounds__(kThreads, kOccupancyCtas)
     for (int st = 0; st < stages; ++st) {
       cp_async_wait_all();
       __syncthreads();
-      if (st + 1 < stages) load_dx_stage(p, tile, st + 1, s.a[(st + 1) % 2], s.w[(st + 1) % 2]);
-      dxln.template mma<WLayout::kKN>(s.a[st % 2], kLdA, s.w[st % 2], ld, dx_stage_k(p, st),
-                                      p.Dp);
+      const int next = (st + 1) % 2 * s.stage, cur = st % 2 * s.stage;
+      if (st + 1 < stages) load_dx_stage(p, tile, st + 1, s.a + next, s.w + next);
+      dxln.template mma<WLayout::kKN>(s.a + cur, kLdA, s.w + cur, ld, dx_stage_k(p, st), p.Dp);
     }
     __syncthreads();
     dxln.store(s.c, kLdC, p.Dp);
     __syncthreads();
-    if (t + gridDim.x < p.tiles) load_dx_stage(p, Tile(t + gridDim.x, p), 0, s.a[0], s.w[0]);
+    if (t + gridDim.x < p.tiles) load_dx_stage(p, Tile(t + gridDim.x, p), 0, s.a, s.w);
 
     // dx from dx_ln, x re-read (kXBatch of the warp's rows before the first is used) and its row
     // statistics recomputed as normalize_input_rows computes them; d norm_in_weight += dx_ln *
@@ -335,10 +341,14 @@ __global__ void __launch_bounds__(kThreads, kOccupancyCtas)
         const int r = warp + kWarps * (k0 + k);
         const RowStats rs = row_stats(xv[k], D, p.eps);
         float dxl[kPerLane], xhat[kPerLane], dx[kPerLane];
+        // The thread's staging address, s.c + r * kLdC + lane, recomputed (ptxas would otherwise
+        // keep it spilled).
+        const unsigned tid = thread_index_here();
+        const float* c_row = s.c + (r - warp) * kLdC + (tid + (tid / 32) * (kLdC - 32));
 #pragma unroll
         for (int e = 0; e < kPerLane; ++e) {
           const int c = lane + 32 * e;
-          dxl[e] = c < D ? s.c[r * kLdC + c] : 0.0f;
+          dxl[e] = c < D ? c_row[32 * e] : 0.0f;
           xhat[e] = c < D ? (xv[k][e] - rs.mean) * rs.rstd : 0.0f;
           if (r < tile.n) sum_ln_w[e * kThreads] += dxl[e] * xhat[e];
         }

@@ -183,7 +183,7 @@ __global__ void __launch_bounds__(kThreads, kOccupancyCtas)
             s.st[cl * kLdAB + r] = from_f<T>(sigmoid_t<T, true>(gv) * pv * s.mask[r]);
           }
       __syncthreads();
-      store_staged_rows<kChunkChannels, kRows>(s.st, kLdAB, tile.n, [=](int cl) -> T* {
+      store_staged_rows<kChunkChannels, kRows, true>(s.st, kLdAB, tile.n, [=](int cl) -> T* {
         const int c = q * kChunkChannels + cl;
         if (c >= 2 * D) return nullptr;
         return static_cast<T*>(c < D ? p.a : p.b) + tile.channel_major(p, c < D ? c : c - D, 0);
@@ -203,7 +203,7 @@ __global__ void __launch_bounds__(kThreads, kOccupancyCtas)
                          acc.acc[i][j][h][e + 1] + bias[j][h][1]);
       __syncthreads();
       T* go = static_cast<T*>(p.go);
-      store_staged_rows<kRows, kChunkN>(s.st, kLdSt, D, [=](int r) -> T* {
+      store_staged_rows<kRows, kChunkN, true>(s.st, kLdSt, D, [=](int r) -> T* {
         return r < tile.n ? go + (tile.row0 + r) * D : nullptr;
       });
     }

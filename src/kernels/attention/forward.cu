@@ -42,19 +42,13 @@ __device__ __forceinline__ void attention_forward_body(const AttentionForwardPar
   extern __shared__ __align__(16) uint8_t smem_raw[];
   S& sm = *reinterpret_cast<S*>(smem_raw);
 
-  const int n = blockIdx.x, q0 = blockIdx.y * ROWS;
-  const int b = blockIdx.z / p.H, h = blockIdx.z % p.H;
-  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  const int qrows = min(ROWS, p.Sq - q0);
-
-  const SliceInputs<T> in = slice_inputs<T>(p, b, n, h, q0);
+  const ForwardTile<T> t = forward_tile<T, ROWS>(p);
+  const int warp = t.warp, lane = t.lane;
   auto load_keys = [&](int kt, int stage) {
-    load_key_tile<T, D, ROWS, THREADS, false>(sm.k[stage], sm.v[stage], sm.bias[stage],
-                                              sm.key_ok[stage], in, p, kt, qrows);
+    load_key_stage<T, D, ROWS, THREADS, false>(sm, stage, t, p, kt);
   };
 
-  load_tile<T, ROWS, D, THREADS>(sm.q, in.q + q0 * p.q_stride.s, p.q_stride.s, qrows, D,
-                                 p.qkv_aligned, in.safe);
+  load_query_tile<T, D, ROWS, THREADS>(sm.q, t, p);
   load_keys(0, 0);
   cp_async_commit();
 
@@ -64,12 +58,7 @@ __device__ __forceinline__ void attention_forward_body(const AttentionForwardPar
   float o[MT][D / 8][4];
   float m[MT][2], l[MT][2];
 #pragma unroll
-  for (int mt = 0; mt < MT; ++mt) {
-    m[mt][0] = m[mt][1] = -INFINITY;
-    l[mt][0] = l[mt][1] = 0.f;
-#pragma unroll
-    for (int i = 0; i < D / 8; ++i) o[mt][i][0] = o[mt][i][1] = o[mt][i][2] = o[mt][i][3] = 0.f;
-  }
+  for (int mt = 0; mt < MT; ++mt) init_rows<D>(o[mt], m[mt], l[mt]);
 
   const float scale = in_register(p.scale);  // see in_register (mma.cuh)
   const int key_tiles = (p.Sk + kTileK - 1) / kTileK;
@@ -131,10 +120,10 @@ __device__ __forceinline__ void attention_forward_body(const AttentionForwardPar
   }
 
   // Finish: normalize, write O, its residual and the lse.
-  const OutputSlice<T> out = output_slice<T>(p, b, n, h);
+  const OutputSlice<T> out = output_slice<T>(p, t.b, t.n, t.h);
 #pragma unroll
   for (int mt = 0; mt < MT; ++mt)
-    store_rows<T, D>(p, out, b, n, h, q0 + warp_row(mt), o[mt], m[mt], l[mt], lane);
+    store_rows<T, D>(p, out, t.b, t.n, t.h, t.q0 + warp_row(mt), o[mt], m[mt], l[mt], lane);
 }
 
 template <typename T, int D, int MT>

@@ -47,6 +47,27 @@ __device__ __forceinline__ SliceInputs<T> slice_inputs(const AttentionForwardPar
   return in;
 }
 
+// A block's query tile: queries q0 .. q0 + qrows - 1 (q0 = blockIdx.y * ROWS) of slice (b, n, h)
+// (n = blockIdx.x, b and h from blockIdx.z), this thread's warp and lane, and the slice's inputs.
+template <typename T>
+struct ForwardTile {
+  int n, q0, b, h, warp, lane, qrows;
+  SliceInputs<T> in;
+};
+template <typename T, int ROWS>
+__device__ __forceinline__ ForwardTile<T> forward_tile(const AttentionForwardParams& p) {
+  ForwardTile<T> t;
+  t.n = blockIdx.x;
+  t.q0 = blockIdx.y * ROWS;
+  t.b = blockIdx.z / p.H;
+  t.h = blockIdx.z % p.H;
+  t.warp = threadIdx.x >> 5;
+  t.lane = threadIdx.x & 31;
+  t.qrows = min(ROWS, p.Sq - t.q0);
+  t.in = slice_inputs<T>(p, t.b, t.n, t.h, t.q0);
+  return t;
+}
+
 // Starts the copies of key tile kt (the caller commits and waits): keys and values ([kTileK][D],
 // padded rows, or the wgmma core-matrix layout with CORE), the bias tile of the ROWS queries
 // ([ROWS][kTileK], padded rows, qrows of them valid) and the key flags (1 = attend; 0 for a masked
@@ -64,6 +85,22 @@ __device__ __forceinline__ void load_key_tile(T* k_dst, T* v_dst, T* bias_dst, u
                                       p.bias_aligned, in.safe);
   for (int j = threadIdx.x; j < kTileK; j += THREADS)
     key_ok[j] = j < krows && (in.mask == nullptr || in.mask[k0 + j] != 0);
+}
+
+// load_key_tile into stage `stage` of a block's shared memory (members k, v, bias, key_ok).
+template <typename T, int D, int ROWS, int THREADS, bool CORE, typename Smem>
+__device__ __forceinline__ void load_key_stage(Smem& sm, int stage, const ForwardTile<T>& t,
+                                               const AttentionForwardParams& p, int kt) {
+  load_key_tile<T, D, ROWS, THREADS, CORE>(sm.k[stage], sm.v[stage], sm.bias[stage],
+                                           sm.key_ok[stage], t.in, p, kt, t.qrows);
+}
+
+// Starts the copies of the query tile (padded rows; the caller commits and waits).
+template <typename T, int D, int ROWS, int THREADS>
+__device__ __forceinline__ void load_query_tile(T* q_dst, const ForwardTile<T>& t,
+                                                const AttentionForwardParams& p) {
+  load_tile<T, ROWS, D, THREADS>(q_dst, t.in.q + t.q0 * p.q_stride.s, p.q_stride.s, t.qrows, D,
+                                 p.qkv_aligned, t.in.safe);
 }
 
 // One key tile of the online softmax for a warp's 16 rows. In: s = q k^T (unscaled); the bias tile
@@ -116,6 +153,15 @@ __device__ __forceinline__ void softmax_tile(float (&s)[kTileK / 8][4], float (&
       l[r] += s[j][2 * r] + s[j][2 * r + 1];
     }
   }
+}
+
+// A warp's rows before the first key tile: O = 0, m = -inf, l = 0.
+template <int D>
+__device__ __forceinline__ void init_rows(float (&o)[D / 8][4], float (&m)[2], float (&l)[2]) {
+  m[0] = m[1] = -INFINITY;
+  l[0] = l[1] = 0.f;
+#pragma unroll
+  for (int i = 0; i < D / 8; ++i) o[i][0] = o[i][1] = o[i][2] = o[i][3] = 0.f;
 }
 
 // O *= correction, per row.

@@ -149,6 +149,33 @@ struct WgmmaForwardSmem {
 constexpr uint32_t kAlongKeys = 128;
 constexpr uint32_t kAlongFeatures = kTileK * 16;
 
+// s = q k^T (64 x 64), issued (no fence, commit or wait): k-step ks covers features 16 ks ..
+// 16 ks + 15, two core-matrix columns of the key tile.
+template <typename T, int D>
+__device__ __forceinline__ void issue_scores(float (&s)[kTileK / 8][4], const uint32_t (&qf)[D / 16][4],
+                                             const T* k_tile) {
+#pragma unroll
+  for (int ks = 0; ks < D / 16; ++ks) {
+    const uint64_t desc = smem_desc(k_tile + ks * 2 * kTileK * 8, kAlongFeatures, kAlongKeys);
+    if (ks == 0)
+      Wgmma<T, kTileK>::template run<0, 0>(s, qf[ks], desc);
+    else
+      Wgmma<T, kTileK>::template run<1, 0>(s, qf[ks], desc);
+  }
+}
+
+// o += p v, issued likewise: k-step kk covers keys 16 kk .. 16 kk + 15, two core-matrix rows of
+// the value tile.
+template <typename T, int D>
+__device__ __forceinline__ void issue_pv(float (&o)[D / 8][4],
+                                         const uint32_t (&pa)[kTileK / 16][4], const T* v_tile) {
+#pragma unroll
+  for (int kk = 0; kk < kTileK / 16; ++kk) {
+    const uint64_t desc = smem_desc(v_tile + kk * 16 * 8, kAlongKeys, kAlongFeatures);
+    Wgmma<T, D>::template run<1, 1>(o, pa[kk], desc);
+  }
+}
+
 // Registers: D = 32 needs ~S 32 + O 16 + Q 8 + P 16 fp32/b32 registers plus addressing; capped for
 // 4 blocks (16 warps) per SM, which shared memory (~40 KB per block at D = 32) also allows.
 template <typename T, int D>
@@ -159,30 +186,22 @@ __global__ void __launch_bounds__(kWarpgroupThreads, 4)
   extern __shared__ __align__(128) uint8_t smem_raw[];
   S& sm = *reinterpret_cast<S*>(smem_raw);
 
-  const int n = blockIdx.x, q0 = blockIdx.y * kTileQ;
-  const int b = blockIdx.z / p.H, h = blockIdx.z % p.H;
-  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  const int qrows = min(kTileQ, p.Sq - q0);
-
-  const SliceInputs<T> in = slice_inputs<T>(p, b, n, h, q0);
+  const ForwardTile<T> t = forward_tile<T, kTileQ>(p);
+  const int lane = t.lane;
   auto load_keys = [&](int kt, int stage) {
-    load_key_tile<T, D, kTileQ, kWarpgroupThreads, true>(sm.k[stage], sm.v[stage], sm.bias[stage],
-                                                         sm.key_ok[stage], in, p, kt, qrows);
+    load_key_stage<T, D, kTileQ, kWarpgroupThreads, true>(sm, stage, t, p, kt);
   };
 
-  load_tile<T, kTileQ, D, kWarpgroupThreads>(sm.q, in.q + q0 * p.q_stride.s, p.q_stride.s, qrows,
-                                             D, p.qkv_aligned, in.safe);
+  load_query_tile<T, D, kTileQ, kWarpgroupThreads>(sm.q, t, p);
   load_keys(0, 0);
   cp_async_commit();
 
   // This thread's rows: warp * 16 + lane / 4 and + 8 (wgmma gives warp w of the warpgroup the
   // accumulator rows 16 w .. 16 w + 15, in the mma.sync C fragment layout).
-  const int row0 = warp * kWarpRows;
+  const int row0 = t.warp * kWarpRows;
   uint32_t qf[D / 16][4];
-  float o[D / 8][4];
-  float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};
-#pragma unroll
-  for (int i = 0; i < D / 8; ++i) o[i][0] = o[i][1] = o[i][2] = o[i][3] = 0.f;
+  float o[D / 8][4], m[2], l[2];
+  init_rows<D>(o, m, l);
 
   const float scale = in_register(p.scale);  // see in_register (mma.cuh)
   const int key_tiles = (p.Sk + kTileK - 1) / kTileK;
@@ -202,17 +221,9 @@ __global__ void __launch_bounds__(kWarpgroupThreads, 4)
       for (int ks = 0; ks < D / 16; ++ks) load_a(qf[ks], sm.q, S::LDQ, row0, ks * 16);
     }
 
-    // s = q k^T (64 x 64): k-step ks covers features 16 ks .. 16 ks + 15, two core-matrix columns.
-    float s[kTileK / 8][4];
+    float s[kTileK / 8][4];  // s = q k^T
     wgmma_fence();
-#pragma unroll
-    for (int ks = 0; ks < D / 16; ++ks) {
-      const uint64_t desc = smem_desc(sm.k[stage] + ks * 2 * kTileK * 8, kAlongFeatures, kAlongKeys);
-      if (ks == 0)
-        Wgmma<T, kTileK>::template run<0, 0>(s, qf[ks], desc);
-      else
-        Wgmma<T, kTileK>::template run<1, 0>(s, qf[ks], desc);
-    }
+    issue_scores<T, D>(s, qf, sm.k[stage]);
     wgmma_commit();
     wgmma_wait<0>();
     fence_accumulator(s);
@@ -222,23 +233,19 @@ __global__ void __launch_bounds__(kWarpgroupThreads, 4)
                     lane);
     rescale_rows<D>(o, correction);
 
-    // o += p v: k-step kk covers keys 16 kk .. 16 kk + 15, two core-matrix rows of the value tile.
-    uint32_t pa[kTileK / 16][4];
+    uint32_t pa[kTileK / 16][4];  // o += p v
 #pragma unroll
     for (int kk = 0; kk < kTileK / 16; ++kk) pack_p<T>(pa[kk], s, kk);
     fence_accumulator(o);
     wgmma_fence();  // o's rescale and the P registers, before the MMAs that read them
-#pragma unroll
-    for (int kk = 0; kk < kTileK / 16; ++kk) {
-      const uint64_t desc = smem_desc(sm.v[stage] + kk * 16 * 8, kAlongKeys, kAlongFeatures);
-      Wgmma<T, D>::template run<1, 1>(o, pa[kk], desc);
-    }
+    issue_pv<T, D>(o, pa, sm.v[stage]);
     wgmma_commit();
     wgmma_wait<0>();
     fence_accumulator(o);
   }
 
-  store_rows<T, D>(p, output_slice<T>(p, b, n, h), b, n, h, q0 + row0, o, m, l, lane);
+  store_rows<T, D>(p, output_slice<T>(p, t.b, t.n, t.h), t.b, t.n, t.h, t.q0 + row0, o, m, l,
+                   lane);
 }
 
 // ---- TPF_ATTENTION_FWD_WGMMA=2: the same kernel with the score MMA of the next key tile in flight
@@ -256,19 +263,6 @@ __global__ void __launch_bounds__(kWarpgroupThreads, 4)
 // internal order. Tile j + 2 overwrites the stage of tile j - 1, which PV(j - 1) read: three stages,
 // and the copies start after the barrier that follows every thread's wait for PV(j - 1). The two
 // score tiles alternate between two register arrays (the loop body is unrolled twice), so no copy.
-template <typename T, int D>
-__device__ __forceinline__ void issue_scores(float (&s)[kTileK / 8][4], const uint32_t (&qf)[D / 16][4],
-                                             const T* k_tile) {
-#pragma unroll
-  for (int ks = 0; ks < D / 16; ++ks) {
-    const uint64_t desc = smem_desc(k_tile + ks * 2 * kTileK * 8, kAlongFeatures, kAlongKeys);
-    if (ks == 0)
-      Wgmma<T, kTileK>::template run<0, 0>(s, qf[ks], desc);
-    else
-      Wgmma<T, kTileK>::template run<1, 0>(s, qf[ks], desc);
-  }
-}
-
 constexpr int kPipelinedStages = 3;
 
 // Registers: D = 32 needs a second score tile (32 more than value 1): capped for 3 blocks (12 warps)
@@ -281,21 +275,15 @@ __global__ void __launch_bounds__(kWarpgroupThreads, 3)
   extern __shared__ __align__(128) uint8_t smem_raw[];
   S& sm = *reinterpret_cast<S*>(smem_raw);
 
-  const int n = blockIdx.x, q0 = blockIdx.y * kTileQ;
-  const int b = blockIdx.z / p.H, h = blockIdx.z % p.H;
-  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  const int qrows = min(kTileQ, p.Sq - q0);
-
-  const SliceInputs<T> in = slice_inputs<T>(p, b, n, h, q0);
+  const ForwardTile<T> t = forward_tile<T, kTileQ>(p);
+  const int lane = t.lane;
   auto load_keys = [&](int kt, int stage) {
-    load_key_tile<T, D, kTileQ, kWarpgroupThreads, true>(sm.k[stage], sm.v[stage], sm.bias[stage],
-                                                         sm.key_ok[stage], in, p, kt, qrows);
+    load_key_stage<T, D, kTileQ, kWarpgroupThreads, true>(sm, stage, t, p, kt);
   };
   const int key_tiles = (p.Sk + kTileK - 1) / kTileK;
 
   // Q and tiles 0 and 1 (two groups); tile 0 made visible here, tile 1 in the first step.
-  load_tile<T, kTileQ, D, kWarpgroupThreads>(sm.q, in.q + q0 * p.q_stride.s, p.q_stride.s, qrows,
-                                             D, p.qkv_aligned, in.safe);
+  load_query_tile<T, D, kTileQ, kWarpgroupThreads>(sm.q, t, p);
   load_keys(0, 0);
   cp_async_commit();
   if (key_tiles > 1) {
@@ -308,14 +296,12 @@ __global__ void __launch_bounds__(kWarpgroupThreads, 3)
   fence_proxy_async_shared();
   __syncthreads();
 
-  const int row0 = warp * kWarpRows;
+  const int row0 = t.warp * kWarpRows;
   uint32_t qf[D / 16][4];
 #pragma unroll
   for (int ks = 0; ks < D / 16; ++ks) load_a(qf[ks], sm.q, S::LDQ, row0, ks * 16);
-  float o[D / 8][4];
-  float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};
-#pragma unroll
-  for (int i = 0; i < D / 8; ++i) o[i][0] = o[i][1] = o[i][2] = o[i][3] = 0.f;
+  float o[D / 8][4], m[2], l[2];
+  init_rows<D>(o, m, l);
   const float scale = in_register(p.scale);  // see in_register (mma.cuh)
 
   float s_a[kTileK / 8][4], s_b[kTileK / 8][4];
@@ -362,11 +348,7 @@ __global__ void __launch_bounds__(kWarpgroupThreads, 3)
 #pragma unroll
     for (int kk = 0; kk < kTileK / 16; ++kk) pack_p<T>(pa[kk], s_cur, kk);
     wgmma_fence();
-#pragma unroll
-    for (int kk = 0; kk < kTileK / 16; ++kk) {
-      const uint64_t desc = smem_desc(sm.v[st] + kk * 16 * 8, kAlongKeys, kAlongFeatures);
-      Wgmma<T, D>::template run<1, 1>(o, pa[kk], desc);
-    }
+    issue_pv<T, D>(o, pa, sm.v[st]);
     wgmma_commit();
     if constexpr (more) {  // 5. S(j+1) done
       wgmma_wait<1>();
@@ -391,7 +373,8 @@ __global__ void __launch_bounds__(kWarpgroupThreads, 3)
     step(j, s_a, s_b, last);
   }
 
-  store_rows<T, D>(p, output_slice<T>(p, b, n, h), b, n, h, q0 + row0, o, m, l, lane);
+  store_rows<T, D>(p, output_slice<T>(p, t.b, t.n, t.h), t.b, t.n, t.h, t.q0 + row0, o, m, l,
+                   lane);
 }
 
 // One warpgroup per 64-query tile of one slice; `smem` bytes of dynamic shared memory.

@@ -424,6 +424,17 @@ template <typename T, bool kLdsm>
 using WarpTileFor =
     std::conditional_t<kLdsm && !std::is_same_v<T, float>, WarpTileLdsm<T>, WarpTile<T>>;
 
+// A step's GEMM: waits for this thread's copies and at the barrier (every thread's copies and
+// shared-memory writes), then acc = X W^T (X [kRows, k], W [n, k], both with row stride ld).
+template <typename Acc, typename T>
+__device__ __forceinline__ void wait_and_multiply(Acc& acc, const T* x, const T* w, int ld, int k,
+                                                  int n) {
+  cp_async_wait_all();
+  __syncthreads();
+  acc.zero();
+  acc.template mma<WLayout::kNK>(x, ld, w, ld, k, n);
+}
+
 // ---- Tiles: kRows consecutive positions j0..j0+n-1 of one (b, i).
 
 struct Tile {

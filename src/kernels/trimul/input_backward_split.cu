@@ -134,11 +134,8 @@ __global__ void __launch_bounds__(kThreads, kOccupancyCtas)
     for (int r = warp; r < tile.n; r += kWarps)
       for (int c = lane; c < D; c += 32) xln_out[(tile.row0 + r) * D + c] = s.x[r * ld + c];
     for (int q = 0; q < p.input_chunks; ++q) {
-      cp_async_wait_all();
-      __syncthreads();
       Acc acc;
-      acc.zero();
-      acc.template mma<WLayout::kNK>(s.x, ld, s.w, ld, p.Dp, kChunkN);
+      wait_and_multiply(acc, s.x, s.w, ld, p.Dp, kChunkN);
       // The epilogue's shared-memory inputs to registers; then W, Dab, X and the mask are free
       // for the next step's (or tile's) copies, which run during the epilogue.
       // dA | dB by ldmatrix.trans in the C fragment's layout: dab[i][2 h + e / 2] holds the pair
@@ -374,14 +371,10 @@ __global__ void __launch_bounds__(kThreads, kOccupancyCtas)
 
 template <typename T>
 void launch_input_backward_split(const Params& p, cudaStream_t stream) {
-  const size_t gates_smem = GatesSmem<T>(nullptr, p.Dp).bytes;
-  set_max_smem(input_backward_gates_kernel<T>, gates_smem);
-  input_backward_gates_kernel<T><<<p.grid_input_backward, kThreads, gates_smem, stream>>>(p);
-  check_launch("trimul input_backward (gates)");
-  const size_t dx_smem = DxSmem<T>(nullptr, p.Dp).bytes;
-  set_max_smem(input_backward_dx_kernel<T>, dx_smem);
-  input_backward_dx_kernel<T><<<p.grid_input_backward, kThreads, dx_smem, stream>>>(p);
-  check_launch("trimul input_backward (dx)");
+  launch_kernel(input_backward_gates_kernel<T>, p.grid_input_backward,
+                GatesSmem<T>(nullptr, p.Dp).bytes, p, stream, "trimul input_backward (gates)");
+  launch_kernel(input_backward_dx_kernel<T>, p.grid_input_backward, DxSmem<T>(nullptr, p.Dp).bytes,
+                p, stream, "trimul input_backward (dx)");
 }
 
 template void launch_input_backward_split<__nv_bfloat16>(const Params&, cudaStream_t);

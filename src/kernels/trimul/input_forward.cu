@@ -45,11 +45,8 @@ __global__ void __launch_bounds__(kThreads, 2) input_forward_kernel(const Params
 
   for (int q = 0; q <= p.input_chunks; ++q) {
     const bool gate_step = q == p.input_chunks;
-    cp_async_wait_all();
-    __syncthreads();
     WarpTileFor<T, kFast> acc;
-    acc.zero();
-    acc.template mma<WLayout::kNK>(s.x, ld, s.w, ld, p.Dp, kChunkN);
+    wait_and_multiply(acc, s.x, s.w, ld, p.Dp, kChunkN);
     if (gate_step) acc.store(s.c, kLdC, kChunkN);
     else acc.store_col_major(s.c, kLdCT, kChunkN);
     __syncthreads();
@@ -157,11 +154,8 @@ __global__ void __launch_bounds__(kThreads, kOccupancyCtas)
             bias[j][h][e] = c < 2 * D ? p.bias_in[j * 2 * D + c] : 0.0f;
           }
     }
-    cp_async_wait_all();
-    __syncthreads();
     Acc acc;
-    acc.zero();
-    acc.template mma<WLayout::kNK>(s.x, ld, s.w, ld, p.Dp, kChunkN);
+    wait_and_multiply(acc, s.x, s.w, ld, p.Dp, kChunkN);
     __syncthreads();
     if (q + 1 < p.input_chunks)
       copy_tile_async(s.w, ld, w_in + int64_t(q + 1) * kChunkN * p.Dp, p.Dp, kChunkN, p.Dp,
@@ -216,20 +210,15 @@ template <typename T>
 void launch_input_forward(const Params& p, cudaStream_t stream) {
   if constexpr (kHasFast<T>) {
     if (variant() == 3) {
-      const size_t smem = InputForwardOccupancySmem<T>(nullptr, p.Dp).bytes;
-      const auto kernel = input_forward_occupancy_kernel<T>;
-      set_max_smem(kernel, smem);
-      kernel<<<dim3(unsigned(p.tiles)), kThreads, smem, stream>>>(p);
-      check_launch("trimul input_forward");
-      return;
+      return launch_kernel(input_forward_occupancy_kernel<T>, dim3(unsigned(p.tiles)),
+                           InputForwardOccupancySmem<T>(nullptr, p.Dp).bytes, p, stream,
+                           "trimul input_forward");
     }
   }
-  const size_t smem = InputForwardSmem<T>(nullptr, p.Dp).bytes;
   const auto kernel = fast_variant() ? input_forward_kernel<T, kHasFast<T>>
                                      : input_forward_kernel<T, false>;
-  set_max_smem(kernel, smem);
-  kernel<<<dim3(unsigned(p.tiles)), kThreads, smem, stream>>>(p);
-  check_launch("trimul input_forward");
+  launch_kernel(kernel, dim3(unsigned(p.tiles)), InputForwardSmem<T>(nullptr, p.Dp).bytes, p,
+                stream, "trimul input_forward");
 }
 
 TPF_TRIMUL_INSTANTIATE(launch_input_forward)

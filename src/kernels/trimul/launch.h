@@ -64,6 +64,16 @@ void set_max_smem(Kernel kernel, size_t bytes) {
              "cudaFuncSetAttribute");
 }
 
+// One launch of a kernel over Params with kThreads threads per CTA and `smem` bytes of dynamic
+// shared memory (allowed first, see set_max_smem); `name` for the launch check.
+template <typename Kernel>
+void launch_kernel(Kernel kernel, dim3 grid, size_t smem, const Params& p, cudaStream_t stream,
+                   const char* name) {
+  set_max_smem(kernel, smem);
+  kernel<<<grid, kThreads, smem, stream>>>(p);
+  check_launch(name);
+}
+
 template <typename T> void launch_pack_weights(const Params& p, const float* const* weights,
                                                const float* const* biases, void* w_in, void* w_out,
                                                float* bias_in, float* bias_out, cudaStream_t s);

@@ -41,12 +41,8 @@ __global__ void __launch_bounds__(kThreads, 2) output_forward_kernel(const Param
   __syncthreads();
 
   normalize_output_rows(p, tile, s.z, s.x, ld, nullptr, nullptr, static_cast<T*>(nullptr));
-  cp_async_wait_all();
-  __syncthreads();
-
   WarpTileFor<T, kFast> acc;
-  acc.zero();
-  acc.template mma<WLayout::kNK>(s.x, ld, s.w, ld, p.Dp, p.Dp);
+  wait_and_multiply(acc, s.x, s.w, ld, p.Dp, p.Dp);
   acc.store(s.c, kLdC, p.Dp);
   __syncthreads();
 
@@ -120,12 +116,8 @@ __global__ void __launch_bounds__(kThreads, kOccupancyCtas)
   // This thread's output biases before the GEMM, which hides their latency.
   float bias[2][2][2];
   Acc::column_values(p.bias_out, D, bias);
-  cp_async_wait_all();
-  __syncthreads();
-
   Acc acc;
-  acc.zero();
-  acc.template mma<WLayout::kNK>(s.zx, ld, s.w, ld, p.Dp, p.Dp);
+  wait_and_multiply(acc, s.zx, s.w, ld, p.Dp, p.Dp);
 
   // y = sigmoid(go) * (C + bp_out) in place of go in St (each element read and written by the
   // thread that owns it), then row-major to global.
@@ -155,20 +147,15 @@ template <typename T>
 void launch_output_forward(const Params& p, cudaStream_t stream) {
   if constexpr (kHasFast<T>) {
     if (variant() == 3) {
-      const size_t smem = OutputForwardOccupancySmem<T>(nullptr, p.Dp).bytes;
-      const auto kernel = output_forward_occupancy_kernel<T>;
-      set_max_smem(kernel, smem);
-      kernel<<<dim3(unsigned(p.tiles)), kThreads, smem, stream>>>(p);
-      check_launch("trimul output_forward");
-      return;
+      return launch_kernel(output_forward_occupancy_kernel<T>, dim3(unsigned(p.tiles)),
+                           OutputForwardOccupancySmem<T>(nullptr, p.Dp).bytes, p, stream,
+                           "trimul output_forward");
     }
   }
-  const size_t smem = OutputForwardSmem<T>(nullptr, p.Dp).bytes;
   const auto kernel = fast_variant() ? output_forward_kernel<T, kHasFast<T>>
                                      : output_forward_kernel<T, false>;
-  set_max_smem(kernel, smem);
-  kernel<<<dim3(unsigned(p.tiles)), kThreads, smem, stream>>>(p);
-  check_launch("trimul output_forward");
+  launch_kernel(kernel, dim3(unsigned(p.tiles)), OutputForwardSmem<T>(nullptr, p.Dp).bytes, p,
+                stream, "trimul output_forward");
 }
 
 TPF_TRIMUL_INSTANTIATE(launch_output_forward)

@@ -522,4 +522,12 @@ struct SmemCarver {
   }
 };
 
+// The A and B operands of the input-side kernels' step GEMMs, first in their shared memory: X
+// [kRows, Dp] (x_ln) and W [kChunkN, Dp] (one packed weight block), T with padded rows.
+template <typename T>
+__host__ __device__ inline void take_step_operands(SmemCarver& s, int Dp, T*& x, T*& w) {
+  x = s.take<T>(size_t(kRows) * (Dp + kPad));
+  w = s.take<T>(size_t(kChunkN) * (Dp + kPad));
+}
+
 }  // namespace tpf::cuda::trimul

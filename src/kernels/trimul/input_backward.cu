@@ -39,8 +39,7 @@ struct InputBackwardSmem {
   size_t bytes;
   __host__ __device__ InputBackwardSmem(unsigned char* base, int Dp, bool with_bias) {
     SmemCarver s{base};
-    x = s.take<T>(size_t(kRows) * (Dp + kPad));
-    w = s.take<T>(size_t(kChunkN) * (Dp + kPad));
+    take_step_operands(s, Dp, x, w);
     c = s.take<float>(size_t(kRows) * kLdC);
     g = s.take<T>(size_t(kRows) * kLdG);
     mask = s.take<float>(kRows);

@@ -49,8 +49,7 @@ struct GatesSmem {
   size_t bytes;
   __host__ __device__ GatesSmem(unsigned char* base, int Dp) {
     SmemCarver s{base};
-    x = s.take<T>(size_t(kRows) * (Dp + kPad));
-    w = s.take<T>(size_t(kChunkN) * (Dp + kPad));
+    take_step_operands(s, Dp, x, w);
     dab = s.take<T>(size_t(kChunkChannels) * kLdDab);
     bias = s.take<float>(2 * kChunkN);
     mask = s.take<float>(kRows);

@@ -24,8 +24,7 @@ struct InputForwardSmem {
   size_t bytes;
   __host__ __device__ InputForwardSmem(unsigned char* base, int Dp) {
     SmemCarver s{base};
-    x = s.take<T>(size_t(kRows) * (Dp + kPad));
-    w = s.take<T>(size_t(kChunkN) * (Dp + kPad));
+    take_step_operands(s, Dp, x, w);
     c = s.take<float>(kStagingFloats);
     mask = s.take<float>(kRows);
     bytes = s.at;
@@ -112,8 +111,7 @@ struct InputForwardOccupancySmem {
   size_t bytes;
   __host__ __device__ InputForwardOccupancySmem(unsigned char* base, int Dp) {
     SmemCarver s{base};
-    x = s.take<T>(size_t(kRows) * (Dp + kPad));
-    w = s.take<T>(size_t(kChunkN) * (Dp + kPad));
+    take_step_operands(s, Dp, x, w);
     st = s.take<T>(size_t(kRows) * kLdSt);
     mask = s.take<float>(kRows);
     bytes = s.at;

@@ -81,52 +81,39 @@ template <typename T, int N>
 struct Wgmma;
 
 #define TPF_ACC4(d, j) "+f"(d[j][0]), "+f"(d[j][1]), "+f"(d[j][2]), "+f"(d[j][3])
-#define TPF_WGMMA_RS(TY, PTXTY)                                                                    \
+// Wgmma<TY, N>: the PTX operand numbers of the accumulator list (DREGS), A's registers (AREGS),
+// the descriptor, ScaleD and TransB, and the accumulator operands (TPF_ACC4 for each of the N / 8
+// fragments).
+#define TPF_WGMMA_RS_N(TY, PTXTY, N, DREGS, AREGS, DESC, SCALE_D, TRANS_B, ...)                   \
   template <>                                                                                      \
-  struct Wgmma<TY, 16> {                                                                           \
+  struct Wgmma<TY, N> {                                                                            \
     template <int ScaleD, int TransB>                                                              \
-    static __device__ __forceinline__ void run(float (&d)[2][4], const uint32_t (&a)[4],          \
+    static __device__ __forceinline__ void run(float (&d)[N / 8][4], const uint32_t (&a)[4],      \
                                                uint64_t desc) {                                    \
       asm volatile(                                                                                \
-          "{\n.reg .pred p;\nsetp.ne.b32 p, %13, 0;\n"                                             \
-          "wgmma.mma_async.sync.aligned.m64n16k16.f32." PTXTY "." PTXTY " "                        \
-          "{%0,%1,%2,%3,%4,%5,%6,%7}, {%8,%9,%10,%11}, %12, p, 1, 1, %14;\n}\n"                   \
-          : TPF_ACC4(d, 0), TPF_ACC4(d, 1)                                                         \
-          : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "n"(ScaleD), "n"(TransB));     \
-    }                                                                                              \
-  };                                                                                               \
-  template <>                                                                                      \
-  struct Wgmma<TY, 32> {                                                                           \
-    template <int ScaleD, int TransB>                                                              \
-    static __device__ __forceinline__ void run(float (&d)[4][4], const uint32_t (&a)[4],          \
-                                               uint64_t desc) {                                    \
-      asm volatile(                                                                                \
-          "{\n.reg .pred p;\nsetp.ne.b32 p, %21, 0;\n"                                             \
-          "wgmma.mma_async.sync.aligned.m64n32k16.f32." PTXTY "." PTXTY " "                        \
-          "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15}, {%16,%17,%18,%19}, %20, p, "   \
-          "1, 1, %22;\n}\n"                                                                        \
-          : TPF_ACC4(d, 0), TPF_ACC4(d, 1), TPF_ACC4(d, 2), TPF_ACC4(d, 3)                         \
-          : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "n"(ScaleD), "n"(TransB));     \
-    }                                                                                              \
-  };                                                                                               \
-  template <>                                                                                      \
-  struct Wgmma<TY, 64> {                                                                           \
-    template <int ScaleD, int TransB>                                                              \
-    static __device__ __forceinline__ void run(float (&d)[8][4], const uint32_t (&a)[4],          \
-                                               uint64_t desc) {                                    \
-      asm volatile(                                                                                \
-          "{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"                                             \
-          "wgmma.mma_async.sync.aligned.m64n64k16.f32." PTXTY "." PTXTY " "                        \
-          "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,"    \
-          "%23,%24,%25,%26,%27,%28,%29,%30,%31}, {%32,%33,%34,%35}, %36, p, 1, 1, %38;\n}\n"       \
-          : TPF_ACC4(d, 0), TPF_ACC4(d, 1), TPF_ACC4(d, 2), TPF_ACC4(d, 3), TPF_ACC4(d, 4),        \
-            TPF_ACC4(d, 5), TPF_ACC4(d, 6), TPF_ACC4(d, 7)                                         \
+          "{\n.reg .pred p;\nsetp.ne.b32 p, " SCALE_D ", 0;\n"                                     \
+          "wgmma.mma_async.sync.aligned.m64n" #N "k16.f32." PTXTY "." PTXTY " " DREGS ", " AREGS  \
+          ", " DESC ", p, 1, 1, " TRANS_B ";\n}\n"                                                 \
+          : __VA_ARGS__                                                                            \
           : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "n"(ScaleD), "n"(TransB));     \
     }                                                                                              \
   };
+#define TPF_WGMMA_RS(TY, PTXTY)                                                                    \
+  TPF_WGMMA_RS_N(TY, PTXTY, 16, "{%0,%1,%2,%3,%4,%5,%6,%7}", "{%8,%9,%10,%11}", "%12", "%13",     \
+                 "%14", TPF_ACC4(d, 0), TPF_ACC4(d, 1))                                           \
+  TPF_WGMMA_RS_N(TY, PTXTY, 32, "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15}",        \
+                 "{%16,%17,%18,%19}", "%20", "%21", "%22", TPF_ACC4(d, 0), TPF_ACC4(d, 1),       \
+                 TPF_ACC4(d, 2), TPF_ACC4(d, 3))                                                  \
+  TPF_WGMMA_RS_N(TY, PTXTY, 64,                                                                    \
+                 "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21," \
+                 "%22,%23,%24,%25,%26,%27,%28,%29,%30,%31}",                                       \
+                 "{%32,%33,%34,%35}", "%36", "%37", "%38", TPF_ACC4(d, 0), TPF_ACC4(d, 1),       \
+                 TPF_ACC4(d, 2), TPF_ACC4(d, 3), TPF_ACC4(d, 4), TPF_ACC4(d, 5), TPF_ACC4(d, 6), \
+                 TPF_ACC4(d, 7))
 TPF_WGMMA_RS(__nv_bfloat16, "bf16")
 TPF_WGMMA_RS(__half, "f16")
 #undef TPF_WGMMA_RS
+#undef TPF_WGMMA_RS_N
 #undef TPF_ACC4
 
 // ---- the kernel -------------------------------------------------------------------------------------

@@ -120,6 +120,7 @@ TPF_WGMMA_RS(__half, "f16")
 
 template <typename T, int D, int STAGES = 2>
 struct WgmmaForwardSmem {
+  static_assert(D == 16 || D == 32, "the wgmma forward covers head dims 16 and 32");
   static constexpr int LDQ = D + kPad;
   static constexpr int LDB = kTileK + kPad;
   // Core-matrix layout ([D / 8][kTileK][8], load_tile<..., CORE>): the 8 x 8 block of keys
@@ -130,6 +131,13 @@ struct WgmmaForwardSmem {
   T bias[STAGES][kTileQ * LDB];
   uint8_t key_ok[STAGES][kTileK];
 };
+
+// The block's dynamic shared memory (128-byte aligned, as the core-matrix tiles need).
+template <typename S>
+__device__ __forceinline__ S& wgmma_smem() {
+  extern __shared__ __align__(128) uint8_t smem_raw[];
+  return *reinterpret_cast<S*>(smem_raw);
+}
 
 // Descriptor strides of the core-matrix layout, in bytes: 128 between core matrices along the
 // keys, kTileK * 16 between core matrices along the features.
@@ -168,10 +176,8 @@ __device__ __forceinline__ void issue_pv(float (&o)[D / 8][4],
 template <typename T, int D>
 __global__ void __launch_bounds__(kWarpgroupThreads, 4)
     attention_forward_wgmma_kernel(const AttentionForwardParams p) {
-  static_assert(D == 16 || D == 32, "the wgmma forward covers head dims 16 and 32");
   using S = WgmmaForwardSmem<T, D>;
-  extern __shared__ __align__(128) uint8_t smem_raw[];
-  S& sm = *reinterpret_cast<S*>(smem_raw);
+  S& sm = wgmma_smem<S>();
 
   const ForwardTile<T> t = forward_tile<T, kTileQ>(p);
   const int lane = t.lane;
@@ -257,10 +263,8 @@ constexpr int kPipelinedStages = 3;
 template <typename T, int D>
 __global__ void __launch_bounds__(kWarpgroupThreads, 3)
     attention_forward_wgmma_pipelined_kernel(const AttentionForwardParams p) {
-  static_assert(D == 16 || D == 32, "the wgmma forward covers head dims 16 and 32");
   using S = WgmmaForwardSmem<T, D, kPipelinedStages>;
-  extern __shared__ __align__(128) uint8_t smem_raw[];
-  S& sm = *reinterpret_cast<S*>(smem_raw);
+  S& sm = wgmma_smem<S>();
 
   const ForwardTile<T> t = forward_tile<T, kTileQ>(p);
   const int lane = t.lane;

@@ -358,6 +358,19 @@ struct WarpTileLdsm {
   static __device__ __forceinline__ int col(int j, int h, int e) {
     return (threadIdx.x / 32 >> 1) * 32 + 16 * j + 8 * h + 2 * (threadIdx.x & 3) + (e & 1);
   }
+  // f(i, j, h, e) for the thread's elements acc[i][j][h][e], unrolled; kStepE = 2: for the pairs
+  // (e = 0, 2: elements e and e + 1, adjacent columns of one row).
+  template <int kStepE = 1, typename F>
+  static __device__ __forceinline__ void for_each_element(F&& f) {
+#pragma unroll
+    for (int i = 0; i < 2; ++i)
+#pragma unroll
+      for (int j = 0; j < 2; ++j)
+#pragma unroll
+        for (int h = 0; h < 2; ++h)
+#pragma unroll
+          for (int e = 0; e < 4; e += kStepE) f(i, j, h, e);
+  }
   // v[j][h][e] = src[col(j, h, e)] for columns below n, zero past them: per-column values (biases)
   // of the thread's elements, 8 loads.
   static __device__ __forceinline__ void column_values(const float* src, int n,

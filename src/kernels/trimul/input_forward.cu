@@ -182,17 +182,10 @@ __global__ void __launch_bounds__(kThreads, kOccupancyCtas)
       });
     } else {
       // Output gate logits, row-major.
-#pragma unroll
-      for (int i = 0; i < 2; ++i)
-#pragma unroll
-        for (int j = 0; j < 2; ++j)
-#pragma unroll
-          for (int h = 0; h < 2; ++h)
-#pragma unroll
-            for (int e = 0; e < 4; e += 2)
-              store_pair(s.st + Acc::row(i, e) * kLdSt + Acc::col(j, h, e),
-                         acc.acc[i][j][h][e] + bias[j][h][0],
-                         acc.acc[i][j][h][e + 1] + bias[j][h][1]);
+      Acc::template for_each_element<2>([&](int i, int j, int h, int e) {
+        store_pair(s.st + Acc::row(i, e) * kLdSt + Acc::col(j, h, e),
+                   acc.acc[i][j][h][e] + bias[j][h][0], acc.acc[i][j][h][e + 1] + bias[j][h][1]);
+      });
       __syncthreads();
       T* go = static_cast<T*>(p.go);
       store_staged_rows<kRows, kChunkN, true>(s.st, kLdSt, D, [=](int r) -> T* {

@@ -121,20 +121,13 @@ __global__ void __launch_bounds__(kThreads, kOccupancyCtas)
 
   // y = sigmoid(go) * (C + bp_out) in place of go in St (each element read and written by the
   // thread that owns it), then row-major to global.
-#pragma unroll
-  for (int i = 0; i < 2; ++i)
-#pragma unroll
-    for (int j = 0; j < 2; ++j)
-#pragma unroll
-      for (int h = 0; h < 2; ++h)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const int r = Acc::row(i, e), c = Acc::col(j, h, e);
-          if (r < tile.n && c < D) {
-            T* at = s.st + r * kLdSt + c;
-            *at = from_f<T>(sigmoid_t<T, true>(to_f(*at)) * (acc.acc[i][j][h][e] + bias[j][h][e & 1]));
-          }
-        }
+  Acc::for_each_element([&](int i, int j, int h, int e) {
+    const int r = Acc::row(i, e), c = Acc::col(j, h, e);
+    if (r < tile.n && c < D) {
+      T* at = s.st + r * kLdSt + c;
+      *at = from_f<T>(sigmoid_t<T, true>(to_f(*at)) * (acc.acc[i][j][h][e] + bias[j][h][e & 1]));
+    }
+  });
   __syncthreads();
   T* y = static_cast<T*>(p.y) + tile.row0 * D;
   store_staged_rows<kRows, kChunkN>(s.st, kLdSt, D,

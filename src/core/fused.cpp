@@ -209,9 +209,8 @@ Heads check_gated_output(const GatedOutputArgs& a, bool backward) {
     TPF_CHECK(t.dtype == a.g.dtype, str(name, " must have g's dtype ") + dtype_name(a.g.dtype));
   };
   if (backward) {
-    TensorView rows = a.g;  // the contiguous [R, H*D] shape
-    same(a.dy, "grad_y", rows, "g");
-    same(a.dg, "dg", rows, "g");
+    same(a.dy, "grad_y", a.g, "g");  // g's shape [R, H*D], contiguous
+    same(a.dg, "dg", a.g, "g");
     same(a.do_, "do", a.o, "o");
   } else {
     same(a.y, "y", a.g, "g");

@@ -8,6 +8,8 @@ from typing import Optional
 import torch
 from torch import nn
 
+from turbopairformer.ops import fused as fused_ops
+
 BACKENDS = ("reference", "turbo")
 
 # The standard deviation of a unit normal truncated at +-2, to undo the truncation's shrinkage.
@@ -66,5 +68,4 @@ def layer_norm(ln: nn.LayerNorm, x: torch.Tensor, backend: str) -> torch.Tensor:
     next GEMM casts to under autocast (every consumer of these LayerNorms is a linear layer)."""
     if not fused_glue(backend) or ln.weight is None or ln.bias is None:
         return ln(x)
-    from turbopairformer.ops.fused import layer_norm as fused_layer_norm
-    return fused_layer_norm(x, ln.weight, ln.bias, ln.eps, autocast_dtype(x) or x.dtype)
+    return fused_ops.layer_norm(x, ln.weight, ln.bias, ln.eps, autocast_dtype(x) or x.dtype)

@@ -86,10 +86,6 @@ def inner_contiguous(x: torch.Tensor) -> torch.Tensor:
     return x if x.shape[-1] <= 1 or x.stride(-1) == 1 else x.contiguous()
 
 
-def detached(x: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
-    return None if x is None else x.detach()
-
-
 def save_named(ctx, **tensors: Optional[torch.Tensor]) -> None:
     """Saves tensors for backward under their names (load_named gives them back by name)."""
     ctx._saved_names = tuple(tensors)

@@ -14,7 +14,6 @@ import torch
 from turbopairformer import _C
 from turbopairformer.ops.torch_reference import triangle_attention_torch
 from turbopairformer.ops._common import (
-    detached,
     eager_autograd,
     inner_contiguous,
     load_named,
@@ -46,7 +45,7 @@ def _attention_fwd_impl(q, k, v, bias, mask, scale, keep_residual):
     o, lse, residual = _fwd_outputs(q, keep_residual)
     native(
         _C.attention_forward,
-        q.detach(), k.detach(), v.detach(), bias.detach(), detached(mask), o, lse,
+        q, k, v, bias, mask, o, lse,
         residual if residual.numel() else None, scale, stream_of(q))
     return o, lse, residual
 
@@ -93,8 +92,8 @@ def _attention_bwd_impl(grad_out, q, k, v, bias, mask, o, lse, residual, scale):
         workspace = torch.empty(max(nbytes, 1), dtype=torch.uint8, device=q.device)
     native(
         _C.attention_backward,
-        q.detach(), k.detach(), v.detach(), bias.detach(), detached(mask), o.detach(),
-        lse.detach(), grad_out.detach(), residual.detach() if residual.numel() else None,
+        q, k, v, bias, mask, o,
+        lse, grad_out, residual if residual.numel() else None,
         dq, dk, dv, dbias, scale, workspace, stream_of(q))
     return dq, dk, dv, dbias
 

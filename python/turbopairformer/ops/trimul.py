@@ -19,7 +19,6 @@ import torch
 
 from turbopairformer import _C
 from turbopairformer.ops._common import (
-    detached,
     load_named,
     native,
     require_float,
@@ -71,7 +70,7 @@ def _trimul_fwd_impl(x, mask, weights, outgoing, eps):
     y, a, b, z, go = _fwd_outputs(x)
     native(
         _C.trimul_forward,
-        x.detach(), detached(mask), [w.detach() for w in weights], outgoing, eps, y, a, b, z, go,
+        x, mask, weights, outgoing, eps, y, a, b, z, go,
         _workspace(x, backward=False), stream_of(x))
     return y, a, b, z, go
 
@@ -106,8 +105,8 @@ def _trimul_bwd_impl(grad_out, x, mask, weights, a, b, z, go, outgoing, eps):
     grads = _bwd_outputs(x, weights)
     native(
         _C.trimul_backward,
-        x.detach(), detached(mask), [w.detach() for w in weights], outgoing, eps, a.detach(),
-        b.detach(), z.detach(), go.detach(), grad_out.detach(), grads[0], grads[1:],
+        x, mask, weights, outgoing, eps, a,
+        b, z, go, grad_out, grads[0], grads[1:],
         _workspace(x, backward=True), stream_of(x))
     return grads
 

@@ -139,13 +139,13 @@ void layer_norm_backward_cpu(const LayerNormBackwardArgs& a, const Rows& rows, i
   float* dw = static_cast<float*>(a.dweight.data);
   float* db = static_cast<float*>(a.dbias.data);
   for (int64_t c = 0; c < C; ++c) {
-    float sw = 0, sb = 0;
+    double sw = 0, sb = 0;  // in FP64, as the CUDA path's finish kernel
     for (int64_t k = 0; k < chunks; ++k) {
       sw += partial[size_t(k * 2 * C + c)];
       sb += partial[size_t(k * 2 * C + C + c)];
     }
-    dw[c] = sw;
-    db[c] = sb;
+    dw[c] = float(sw);
+    db[c] = float(sb);
   }
 }
 

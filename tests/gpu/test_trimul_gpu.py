@@ -123,13 +123,13 @@ def test_cuda_errors_name_the_argument():
 
 
 # The kernel variants that TPF_TRIMUL_VARIANT selects (src/kernels/trimul/launch.h; every other
-# test runs the default, variant 1, or whatever the variable says): 0, the fused kernels' GEMMs
-# through WMMA and the IEEE sigmoid; 2, also input_backward's epilogue changes; 3, the forward
-# kernels' epilogues from the MMA registers at 3 CTAs per SM, whose 16-byte stores fall back to
-# scalar ones where S (a, b) or D (go, y) is not a multiple of 8: (20, 136) takes the vector path
-# for a and b and the scalar one for go and y, the others the reverse. D = 8, 20, 24 and 72 leave
+# test runs the default, variant 3, or whatever the variable says): 0, the fused kernels' GEMMs
+# through WMMA and the IEEE sigmoid; 1, through mma.sync with ldmatrix fragments; 2, also
+# input_backward's epilogue changes. The default's forward epilogues (from the MMA registers)
+# fall back from 16-byte stores to scalar ones where S (a, b) or D (go, y) is not a multiple of 8:
+# (20, 136) takes the vector path for a and b and the scalar one for go and y, the others the reverse. D = 8, 20, 24 and 72 leave
 # warps with half or none of their 32 output columns; S = 70, 257 and 136 leave partial tiles.
-VARIANTS = ["0", "2", "3"]
+VARIANTS = ["0", "1", "2", "3"]  # 3 also runs unset: the shapes above are for its epilogues
 
 
 @pytest.mark.parametrize("variant", VARIANTS)

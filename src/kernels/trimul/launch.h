@@ -21,7 +21,8 @@ inline void check_cuda(cudaError_t e, const char* what) {
 }
 
 // Kernel variants, chosen at each launch by TPF_TRIMUL_VARIANT so that one GPU run can test and
-// time them side by side (unset: variant 1, the fastest measured on the H200, bench/notes-trimul.md):
+// time them side by side (unset: variant 3, the fastest measured on the H200, bench/notes-trimul.md
+// section 11):
 //   0  the fused kernels' GEMMs through WMMA (fragments by 32-bit generic loads), IEEE sigmoid;
 //   1  the same GEMMs through mma.sync m16n8k16 with ldmatrix fragments, and for 16-bit types the
 //      sigmoid through the approximate exponential and division (device.cuh);
@@ -37,7 +38,7 @@ inline void check_cuda(cudaError_t e, const char* what) {
 constexpr int kVariants = 4;
 inline int variant() {
   const char* env = std::getenv("TPF_TRIMUL_VARIANT");
-  if (env == nullptr || env[0] == '\0') return 1;
+  if (env == nullptr || env[0] == '\0') return 3;
   if (env[1] != '\0' || env[0] < '0' || env[0] >= char('0' + kVariants))
     throw Error(std::string("TPF_TRIMUL_VARIANT: expected 0, 1, 2 or 3 (or unset), got '") + env + "'");
   return env[0] - '0';

@@ -89,19 +89,17 @@ def test_uncapped_forward_matches_fp64_reference(monkeypatch, S, N, D, seed):
     check_kernel_variant(monkeypatch, "TPF_ATTENTION_FWD_BLOCKS", "4", S, N, D, seed, "uncapped forward")
 
 
-# TPF_ATTENTION_FWD_WGMMA: 1 = the warpgroup-MMA forward (forward_wgmma.cu), 2 = its pipelined
-# version (the next key tile's score MMA in flight during this tile's softmax).
-WGMMA_VERSIONS = ["1", "2"]
+# TPF_ATTENTION_FWD_WGMMA=1: the warpgroup-MMA forward (forward_wgmma.cu).
+WGMMA_VERSIONS = ["1"]
 
 
 @pytest.mark.parametrize("version", WGMMA_VERSIONS)
 @pytest.mark.parametrize("D", [16, 32])
 @pytest.mark.parametrize("S,N", [(33, 5), (257, 7), (384, 3)])
 def test_wgmma_forward_matches_fp64_reference(monkeypatch, S, N, D, version, seed):
-    """The warpgroup-MMA forward (TPF_ATTENTION_FWD_WGMMA=1 or 2, forward_wgmma.cu); the backward,
+    """The warpgroup-MMA forward (TPF_ATTENTION_FWD_WGMMA=1, forward_wgmma.cu); the backward,
     which reads its O, lse and residual, is the default one. The last slice of the second batch is
-    fully masked: its O must be zero. 1, 5 and 6 key tiles (version 2: only the last step, the
-    unrolled loop plus one step, the loop plus two steps)."""
+    fully masked: its O must be zero. 1, 5 and 6 key tiles."""
     ours = check_kernel_variant(monkeypatch, "TPF_ATTENTION_FWD_WGMMA", version, S, N, D, seed,
                                 f"wgmma forward {version}")
     assert (ours["o"][-1, N - 1] == 0).all(), "O of the fully masked slice is not zero"
@@ -153,23 +151,6 @@ def forward_with_residual(q, k, v, bias, mask):
         q, k, v, bias.reshape(B, H, S, S), mask.reshape(B, N, S), 1 / math.sqrt(D), True)
     torch.cuda.synchronize()
     return o, lse, res
-
-
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
-@pytest.mark.parametrize("D", [16, 32])
-@pytest.mark.parametrize("S", [33, 100, 150, 200, 257, 384])
-def test_wgmma_pipelined_forward_is_bitwise_version_1(monkeypatch, S, D, dtype, seed):
-    """Version 2 runs the same MMAs on the same operands and the same softmax code in the same order
-    per row as version 1: O, lse and the residual are bitwise equal. 1 to 6 key tiles cover every
-    path of its twice-unrolled loop (only the last step; loop + 1 or 2 steps; 2 steps alone)."""
-    g = torch.Generator().manual_seed(seed)
-    q, k, v, bias, mask, _ = make_case(2, 5, 4, S, D, dtype, "cuda", g)
-    monkeypatch.setenv("TPF_ATTENTION_FWD_WGMMA", "1")
-    one = forward_with_residual(q, k, v, bias, mask)
-    monkeypatch.setenv("TPF_ATTENTION_FWD_WGMMA", "2")
-    two = forward_with_residual(q, k, v, bias, mask)
-    for name, a, b in zip(("O", "lse", "residual"), one, two):
-        assert torch.equal(a, b), f"{name} of version 2 differs from version 1 (S={S}, D={D}, {dtype})"
 
 
 @pytest.mark.parametrize("version", WGMMA_VERSIONS)

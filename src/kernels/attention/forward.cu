@@ -162,13 +162,12 @@ void launch(const AttentionForwardParams& p, cudaStream_t stream) {
     const char* env = std::getenv("TPF_ATTENTION_FWD_ROW_TILES");
     return env ? std::atoi(env) : kForwardRowTiles;
   }();
-  // TPF_ATTENTION_FWD_WGMMA=1: the warpgroup-MMA forward at head dims 16 and 32 (forward_wgmma.cu),
-  // =2: its pipelined version; read at each launch like TPF_ATTENTION_FWD_BLOCKS.
+  // TPF_ATTENTION_FWD_WGMMA=1: the warpgroup-MMA forward at head dims 16 and 32 (forward_wgmma.cu;
+  // slower on the H200, kept for the next step); read at each launch like TPF_ATTENTION_FWD_BLOCKS.
   if constexpr (D <= 32) {
     const char* wgmma = std::getenv("TPF_ATTENTION_FWD_WGMMA");
     const int version = wgmma != nullptr ? std::atoi(wgmma) : 0;
     if (version == 1) return attention_forward_wgmma_launch<T, D>(p, stream);
-    if (version == 2) return attention_forward_wgmma_pipelined_launch<T, D>(p, stream);
   }
   // For D <= 32 (one row tile) registers are capped for 5 blocks per SM, the default since it was
   // measured on the H200 (D=32 S=768: forward kernel 2.62 -> 2.42 ms; bench/notes-attention.md);

@@ -11,13 +11,9 @@ template <typename T>
 void attention_forward_launch(const AttentionForwardParams& p, int head_dim, cudaStream_t stream);
 
 // The wgmma forward (forward_wgmma.cu), D = 16 or 32; attention_forward_launch picks it when
-// TPF_ATTENTION_FWD_WGMMA=1 (=2: the pipelined version).
+// TPF_ATTENTION_FWD_WGMMA=1.
 template <typename T, int D>
 void attention_forward_wgmma_launch(const AttentionForwardParams& p, cudaStream_t stream);
-// Its pipelined version (the next key tile's score MMA in flight during this tile's softmax), same
-// numerics; picked when TPF_ATTENTION_FWD_WGMMA=2.
-template <typename T, int D>
-void attention_forward_wgmma_pipelined_launch(const AttentionForwardParams& p, cudaStream_t stream);
 
 template <typename T>
 void attention_backward_launch(const AttentionBackwardParams& p, int head_dim, cudaStream_t stream);

@@ -15,14 +15,17 @@
 // cp.async fills with 16-byte copies; the bias tile and key flags are loaded as in the other kernel.
 // The tiles of key tile kt + 1 load (cp.async) while tile kt computes; one barrier per key tile.
 //
+// Measured on the H200 (commit 24a3224, bench/notes-attention.md section "Session 4"): slower than
+// the mma.sync forward at every shape, kernel time D=16 S=384 0.276 against 0.256 ms, D=32 S=768
+// 2.75 against 2.38 ms; so it stays behind the switch. A pipelined version (the next key tile's
+// score MMA in flight during this tile's softmax: 3 stages, 168 registers) was slower still (3.12
+// ms at D=32 S=768) and failed the FP64 test at S=384 when forced for every call: removed (commit
+// 24a3224 has it).
 // What this version does not do yet (the next optimizations, in the order we expect them to pay):
-//  1. Overlap the softmax with the MMAs (FA3's intra-warpgroup pipelining): issue S(kt + 1) = Q K^T
-//     before the softmax of tile kt and wait for it after; needs a second score tile (32 more
-//     registers) and a third K/V stage.
-//  2. Two consumer warpgroups per block (128 queries) ping-ponging on named barriers, so one's
+//  1. Two consumer warpgroups per block (128 queries) ping-ponging on named barriers, so one's
 //     softmax runs under the other's MMAs; with a producer warp issuing TMA loads (mbarriers)
 //     instead of every thread's cp.async.
-//  3. 128-key tiles (m64n128k16) to halve the per-tile fixed costs (barriers, row max shuffles).
+//  2. 128-key tiles (m64n128k16) to halve the per-tile fixed costs (barriers, row max shuffles).
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
@@ -241,133 +244,6 @@ __global__ void __launch_bounds__(kWarpgroupThreads, 4)
                    lane);
 }
 
-// ---- TPF_ATTENTION_FWD_WGMMA=2: the same kernel with the score MMA of the next key tile in flight
-// during the softmax of this one (FA3's intra-warpgroup pipelining) ---------------------------------
-//
-// Per key tile j, with S(j) = Q K(j)^T already in registers (s_cur) and O += P(j-1) V(j-1) in flight:
-//   1. issue S(j+1) into s_next (commit group), no wait;
-//   2. the softmax of tile j (softmax_tile, as value 1) under S(j+1) and PV(j-1);
-//   3. wait_group 1: PV(j-1) is done (S(j+1) may still run); rescale O; make tile j+1 visible
-//      (cp.async wait, proxy fence, the one barrier per tile) and start the copies of tile j+2;
-//   4. issue O += P(j) V(j) (commit group);
-//   5. wait_group 1: S(j+1) is done (PV(j) may still run); s_next becomes s_cur.
-// O goes through the same sequence as in value 1 (O = O * correction(j) + P(j) V(j), the rows'
-// m and l updated by the same code in the same order), so the results are the same up to the MMAs'
-// internal order. Tile j + 2 overwrites the stage of tile j - 1, which PV(j - 1) read: three stages,
-// and the copies start after the barrier that follows every thread's wait for PV(j - 1). The two
-// score tiles alternate between two register arrays (the loop body is unrolled twice), so no copy.
-constexpr int kPipelinedStages = 3;
-
-// Registers: D = 32 needs a second score tile (32 more than value 1): capped for 3 blocks (12 warps)
-// per SM, ~57 KB of shared memory per block at D = 32.
-template <typename T, int D>
-__global__ void __launch_bounds__(kWarpgroupThreads, 3)
-    attention_forward_wgmma_pipelined_kernel(const AttentionForwardParams p) {
-  using S = WgmmaForwardSmem<T, D, kPipelinedStages>;
-  S& sm = wgmma_smem<S>();
-
-  const ForwardTile<T> t = forward_tile<T, kTileQ>(p);
-  const int lane = t.lane;
-  auto load_keys = [&](int kt, int stage) {
-    load_key_stage<T, D, kTileQ, kWarpgroupThreads, true>(sm, stage, t, p, kt);
-  };
-  const int key_tiles = (p.Sk + kTileK - 1) / kTileK;
-
-  // Q and tiles 0 and 1 (two groups); tile 0 made visible here, tile 1 in the first step.
-  load_query_tile<T, D, kTileQ, kWarpgroupThreads>(sm.q, t, p);
-  load_keys(0, 0);
-  cp_async_commit();
-  if (key_tiles > 1) {
-    load_keys(1, 1);
-    cp_async_commit();
-    cp_async_wait<1>();
-  } else {
-    cp_async_wait<0>();
-  }
-  fence_proxy_async_shared();
-  __syncthreads();
-
-  const int row0 = t.warp * kWarpRows;
-  uint32_t qf[D / 16][4];
-#pragma unroll
-  for (int ks = 0; ks < D / 16; ++ks) load_a(qf[ks], sm.q, S::LDQ, row0, ks * 16);
-  float o[D / 8][4], m[2], l[2];
-  init_rows<D>(o, m, l);
-  const float scale = in_register(p.scale);  // see in_register (mma.cuh)
-
-  float s_a[kTileK / 8][4], s_b[kTileK / 8][4];
-  wgmma_fence();
-  issue_scores<T, D>(s_a, qf, sm.k[0]);
-  wgmma_commit();
-  wgmma_wait<0>();
-  fence_accumulator(s_a);
-
-  int stage = 0;  // the stage of tile j
-  // more: tile j + 1 exists (a compile-time flag, so that every path through the loop has the
-  // same wgmma groups in flight and ptxas can keep them asynchronous).
-  auto step = [&](int j, float (&s_cur)[kTileK / 8][4], float (&s_next)[kTileK / 8][4], auto more_c) {
-    constexpr bool more = decltype(more_c)::value;
-    const int st = stage, st1 = st == kPipelinedStages - 1 ? 0 : st + 1;
-    const int st2 = st1 == kPipelinedStages - 1 ? 0 : st1 + 1;
-    if constexpr (more) {  // 1. S(j+1), in flight from here to step 5
-      wgmma_fence();
-      issue_scores<T, D>(s_next, qf, sm.k[st1]);
-      wgmma_commit();
-    }
-    float correction[2];  // 2. the softmax of tile j
-    softmax_tile<T>(s_cur, m, l, correction, sm.bias[st], S::LDB, row0, sm.key_ok[st], scale,
-                    lane);
-    if constexpr (more)  // 3. PV(j-1) done
-      wgmma_wait<1>();
-    else
-      wgmma_wait<0>();
-    fence_accumulator(o);
-    rescale_rows<D>(o, correction);
-    if constexpr (more) {
-      // Tile j+1's copies (started one step ago) are the only ones in flight: the proxy fence has
-      // none to wait for. After the barrier every thread is past its wait for PV(j-1), so the stage
-      // of tile j-1 is free for tile j+2.
-      cp_async_wait<0>();
-      fence_proxy_async_shared();
-      __syncthreads();
-      if (j + 2 < key_tiles) {
-        load_keys(j + 2, st2);
-        cp_async_commit();
-      }
-    }
-    uint32_t pa[kTileK / 16][4];  // 4. O += P(j) V(j)
-#pragma unroll
-    for (int kk = 0; kk < kTileK / 16; ++kk) pack_p<T>(pa[kk], s_cur, kk);
-    wgmma_fence();
-    issue_pv<T, D>(o, pa, sm.v[st]);
-    wgmma_commit();
-    if constexpr (more) {  // 5. S(j+1) done
-      wgmma_wait<1>();
-      fence_accumulator(s_next);
-    } else {
-      wgmma_wait<0>();
-      fence_accumulator(o);
-    }
-    stage = st1;
-  };
-  const std::true_type more;
-  const std::false_type last;
-  int j = 0;
-  for (; j + 2 < key_tiles; j += 2) {
-    step(j, s_a, s_b, more);
-    step(j + 1, s_b, s_a, more);
-  }
-  if (j + 1 < key_tiles) {  // two tiles left, or one
-    step(j, s_a, s_b, more);
-    step(j + 1, s_b, s_a, last);
-  } else {
-    step(j, s_a, s_b, last);
-  }
-
-  store_rows<T, D>(p, output_slice<T>(p, t.b, t.n, t.h), t.b, t.n, t.h, t.q0 + row0, o, m, l,
-                   lane);
-}
-
 // One warpgroup per 64-query tile of one slice; `smem` bytes of dynamic shared memory.
 void launch_wgmma(void (*kernel)(AttentionForwardParams), size_t smem,
                   const AttentionForwardParams& p, cudaStream_t stream) {
@@ -384,24 +260,10 @@ void attention_forward_wgmma_launch(const AttentionForwardParams& p, cudaStream_
   launch_wgmma(attention_forward_wgmma_kernel<T, D>, sizeof(WgmmaForwardSmem<T, D>), p, stream);
 }
 
-template <typename T, int D>
-void attention_forward_wgmma_pipelined_launch(const AttentionForwardParams& p, cudaStream_t stream) {
-  launch_wgmma(attention_forward_wgmma_pipelined_kernel<T, D>,
-               sizeof(WgmmaForwardSmem<T, D, kPipelinedStages>), p, stream);
-}
-
 
 template void attention_forward_wgmma_launch<__nv_bfloat16, 16>(const AttentionForwardParams&, cudaStream_t);
 template void attention_forward_wgmma_launch<__nv_bfloat16, 32>(const AttentionForwardParams&, cudaStream_t);
 template void attention_forward_wgmma_launch<__half, 16>(const AttentionForwardParams&, cudaStream_t);
 template void attention_forward_wgmma_launch<__half, 32>(const AttentionForwardParams&, cudaStream_t);
-template void attention_forward_wgmma_pipelined_launch<__nv_bfloat16, 16>(const AttentionForwardParams&,
-                                                                          cudaStream_t);
-template void attention_forward_wgmma_pipelined_launch<__nv_bfloat16, 32>(const AttentionForwardParams&,
-                                                                          cudaStream_t);
-template void attention_forward_wgmma_pipelined_launch<__half, 16>(const AttentionForwardParams&,
-                                                                   cudaStream_t);
-template void attention_forward_wgmma_pipelined_launch<__half, 32>(const AttentionForwardParams&,
-                                                                   cudaStream_t);
 
 }  // namespace tpf::cuda

@@ -17,39 +17,59 @@ void require_x_dtype(const TensorView& t, const char* name, const TensorView& x)
   require_contiguous(t, name);
 }
 
-void require_f32(const TensorView& t, const char* name) {
-  TPF_CHECK(t.dtype == DType::f32, std::string(name) + " must be float32 for the CUDA kernels, got " +
-                                       dtype_name(t.dtype));
-  require_contiguous(t, name);
+bool is_kernel_float(DType d) { return d == DType::f32 || d == DType::bf16 || d == DType::f16; }
+
+// Every weight (prefix "") or weight gradient (prefix "d_") has `dtype`, the weights' one dtype.
+void require_weight(const TensorView& t, const std::string& name, DType dtype) {
+  TPF_CHECK(t.dtype == dtype, name + " must have the weights' dtype " + dtype_name(dtype) +
+                                  " (norm_in_weight's) for the CUDA kernels, got " +
+                                  dtype_name(t.dtype));
+  require_contiguous(t, name.c_str());
 }
 
-void require_f32(const OptionalTensor& t, const char* name) {
-  if (t.present) require_f32(t.view, name);
+void require_weight(const OptionalTensor& t, const std::string& name, DType dtype) {
+  if (t.present) require_weight(t.view, name, dtype);
+}
+
+void require_weights(const TrimulWeights& w, const char* prefix, DType dtype) {
+  const std::string p(prefix);
+  require_weight(w.norm_in_weight, p + "norm_in_weight", dtype);
+  require_weight(w.norm_in_bias, p + "norm_in_bias", dtype);
+  require_weight(w.p_in_weight, p + "p_in_weight", dtype);
+  require_weight(w.g_in_weight, p + "g_in_weight", dtype);
+  require_weight(w.p_in_bias, p + "p_in_bias", dtype);
+  require_weight(w.g_in_bias, p + "g_in_bias", dtype);
+  require_weight(w.norm_out_weight, p + "norm_out_weight", dtype);
+  require_weight(w.norm_out_bias, p + "norm_out_bias", dtype);
+  require_weight(w.p_out_weight, p + "p_out_weight", dtype);
+  require_weight(w.g_out_weight, p + "g_out_weight", dtype);
+  require_weight(w.p_out_bias, p + "p_out_bias", dtype);
+  require_weight(w.g_out_bias, p + "g_out_bias", dtype);
 }
 
 // What the CUDA kernels need beyond check_trimul_*: D a multiple of 8 up to kTrimulMaxD, 16- or
-// 32-bit x, float32 weights, contiguous tensors.
-void check_cuda(const TrimulDims& d, const TensorView& x, const OptionalTensor& mask,
-                const TrimulWeights& w, const char* prefix) {
+// 32-bit x, a mask of bool, uint8 or a 16- or 32-bit float type, all weights of one 16- or 32-bit
+// float type (the kernels read them in it), contiguous tensors. Returns the weights' dtype.
+DType check_cuda(const TrimulDims& d, const TensorView& x, const OptionalTensor& mask,
+                 const TrimulWeights& w) {
   TPF_CHECK(d.D % 8 == 0 && d.D <= cuda::kTrimulMaxD,
             "x must have D a multiple of 8 and at most " + std::to_string(cuda::kTrimulMaxD) +
                 " for the CUDA kernels, got D = " + std::to_string(d.D));
   TPF_CHECK(x.dtype != DType::f64, "x must be float32, bfloat16 or float16 for the CUDA kernels");
   require_contiguous(x, "x");
-  if (mask.present) require_x_dtype(mask.view, "mask", x);
-  const std::string p(prefix);
-  require_f32(w.norm_in_weight, (p + "norm_in_weight").c_str());
-  require_f32(w.norm_in_bias, (p + "norm_in_bias").c_str());
-  require_f32(w.p_in_weight, (p + "p_in_weight").c_str());
-  require_f32(w.g_in_weight, (p + "g_in_weight").c_str());
-  require_f32(w.p_in_bias, (p + "p_in_bias").c_str());
-  require_f32(w.g_in_bias, (p + "g_in_bias").c_str());
-  require_f32(w.norm_out_weight, (p + "norm_out_weight").c_str());
-  require_f32(w.norm_out_bias, (p + "norm_out_bias").c_str());
-  require_f32(w.p_out_weight, (p + "p_out_weight").c_str());
-  require_f32(w.g_out_weight, (p + "g_out_weight").c_str());
-  require_f32(w.p_out_bias, (p + "p_out_bias").c_str());
-  require_f32(w.g_out_bias, (p + "g_out_bias").c_str());
+  if (mask.present) {
+    const DType m = mask.view.dtype;
+    TPF_CHECK(m == DType::boolean || m == DType::u8 || is_kernel_float(m),
+              std::string("mask must be bool, uint8, float32, bfloat16 or float16 for the CUDA "
+                          "kernels, got ") + dtype_name(m));
+    require_contiguous(mask.view, "mask");
+  }
+  const DType dtype = w.norm_in_weight.dtype;
+  TPF_CHECK(is_kernel_float(dtype),
+            std::string("norm_in_weight (and every other weight) must be float32, bfloat16 or "
+                        "float16 for the CUDA kernels, got ") + dtype_name(dtype));
+  require_weights(w, "", dtype);
+  return dtype;
 }
 
 void check_workspace(size_t given, size_t need) {
@@ -62,7 +82,7 @@ void check_workspace(size_t given, size_t need) {
 void trimul_forward(const TrimulForwardArgs& a, void* stream) {
   const TrimulDims d = check_trimul_forward(a);
   if (a.x.device == Device::cpu) return trimul_forward_cpu(a);
-  check_cuda(d, a.x, a.mask, a.w, "");
+  check_cuda(d, a.x, a.mask, a.w);
   require_x_dtype(a.y, "y", a.x);
   check_workspace(a.workspace_bytes, cuda::trimul_forward_workspace_bytes(d, a.x.dtype));
   cuda::trimul_forward(a, d, stream);
@@ -71,8 +91,7 @@ void trimul_forward(const TrimulForwardArgs& a, void* stream) {
 void trimul_backward(const TrimulBackwardArgs& a, void* stream) {
   const TrimulDims d = check_trimul_backward(a);
   if (a.x.device == Device::cpu) return trimul_backward_cpu(a);
-  check_cuda(d, a.x, a.mask, a.w, "");
-  check_cuda(d, a.x, a.mask, a.dw, "d_");
+  require_weights(a.dw, "d_", check_cuda(d, a.x, a.mask, a.w));
   require_x_dtype(a.dy, "grad_out", a.x);
   require_x_dtype(a.dx, "dx", a.x);
   check_workspace(a.workspace_bytes, cuda::trimul_backward_workspace_bytes(d, a.x.dtype));

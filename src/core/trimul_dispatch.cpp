@@ -1,4 +1,5 @@
 #include <string>
+#include <utility>
 
 #include "kernels/trimul/api.h"
 #include "tpf/error.h"
@@ -19,32 +20,24 @@ void require_x_dtype(const TensorView& t, const char* name, const TensorView& x)
 
 bool is_kernel_float(DType d) { return d == DType::f32 || d == DType::bf16 || d == DType::f16; }
 
-// Every weight (prefix "") or weight gradient (prefix "d_") has `dtype`, the weights' one dtype.
-void require_weight(const TensorView& t, const std::string& name, DType dtype) {
-  TPF_CHECK(t.dtype == dtype, name + " must have the weights' dtype " + dtype_name(dtype) +
-                                  " (norm_in_weight's) for the CUDA kernels, got " +
-                                  dtype_name(t.dtype));
-  require_contiguous(t, name.c_str());
-}
-
-void require_weight(const OptionalTensor& t, const std::string& name, DType dtype) {
-  if (t.present) require_weight(t.view, name, dtype);
-}
-
+// Every weight (prefix "") or weight gradient (prefix "d_") has `dtype`, the weights' one dtype,
+// and is contiguous; absent biases are skipped.
 void require_weights(const TrimulWeights& w, const char* prefix, DType dtype) {
-  const std::string p(prefix);
-  require_weight(w.norm_in_weight, p + "norm_in_weight", dtype);
-  require_weight(w.norm_in_bias, p + "norm_in_bias", dtype);
-  require_weight(w.p_in_weight, p + "p_in_weight", dtype);
-  require_weight(w.g_in_weight, p + "g_in_weight", dtype);
-  require_weight(w.p_in_bias, p + "p_in_bias", dtype);
-  require_weight(w.g_in_bias, p + "g_in_bias", dtype);
-  require_weight(w.norm_out_weight, p + "norm_out_weight", dtype);
-  require_weight(w.norm_out_bias, p + "norm_out_bias", dtype);
-  require_weight(w.p_out_weight, p + "p_out_weight", dtype);
-  require_weight(w.g_out_weight, p + "g_out_weight", dtype);
-  require_weight(w.p_out_bias, p + "p_out_bias", dtype);
-  require_weight(w.g_out_bias, p + "g_out_bias", dtype);
+  const std::pair<const char*, OptionalTensor> all[] = {
+      {"norm_in_weight", {true, w.norm_in_weight}}, {"norm_in_bias", {true, w.norm_in_bias}},
+      {"p_in_weight", {true, w.p_in_weight}},       {"p_in_bias", w.p_in_bias},
+      {"g_in_weight", {true, w.g_in_weight}},       {"g_in_bias", w.g_in_bias},
+      {"norm_out_weight", {true, w.norm_out_weight}}, {"norm_out_bias", {true, w.norm_out_bias}},
+      {"p_out_weight", {true, w.p_out_weight}},     {"p_out_bias", w.p_out_bias},
+      {"g_out_weight", {true, w.g_out_weight}},     {"g_out_bias", w.g_out_bias}};
+  for (const auto& [weight, t] : all) {
+    if (!t.present) continue;
+    const std::string name = std::string(prefix) + weight;
+    TPF_CHECK(t.view.dtype == dtype, name + " must have the weights' dtype " + dtype_name(dtype) +
+                                         " (norm_in_weight's) for the CUDA kernels, got " +
+                                         dtype_name(t.view.dtype));
+    require_contiguous(t.view, name.c_str());
+  }
 }
 
 // What the CUDA kernels need beyond check_trimul_*: D a multiple of 8 up to kTrimulMaxD, 16- or

@@ -261,6 +261,13 @@ TEST(TrimulErrors, NameTheArgument) {
   expect_error(a, "y must have stride 1");
 }
 
+// Every view of w, biases included (present or not).
+std::vector<TensorView*> views_of(TrimulWeights& w) {
+  return {&w.norm_in_weight,  &w.norm_in_bias,  &w.p_in_weight,      &w.p_in_bias.view,
+          &w.g_in_weight,     &w.g_in_bias.view, &w.norm_out_weight, &w.norm_out_bias,
+          &w.p_out_weight,    &w.p_out_bias.view, &w.g_out_weight,   &w.g_out_bias.view};
+}
+
 // The CUDA path's own checks, which run before anything is launched: views that claim to be on a
 // CUDA device (host memory that is never read) reach them in a build with or without the kernels.
 TEST(TrimulErrors, CudaChecksNameTheArgument) {
@@ -276,26 +283,17 @@ TEST(TrimulErrors, CudaChecksNameTheArgument) {
   b.saved.go = p.x_like(out.go.data(), DType::f32);
   b.dy = p.x_like(p.dy.data(), DType::f32);
   b.dx = p.x_like(out.dx.data(), DType::f32);
-  for (int k = 0; k < 12; ++k) {
-    TensorView g = out.grad_view(p, k);
-    TensorView* dst[12] = {&b.dw.norm_in_weight, &b.dw.norm_in_bias, &b.dw.p_in_weight,
-                           &b.dw.g_in_weight, &b.dw.p_in_bias.view, &b.dw.g_in_bias.view,
-                           &b.dw.norm_out_weight, &b.dw.norm_out_bias, &b.dw.p_out_weight,
-                           &b.dw.g_out_weight, &b.dw.p_out_bias.view, &b.dw.g_out_bias.view};
-    *dst[k] = g;
-  }
-  b.dw.p_in_bias.present = b.dw.g_in_bias.present = true;
-  b.dw.p_out_bias.present = b.dw.g_out_bias.present = true;
+  b.dw = b.w;  // present where the biases are
+  const std::vector<TensorView*> grads = views_of(b.dw);
+  // views_of's order (TrimulWeights') against Problem::params' (biases after both weights).
+  const int param_of[12] = {0, 1, 2, 4, 3, 5, 6, 7, 8, 10, 9, 11};
+  for (int k = 0; k < 12; ++k) *grads[k] = out.grad_view(p, param_of[k]);
   auto on_cuda = [](TrimulBackwardArgs a) {
     for (TensorView* t : {&a.x, &a.mask.view, &a.saved.a, &a.saved.b, &a.saved.z, &a.saved.go,
                           &a.dy, &a.dx})
       t->device = Device::cuda;
     for (TrimulWeights* w : {&a.w, &a.dw})
-      for (TensorView* t : {&w->norm_in_weight, &w->norm_in_bias, &w->p_in_weight, &w->g_in_weight,
-                            &w->p_in_bias.view, &w->g_in_bias.view, &w->norm_out_weight,
-                            &w->norm_out_bias, &w->p_out_weight, &w->g_out_weight,
-                            &w->p_out_bias.view, &w->g_out_bias.view})
-        t->device = Device::cuda;
+      for (TensorView* t : views_of(*w)) t->device = Device::cuda;
     return a;
   };
   auto expect_error = [&](const TrimulBackwardArgs& a, const char* fragment) {
@@ -315,11 +313,7 @@ TEST(TrimulErrors, CudaChecksNameTheArgument) {
   expect_error(a, "g_out_bias must have the weights' dtype float32 (norm_in_weight's) for the "
                   "CUDA kernels, got bfloat16");
   a = b;
-  for (TensorView* t : {&a.w.norm_in_weight, &a.w.norm_in_bias, &a.w.p_in_weight,
-                        &a.w.g_in_weight, &a.w.p_in_bias.view, &a.w.g_in_bias.view,
-                        &a.w.norm_out_weight, &a.w.norm_out_bias, &a.w.p_out_weight,
-                        &a.w.g_out_weight, &a.w.p_out_bias.view, &a.w.g_out_bias.view})
-    t->dtype = DType::f64;
+  for (TensorView* t : views_of(a.w)) t->dtype = DType::f64;
   expect_error(a, "norm_in_weight (and every other weight) must be float32, bfloat16 or float16 "
                   "for the CUDA kernels, got float64");
   a = b;

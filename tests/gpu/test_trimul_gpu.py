@@ -128,7 +128,7 @@ def test_missing_weights_with_bf16_weights(seed):
     """Missing LayerNorm weights and biases are made in the given weights' dtype (ones and zeros,
     exact); the result is that of float32 ones."""
     x, m, w, grad = make_inputs(1, 33, 64, BF16, CUDA, seed, mask=True, bias=False)
-    part = {k: v for k, v in w.items() if not k.startswith("norm_")}
+    part = {k: None if k.startswith("norm_") else v for k, v in w.items()}
     y, g = ours(x, m, part, grad, "outgoing")
     y32, g32 = ours(x, m, {k: None if v is None else v.float() for k, v in part.items()}, grad,
                     "outgoing")

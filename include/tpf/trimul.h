@@ -1,6 +1,6 @@
 // Triangle multiplicative update (AlphaFold3 algorithms 12 and 13, fused as cuEquivariance does).
 //
-//   x [B, S, S, D], mask [B, S, S] (x's dtype, multiplies a and b), y [B, S, S, D]
+//   x [B, S, S, D], mask [B, S, S] (multiplies a and b), y [B, S, S, D]
 //   x_ln = LayerNorm_in(x)
 //   a | b = sigmoid(x_ln Wg_in^T + bg_in) * (x_ln Wp_in^T + bp_in) * mask     (2D channels: a first)
 //   outgoing: z_ij = sum_k a_ik * b_jk        incoming: z_ij = sum_k a_ki * b_kj   (per channel)
@@ -9,6 +9,12 @@
 //
 // Weights are laid out as cuEquivariance's (nn.Linear's [out, in]): Wp_in, Wg_in [2D, D];
 // Wp_out, Wg_out [D, D]; the four projection biases are optional (absent = zero).
+//
+// Dtypes: x float32, bfloat16 or float16 (float64 too for the reference). The CPU path and the
+// reference take the mask in x's dtype and weights of any float dtype. The CUDA kernels take the
+// mask as bool, uint8, float32, bfloat16 or float16 (each value rounded to x's dtype), and all
+// weights in one dtype, float32, bfloat16 or float16, read as they are (math in float32); weight
+// gradients have the weights' dtype.
 //
 // The forward keeps what the backward needs in x's dtype: a and b channel-major [B, D, S, S] (each
 // channel one S x S matrix, so the contraction is one strided-batched GEMM), z channel-major

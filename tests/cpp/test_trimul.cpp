@@ -261,5 +261,73 @@ TEST(TrimulErrors, NameTheArgument) {
   expect_error(a, "y must have stride 1");
 }
 
+// Every view of w, biases included (present or not).
+std::vector<TensorView*> views_of(TrimulWeights& w) {
+  return {&w.norm_in_weight,  &w.norm_in_bias,  &w.p_in_weight,      &w.p_in_bias.view,
+          &w.g_in_weight,     &w.g_in_bias.view, &w.norm_out_weight, &w.norm_out_bias,
+          &w.p_out_weight,    &w.p_out_bias.view, &w.g_out_weight,   &w.g_out_bias.view};
+}
+
+// The CUDA path's own checks, which run before anything is launched: views that claim to be on a
+// CUDA device (host memory that is never read) reach them in a build with or without the kernels.
+TEST(TrimulErrors, CudaChecksNameTheArgument) {
+  Problem p(1, 5, 8, true, true, true, 4);
+  Outputs<float> out(p);
+  TrimulBackwardArgs b;
+  b.x = p.x_like(p.x.data(), DType::f32);
+  b.mask = {true, make_view(p.mask.data(), DType::f32, {p.B, p.S, p.S})};
+  b.w = p.weights();
+  b.saved.a = make_view(out.a.data(), DType::f32, {p.B, p.D, p.S, p.S});
+  b.saved.b = make_view(out.b.data(), DType::f32, {p.B, p.D, p.S, p.S});
+  b.saved.z = make_view(out.z.data(), DType::f32, {p.B, p.D, p.S, p.S});
+  b.saved.go = p.x_like(out.go.data(), DType::f32);
+  b.dy = p.x_like(p.dy.data(), DType::f32);
+  b.dx = p.x_like(out.dx.data(), DType::f32);
+  b.dw = b.w;  // present where the biases are
+  const std::vector<TensorView*> grads = views_of(b.dw);
+  // views_of's order (TrimulWeights') against Problem::params' (biases after both weights).
+  const int param_of[12] = {0, 1, 2, 4, 3, 5, 6, 7, 8, 10, 9, 11};
+  for (int k = 0; k < 12; ++k) *grads[k] = out.grad_view(p, param_of[k]);
+  auto on_cuda = [](TrimulBackwardArgs a) {
+    for (TensorView* t : {&a.x, &a.mask.view, &a.saved.a, &a.saved.b, &a.saved.z, &a.saved.go,
+                          &a.dy, &a.dx})
+      t->device = Device::cuda;
+    for (TrimulWeights* w : {&a.w, &a.dw})
+      for (TensorView* t : views_of(*w)) t->device = Device::cuda;
+    return a;
+  };
+  auto expect_error = [&](const TrimulBackwardArgs& a, const char* fragment) {
+    try {
+      trimul_backward(on_cuda(a));
+      ADD_FAILURE() << "expected an error mentioning " << fragment;
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find(fragment), std::string::npos) << e.what();
+    }
+  };
+  TrimulBackwardArgs a = b;
+  a.mask.view.dtype = DType::i32;
+  expect_error(a, "mask must be bool, uint8, float32, bfloat16 or float16 for the CUDA kernels, "
+                  "got int32");
+  a = b;
+  a.w.g_out_bias.view.dtype = DType::bf16;
+  expect_error(a, "g_out_bias must have the weights' dtype float32 (norm_in_weight's) for the "
+                  "CUDA kernels, got bfloat16");
+  a = b;
+  for (TensorView* t : views_of(a.w)) t->dtype = DType::f64;
+  expect_error(a, "norm_in_weight (and every other weight) must be float32, bfloat16 or float16 "
+                  "for the CUDA kernels, got float64");
+  a = b;
+  a.dw.p_out_weight.dtype = DType::f16;
+  expect_error(a, "d_p_out_weight must have the weights' dtype float32");
+  a = b;
+  a.w.p_in_weight.stride[0] = 2 * p.D;  // rows 2D apart (never read): not contiguous
+  expect_error(a, "p_in_weight must be contiguous for the CUDA kernels");
+  // A bool mask passes the CPU path's dtype check on CUDA tensors (the kernels read it).
+  a = b;
+  a.mask.view.dtype = DType::boolean;
+  a.w.norm_in_weight.dtype = DType::f16;
+  expect_error(a, "norm_in_bias must have the weights' dtype float16");
+}
+
 }  // namespace
 }  // namespace tpf

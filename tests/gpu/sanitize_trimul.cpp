@@ -1,6 +1,7 @@
 // A small forward + backward of the triangle multiplicative update through the C++ API with no
 // Python, for compute-sanitizer (memcheck, racecheck, synccheck, initcheck): bf16 and float32,
-// S not a tile multiple, D a multiple of 16 or not, both directions, with and without biases.
+// S not a tile multiple, D a multiple of 16 or not, both directions, with and without biases,
+// float32 or bf16 weights (read and given back in their dtype), a mask of x's dtype, bool or float32.
 // Exits non-zero on any CUDA error or non-finite output.
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
@@ -34,7 +35,7 @@ struct Buffer {
 template <typename T>
 T convert(float v) {
   if constexpr (sizeof(T) == 2) return __float2bfloat16(v);
-  else return v;
+  else return T(v);
 }
 
 template <typename T>
@@ -65,8 +66,10 @@ bool all_finite(const Buffer& b) {
   return true;
 }
 
-template <typename T>
-bool run(int64_t B, int64_t S, int64_t D, bool outgoing, bool biases, tpf::DType dtype) {
+// T: x's element type (dtype); W: the weights' (wdtype); M: the mask's (mdtype; uint8_t for bool).
+template <typename T, typename W, typename M>
+bool run(int64_t B, int64_t S, int64_t D, bool outgoing, bool biases, tpf::DType dtype,
+         tpf::DType wdtype, tpf::DType mdtype) {
   using tpf::make_view;
   const tpf::Device cuda = tpf::Device::cuda;
   std::vector<Buffer*> owned;
@@ -78,26 +81,25 @@ bool run(int64_t B, int64_t S, int64_t D, bool outgoing, bool biases, tpf::DType
     return make_view(p, dt, shape, cuda);
   };
   const float w_scale = 1.0f / std::sqrt(float(D));
-  const tpf::DType f32 = tpf::DType::f32;
   tpf::TrimulWeights w;
-  w.norm_in_weight = view(keep(random_buffer<float>(D, 0.2f, 1.0f)), f32, {D});
-  w.norm_in_bias = view(keep(random_buffer<float>(D, 0.2f)), f32, {D});
-  w.p_in_weight = view(keep(random_buffer<float>(2 * D * D, w_scale)), f32, {2 * D, D});
-  w.g_in_weight = view(keep(random_buffer<float>(2 * D * D, w_scale)), f32, {2 * D, D});
-  w.norm_out_weight = view(keep(random_buffer<float>(D, 0.2f, 1.0f)), f32, {D});
-  w.norm_out_bias = view(keep(random_buffer<float>(D, 0.2f)), f32, {D});
-  w.p_out_weight = view(keep(random_buffer<float>(D * D, w_scale)), f32, {D, D});
-  w.g_out_weight = view(keep(random_buffer<float>(D * D, w_scale)), f32, {D, D});
+  w.norm_in_weight = view(keep(random_buffer<W>(D, 0.2f, 1.0f)), wdtype, {D});
+  w.norm_in_bias = view(keep(random_buffer<W>(D, 0.2f)), wdtype, {D});
+  w.p_in_weight = view(keep(random_buffer<W>(2 * D * D, w_scale)), wdtype, {2 * D, D});
+  w.g_in_weight = view(keep(random_buffer<W>(2 * D * D, w_scale)), wdtype, {2 * D, D});
+  w.norm_out_weight = view(keep(random_buffer<W>(D, 0.2f, 1.0f)), wdtype, {D});
+  w.norm_out_bias = view(keep(random_buffer<W>(D, 0.2f)), wdtype, {D});
+  w.p_out_weight = view(keep(random_buffer<W>(D * D, w_scale)), wdtype, {D, D});
+  w.g_out_weight = view(keep(random_buffer<W>(D * D, w_scale)), wdtype, {D, D});
   if (biases) {
-    w.p_in_bias = {true, view(keep(random_buffer<float>(2 * D)), f32, {2 * D})};
-    w.g_in_bias = {true, view(keep(random_buffer<float>(2 * D)), f32, {2 * D})};
-    w.p_out_bias = {true, view(keep(random_buffer<float>(D)), f32, {D})};
-    w.g_out_bias = {true, view(keep(random_buffer<float>(D)), f32, {D})};
+    w.p_in_bias = {true, view(keep(random_buffer<W>(2 * D)), wdtype, {2 * D})};
+    w.g_in_bias = {true, view(keep(random_buffer<W>(2 * D)), wdtype, {2 * D})};
+    w.p_out_bias = {true, view(keep(random_buffer<W>(D)), wdtype, {D})};
+    w.g_out_bias = {true, view(keep(random_buffer<W>(D)), wdtype, {D})};
   }
   tpf::TrimulWeightGrads g = w;
   std::vector<Buffer*> grads;
   auto zeros_like = [&](tpf::TensorView& t) {
-    grads.push_back(new Buffer(t.numel() * 4));
+    grads.push_back(new Buffer(t.numel() * sizeof(W)));
     t.data = keep(grads.back());
   };
   for (tpf::TensorView* t : {&g.norm_in_weight, &g.norm_in_bias, &g.p_in_weight, &g.g_in_weight,
@@ -108,9 +110,9 @@ bool run(int64_t B, int64_t S, int64_t D, bool outgoing, bool biases, tpf::DType
     if (t->present) zeros_like(t->view);
 
   const int64_t n = B * S * S * D;
-  std::vector<T> mask_h(B * S * S);
-  for (size_t i = 0; i < mask_h.size(); ++i) mask_h[i] = convert<T>((i % 7) != 3 ? 1.0f : 0.0f);
-  auto* mask = new Buffer(mask_h.size() * sizeof(T));
+  std::vector<M> mask_h(B * S * S);
+  for (size_t i = 0; i < mask_h.size(); ++i) mask_h[i] = convert<M>((i % 7) != 3 ? 1.0f : 0.0f);
+  auto* mask = new Buffer(mask_h.size() * sizeof(M));
   owned.push_back(mask);
   check(cudaMemcpy(mask->data, mask_h.data(), mask->bytes, cudaMemcpyHostToDevice), "copy mask");
   Buffer y(n * sizeof(T)), a(n * sizeof(T)), b(n * sizeof(T)), z(n * sizeof(T)),
@@ -122,7 +124,7 @@ bool run(int64_t B, int64_t S, int64_t D, bool outgoing, bool biases, tpf::DType
 
   tpf::TrimulForwardArgs f;
   f.x = view(keep(random_buffer<T>(n)), dtype, {B, S, S, D});
-  f.mask = {true, view(mask->data, dtype, {B, S, S})};
+  f.mask = {true, view(mask->data, mdtype, {B, S, S})};
   f.w = w;
   f.outgoing = outgoing;
   f.y = view(y.data, dtype, {B, S, S, D});
@@ -147,10 +149,11 @@ bool run(int64_t B, int64_t S, int64_t D, bool outgoing, bool biases, tpf::DType
   check(cudaDeviceSynchronize(), "kernels");
 
   bool ok = all_finite<T>(y) && all_finite<T>(dx);
-  for (const Buffer* grad : grads) ok = ok && all_finite<float>(*grad);
+  for (const Buffer* grad : grads) ok = ok && all_finite<W>(*grad);
   for (Buffer* p : owned) delete p;
-  std::printf("trimul B=%lld S=%lld D=%lld %s %s biases=%d: %s\n", (long long)B, (long long)S,
-              (long long)D, sizeof(T) == 2 ? "bf16" : "fp32", outgoing ? "outgoing" : "incoming",
+  std::printf("trimul B=%lld S=%lld D=%lld %s weights %s mask %s %s biases=%d: %s\n",
+              (long long)B, (long long)S, (long long)D, tpf::dtype_name(dtype),
+              tpf::dtype_name(wdtype), tpf::dtype_name(mdtype), outgoing ? "outgoing" : "incoming",
               int(biases), ok ? "ok" : "NON-FINITE");
   return ok;
 }
@@ -159,10 +162,14 @@ bool run(int64_t B, int64_t S, int64_t D, bool outgoing, bool biases, tpf::DType
 
 int main() {
   bool ok = true;
+  using bf16 = __nv_bfloat16;
+  const tpf::DType f32 = tpf::DType::f32, bf = tpf::DType::bf16, boolean = tpf::DType::boolean;
   for (bool outgoing : {true, false}) {
-    ok &= run<__nv_bfloat16>(2, 70, 128, outgoing, true, tpf::DType::bf16);
-    ok &= run<__nv_bfloat16>(1, 70, 24, outgoing, false, tpf::DType::bf16);
-    ok &= run<float>(1, 33, 40, outgoing, true, tpf::DType::f32);
+    ok &= run<bf16, float, bf16>(2, 70, 128, outgoing, true, bf, f32, bf);
+    ok &= run<bf16, float, bf16>(1, 70, 24, outgoing, false, bf, f32, bf);
+    ok &= run<float, float, float>(1, 33, 40, outgoing, true, f32, f32, f32);
+    ok &= run<bf16, bf16, uint8_t>(1, 70, 64, outgoing, true, bf, bf, boolean);
+    ok &= run<bf16, bf16, float>(1, 33, 40, outgoing, false, bf, bf, f32);
   }
   return ok ? 0 : 2;
 }

@@ -7,6 +7,7 @@ import pytest
 import torch
 
 import turbopairformer as tpf
+from turbopairformer import _C
 from trimul_cases import (
     WEIGHT_NAMES,
     check_against_reference,
@@ -120,6 +121,31 @@ def test_torch_compile_matches_eager():
     torch.testing.assert_close(y_c, y_e)
     for name in g_e:
         torch.testing.assert_close(g_c[name], g_e[name])
+
+
+def test_cpu_bfloat16_weights_give_gradients_in_bfloat16(seed):
+    """The CPU path casts the weights to float32 in Python; their gradients come back in the
+    weights' dtype, equal to the gradients of float32 copies rounded to it."""
+    x, m, w, grad = make_inputs(1, 9, 8, torch.float32, "cpu", seed, mask=True,
+                                weight_dtype=torch.bfloat16)
+    y, g = ours(x, m, w, grad, "outgoing")
+    y32, g32 = ours(x, m, {k: v.float() for k, v in w.items()}, grad, "outgoing")
+    assert torch.equal(y, y32) and torch.equal(g["x"], g32["x"])
+    for name in WEIGHT_NAMES:
+        assert g[name].dtype == torch.bfloat16, name
+        assert torch.equal(g[name], g32[name].to(torch.bfloat16)), name
+
+
+def test_mask_dtype_errors():
+    x, m, w, _ = make_inputs(1, 5, 8, torch.float32, "cpu", 1, mask=True)
+    with pytest.raises(TypeError, match="mask must be a bool, integer or floating-point tensor"):
+        tpf.triangle_multiplicative_update(x, "outgoing", m.to(torch.complex64), **w)
+    # The CPU path itself takes the mask in x's dtype only (the op casts it there).
+    weights = [torch.empty(0) if w[k] is None else w[k] for k in WEIGHT_NAMES]
+    y = torch.empty_like(x)
+    saved = [torch.empty(1, 8, 5, 5) for _ in range(3)] + [torch.empty_like(x)]
+    with pytest.raises(ValueError, match="mask must have x's dtype float32, got bool"):
+        _C.trimul_forward(x, m, weights, True, 1e-5, y, *saved)
 
 
 def test_errors_name_the_argument():

@@ -87,9 +87,15 @@ def assert_fa3_rule(name: str, got: torch.Tensor, same: torch.Tensor, ref: torch
                                      f"noise {noise:.3e}; {context}")
 
 
-def check_against_reference(B, S, D, dtype, device, direction, mask, seed, bias=True):
-    x, m, w, grad = make_inputs(B, S, D, dtype, device, seed, mask, bias)
-    context = f"B={B} S={S} D={D} {dtype} {direction} mask={mask} seed={seed}"
+def check_against_reference(B, S, D, dtype, device, direction, mask, seed, bias=True,
+                            weight_dtype=None, mask_dtype=None):
+    """The op against the FP64 reference by FlashAttention-3's rule, for y and every gradient, and
+    each weight's gradient in that weight's dtype. The mask (bool) is cast to mask_dtype if given."""
+    x, m, w, grad = make_inputs(B, S, D, dtype, device, seed, mask, bias, weight_dtype)
+    if m is not None and mask_dtype is not None:
+        m = m.to(mask_dtype)
+    context = (f"B={B} S={S} D={D} {dtype} weights {weight_dtype or dtype} {direction} "
+               f"mask={mask} {m.dtype if m is not None else ''} seed={seed}")
     y_ref, g_ref = reference(x, m, w, grad, direction)
     y, g = ours(x, m, w, grad, direction)
     y_pt, g_pt = torch_same_precision(x, m, w, grad, direction)
@@ -99,3 +105,5 @@ def check_against_reference(B, S, D, dtype, device, direction, mask, seed, bias=
             assert g[name] is None
             continue
         assert_fa3_rule(f"d{name}", g[name], g_pt[name], g_ref[name], context)
+        if name != "x":
+            assert g[name].dtype == w[name].dtype, f"d{name} is {g[name].dtype}; {context}"

@@ -9,9 +9,16 @@ g_out_weight [D, D]; the projection biases are optional.
 Weights are used in float32 whatever their dtype (their gradients come back in their own dtype);
 x's dtype (float32, bfloat16, float16) sets the precision of the projections' inputs and of what the
 forward keeps for the backward. All gradients are deterministic.
+
+On CUDA nothing is cast per call where it can be avoided: the kernels read weights that share one
+dtype (float32, bfloat16 or float16) as they are and write their gradients in that dtype, and read a
+bool, uint8, float32, bfloat16 or float16 mask as it is (each value rounded to x's dtype, as a cast
+would). Mixed weight dtypes (or float64 weights) are cast to float32 here, and another mask dtype to
+x's; the results are the same either way. The CPU path gets float32 weights and a mask in x's dtype.
 """
 from __future__ import annotations
 
+import functools
 import math
 from typing import Optional
 
@@ -19,6 +26,7 @@ import torch
 
 from turbopairformer import _C
 from turbopairformer.ops._common import (
+    FLOAT_DTYPES,
     load_named,
     native,
     require_float,
@@ -38,13 +46,23 @@ WEIGHT_NAMES = (
 _OPTIONAL = frozenset(("p_in_bias", "g_in_bias", "p_out_bias", "g_out_bias"))
 
 
+# Mask dtypes that the CUDA kernels read as they are (others are cast to x's dtype first).
+_KERNEL_MASK_DTYPES = frozenset((torch.bool, torch.uint8, torch.float32, torch.bfloat16,
+                                 torch.float16))
+
+
+@functools.lru_cache(maxsize=256)
+def _workspace_bytes(B: int, S: int, D: int, dtype: torch.dtype, backward: bool) -> int:
+    name = str(dtype).removeprefix("torch.")
+    return max(_C.trimul_workspace_bytes(B, S, D, name, True, backward), 1)
+
+
 def _workspace(x: torch.Tensor, backward: bool) -> Optional[torch.Tensor]:
     if not x.is_cuda:
         return None
     B, S, _, D = x.shape
-    dtype = str(x.dtype).removeprefix("torch.")
-    nbytes = _C.trimul_workspace_bytes(B, S, D, dtype, True, backward)
-    return torch.empty(max(nbytes, 1), dtype=torch.uint8, device=x.device)
+    return torch.empty(_workspace_bytes(B, S, D, x.dtype, backward), dtype=torch.uint8,
+                       device=x.device)
 
 
 def _fwd_outputs(x: torch.Tensor):
@@ -172,21 +190,46 @@ def _lecun_normal(shape: tuple[int, int], device: torch.device) -> torch.Tensor:
     return torch.nn.init.trunc_normal_(w, std=std, a=-2 * std, b=2 * std)
 
 
-def _weight(w: Optional[torch.Tensor], name: str, x: torch.Tensor, D: int) -> torch.Tensor:
-    if w is None:
-        if name in _OPTIONAL:
-            return torch.empty(0, device=x.device)
-        if name.startswith("norm_"):
-            fill = 1.0 if name.endswith("weight") else 0.0
-            return torch.full((D,), fill, device=x.device)
-        rows = 2 * D if name.endswith("in_weight") else D
-        return _lecun_normal((rows, D), x.device)
+def _check_weight(w: torch.Tensor, name: str, x: torch.Tensor) -> None:
     require_tensor(w, name)
     if not w.is_floating_point():
         raise TypeError(f"{name} must be a floating-point tensor, got {w.dtype}")
     if w.device != x.device:
         raise ValueError(f"{name} must be on x's device {x.device}, got {w.device}")
-    return w.float().contiguous()
+
+
+def _weights(given: dict, x: torch.Tensor, D: int) -> list[torch.Tensor]:
+    """The 12 weights in WEIGHT_NAMES order, each contiguous, in one dtype: on CUDA the dtype they
+    share if they share a float32, bfloat16 or float16 one (the kernels read it as it is; missing
+    LayerNorm weights are made in it, exact in any dtype), otherwise float32. Mixed dtypes are cast
+    here (each cast's backward gives its weight's gradient back in that weight's dtype); so is
+    everything on the CPU. A missing projection weight is drawn in float32 (cuEquivariance's
+    default), so it makes the set float32 too; an absent bias is an empty tensor."""
+    weights = {}
+    for name in WEIGHT_NAMES:  # in order: draws from torch's generator as before
+        w = given[name]
+        if w is not None:
+            _check_weight(w, name, x)
+        elif name not in _OPTIONAL and not name.startswith("norm_"):
+            rows = 2 * D if name.endswith("in_weight") else D
+            w = _lecun_normal((rows, D), x.device)
+        weights[name] = w
+    dtypes = {w.dtype for w in weights.values() if w is not None}
+    dtype = torch.float32
+    if x.is_cuda and len(dtypes) == 1:
+        (only,) = dtypes
+        if only in FLOAT_DTYPES:
+            dtype = only
+    out = []
+    for name, w in weights.items():
+        if w is None:
+            if name in _OPTIONAL:
+                w = torch.empty(0, device=x.device, dtype=dtype)
+            else:
+                fill = 1.0 if name.endswith("weight") else 0.0
+                w = torch.full((D,), fill, device=x.device, dtype=dtype)
+        out.append(w.to(dtype).contiguous())  # no-ops where it has the dtype and is contiguous
+    return out
 
 
 def _flatten_leading(x: torch.Tensor, mask: Optional[torch.Tensor]):
@@ -204,7 +247,12 @@ def _flatten_leading(x: torch.Tensor, mask: Optional[torch.Tensor]):
         raise ValueError(f"mask must be on x's device {x.device}, got {mask.device}")
     if mask.requires_grad and torch.is_grad_enabled():
         raise ValueError("mask must not require grad: the op treats it as a constant")
-    return x4, mask.reshape(-1, *mask.shape[-2:]).to(x.dtype).contiguous()
+    if mask.is_complex():
+        raise TypeError(f"mask must be a bool, integer or floating-point tensor, got {mask.dtype}")
+    mask3 = mask.reshape(-1, *mask.shape[-2:])
+    if not (x.is_cuda and mask.dtype in _KERNEL_MASK_DTYPES):
+        mask3 = mask3.to(x.dtype)
+    return x4, mask3.contiguous()
 
 
 def triangle_multiplicative_update(
@@ -251,7 +299,7 @@ def triangle_multiplicative_update(
         p_in_bias=p_in_bias, g_in_weight=g_in_weight, g_in_bias=g_in_bias,
         norm_out_weight=norm_out_weight, norm_out_bias=norm_out_bias, p_out_weight=p_out_weight,
         p_out_bias=p_out_bias, g_out_weight=g_out_weight, g_out_bias=g_out_bias)
-    weights = [_weight(given[name], name, x4, D) for name in WEIGHT_NAMES]
+    weights = _weights(given, x4, D)
     y, _, _, _, _ = _trimul_call(x4.contiguous(), mask3, weights, direction == "outgoing",
                                  float(eps))
     return y.reshape(x.shape)

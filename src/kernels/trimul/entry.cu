@@ -5,7 +5,10 @@
 // Backward: pack weights -> output_backward (dz, dgo, dpo, z_ln, partials) -> d p_out_weight ->
 //           contraction backward (dA, dB) -> input_backward (dx, x_ln, dP | dG, partials) ->
 //           d p_in_weight | d g_in_weight | d g_out_weight (one GEMM over dP | dG | dgo) ->
-//           ordered sums of the partials -> the float32 gradients assembled (finish).
+//           ordered sums of the partials -> the gradients assembled in the weights' dtype (finish).
+// The weights (and their gradients) have one dtype, float32, bfloat16 or float16: pack_weights
+// reads them in it and finish_backward writes the gradients in it, so the caller casts nothing.
+// The mask is read in its own dtype (bool, uint8, float32, bfloat16 or float16).
 #include <cuda_runtime.h>
 
 #include "kernels/device_guard.h"
@@ -27,13 +30,20 @@ cudaDataType cuda_type(DType d) {
   return d == DType::f32 ? CUDA_R_32F : d == DType::bf16 ? CUDA_R_16BF : CUDA_R_16F;
 }
 
-const float* f32(const TensorView& t) { return static_cast<const float*>(t.data); }
-const float* f32(const OptionalTensor& t) { return t.present ? f32(t.view) : nullptr; }
-float* f32_out(const TensorView& t) { return static_cast<float*>(t.data); }
-float* f32_out(const OptionalTensor& t) { return t.present ? f32_out(t.view) : nullptr; }
+const void* ptr(const OptionalTensor& t) { return t.present ? t.view.data : nullptr; }
+void* out_ptr(const OptionalTensor& t) { return t.present ? t.view.data : nullptr; }
+
+int mask_type(DType d) {
+  switch (d) {
+    case DType::f32: return kMaskF32;
+    case DType::f16: return kMaskF16;
+    case DType::bf16: return kMaskBF16;
+    default: return kMaskByte;  // bool, uint8 (checked by trimul_dispatch.cpp)
+  }
+}
 
 Params make_params(const TrimulDims& d, const TensorView& x, const OptionalTensor& mask,
-                   const TrimulWeights& w, bool outgoing, double eps, const TrimulSaved& saved,
+                   bool outgoing, double eps, const TrimulSaved& saved,
                    char* ws, const Workspace& layout) {
   Params p{};
   p.B = d.B;
@@ -47,7 +57,8 @@ Params make_params(const TrimulDims& d, const TensorView& x, const OptionalTenso
   p.outgoing = outgoing;
   p.eps = float(eps);
   p.x = x.data;
-  p.mask = mask.present ? mask.view.data : nullptr;
+  p.mask = ptr(mask);
+  p.mask_type = mask.present ? mask_type(mask.view.dtype) : kMaskByte;
   p.a = saved.a.data;
   p.b = saved.b.data;
   p.z = saved.z.data;
@@ -56,10 +67,11 @@ Params make_params(const TrimulDims& d, const TensorView& x, const OptionalTenso
   p.w_out = ws + layout.w_out;
   p.bias_in = reinterpret_cast<const float*>(ws + layout.bias_in);
   p.bias_out = reinterpret_cast<const float*>(ws + layout.bias_out);
-  p.ln_in_w = f32(w.norm_in_weight);
-  p.ln_in_b = f32(w.norm_in_bias);
-  p.ln_out_w = f32(w.norm_out_weight);
-  p.ln_out_b = f32(w.norm_out_bias);
+  const float* norms = reinterpret_cast<const float*>(ws + layout.norms);
+  p.ln_in_w = norms;
+  p.ln_in_b = norms + d.D;
+  p.ln_out_w = norms + 2 * d.D;
+  p.ln_out_b = norms + 3 * d.D;
   p.grid_backward = int(p.tiles < kBackwardCtas ? p.tiles : kBackwardCtas);
   p.grid_input_backward = p.grid_backward;
   return p;
@@ -68,20 +80,27 @@ Params make_params(const TrimulDims& d, const TensorView& x, const OptionalTenso
 template <typename T>
 void pack(const Params& p, const TrimulWeights& w, char* ws, const Workspace& layout,
           cudaStream_t stream) {
-  const float* weights[4] = {f32(w.p_in_weight), f32(w.g_in_weight), f32(w.g_out_weight),
-                             f32(w.p_out_weight)};
-  const float* biases[4] = {f32(w.p_in_bias), f32(w.g_in_bias), f32(w.p_out_bias),
-                            f32(w.g_out_bias)};
-  launch_pack_weights<T>(p, weights, biases, ws + layout.w_in, ws + layout.w_out,
-                         reinterpret_cast<float*>(ws + layout.bias_in),
-                         reinterpret_cast<float*>(ws + layout.bias_out), stream);
+  const PackArgs a{w.p_in_weight.data,
+                   w.g_in_weight.data,
+                   w.g_out_weight.data,
+                   w.p_out_weight.data,
+                   {ptr(w.p_in_bias), ptr(w.g_in_bias), ptr(w.p_out_bias), ptr(w.g_out_bias)},
+                   {w.norm_in_weight.data, w.norm_in_bias.data, w.norm_out_weight.data,
+                    w.norm_out_bias.data},
+                   w.p_in_weight.dtype,
+                   ws + layout.w_in,
+                   ws + layout.w_out,
+                   reinterpret_cast<float*>(ws + layout.bias_in),
+                   reinterpret_cast<float*>(ws + layout.bias_out),
+                   reinterpret_cast<float*>(ws + layout.norms)};
+  launch_pack_weights<T>(p, a, stream);
 }
 
 template <typename T>
 void forward(const TrimulForwardArgs& a, const TrimulDims& d, cudaStream_t stream) {
   char* ws = static_cast<char*>(a.workspace);
   const Workspace layout = workspace_layout(d.B, d.S, d.D, sizeof(T), false);
-  Params p = make_params(d, a.x, a.mask, a.w, a.outgoing, a.eps, a.saved, ws, layout);
+  Params p = make_params(d, a.x, a.mask, a.outgoing, a.eps, a.saved, ws, layout);
   p.y = a.y.data;
   pack<T>(p, a.w, ws, layout, stream);
   launch_input_forward<T>(p, stream);
@@ -93,7 +112,7 @@ template <typename T>
 void backward(const TrimulBackwardArgs& a, const TrimulDims& d, cudaStream_t stream) {
   char* ws = static_cast<char*>(a.workspace);
   const Workspace layout = workspace_layout(d.B, d.S, d.D, sizeof(T), true);
-  Params p = make_params(d, a.x, a.mask, a.w, a.outgoing, a.eps, a.saved, ws, layout);
+  Params p = make_params(d, a.x, a.mask, a.outgoing, a.eps, a.saved, ws, layout);
   p.dy = a.dy.data;
   p.dx = a.dx.data;
   p.dz = ws + layout.dz_xln;
@@ -113,13 +132,14 @@ void backward(const TrimulBackwardArgs& a, const TrimulDims& d, cudaStream_t str
   if (split_input_backward<T>())
     p.grid_input_backward = int(p.tiles < kSplitBackwardCtas ? p.tiles : kSplitBackwardCtas);
   float* dw_in = reinterpret_cast<float*>(ws + layout.dw_in);
+  float* dw_out = reinterpret_cast<float*>(ws + layout.dw_out);
   const Blas blas(stream, ws + layout.cublas, kCublasWorkspaceBytes, cuda_type(a.x.dtype));
   const TrimulWeightGrads& g = a.dw;
   const int64_t D = d.D, R = p.positions;
 
   pack<T>(p, a.w, ws, layout, stream);
   launch_output_backward<T>(p, stream);
-  weight_gradient(blas, D, D, R, p.dpo, D, p.zln, D, f32_out(g.p_out_weight));
+  weight_gradient(blas, D, D, R, p.dpo, D, p.zln, D, dw_out);
   contract_backward(blas, p);  // dA, dB overwrite dpo and z_ln
   launch_input_backward<T>(p, stream);  // x_ln overwrites dz
   // [d p_in_weight | d g_in_weight | d g_out_weight] = [dP | dG | dgo]^T x_ln: one pass over both.
@@ -127,11 +147,12 @@ void backward(const TrimulBackwardArgs& a, const TrimulDims& d, cudaStream_t str
   launch_reduce_sums(p, stream);
   const TrimulWeights& w = a.w;
   launch_finish_backward(
-      FinishArgs{p.sums, dw_in, f32(w.p_in_weight), f32(w.g_in_weight), f32(w.p_out_weight),
-                 f32(w.g_out_weight), f32_out(g.norm_in_weight), f32_out(g.norm_in_bias),
-                 f32_out(g.norm_out_weight), f32_out(g.norm_out_bias), f32_out(g.p_in_bias),
-                 f32_out(g.g_in_bias), f32_out(g.p_out_bias), f32_out(g.g_out_bias),
-                 f32_out(g.p_in_weight), f32_out(g.g_in_weight), f32_out(g.g_out_weight), int(D)},
+      FinishArgs{p.sums, dw_in, dw_out, w.p_in_weight.data, w.g_in_weight.data,
+                 w.p_out_weight.data, w.g_out_weight.data, g.norm_in_weight.data,
+                 g.norm_in_bias.data, g.norm_out_weight.data, g.norm_out_bias.data,
+                 out_ptr(g.p_in_bias), out_ptr(g.g_in_bias), out_ptr(g.p_out_bias),
+                 out_ptr(g.g_out_bias), g.p_in_weight.data, g.g_in_weight.data,
+                 g.g_out_weight.data, g.p_out_weight.data, w.p_in_weight.dtype, int(D)},
       stream);
 }
 

@@ -12,6 +12,7 @@
 
 #include "kernels/trimul/params.h"
 #include "tpf/error.h"
+#include "tpf/tensor.h"
 
 namespace tpf::cuda::trimul {
 
@@ -75,9 +76,18 @@ void launch_kernel(Kernel kernel, dim3 grid, size_t smem, const Params& p, cudaS
   check_launch(name);
 }
 
-template <typename T> void launch_pack_weights(const Params& p, const float* const* weights,
-                                               const float* const* biases, void* w_in, void* w_out,
-                                               float* bias_in, float* bias_out, cudaStream_t s);
+// What pack_weights reads (the weights, all of element type `dtype`: float32, bfloat16 or float16;
+// a null bias is zero) and where it writes them in the workspace: w_in and w_out in T, the biases
+// and the LayerNorm vectors in float32 (Params::bias_in, bias_out, ln_*).
+struct PackArgs {
+  const void *p_in, *g_in, *g_out, *p_out;  // [2D, D], [2D, D], [D, D], [D, D]
+  const void* bias[4];                      // p_in, g_in (2D each), p_out, g_out (D each)
+  const void* norm[4];                      // norm_in weight, bias, norm_out weight, bias ([D])
+  DType dtype;
+  void *w_in, *w_out;
+  float *bias_in, *bias_out, *norms;  // [4D], [2D], [4D]
+};
+template <typename T> void launch_pack_weights(const Params& p, const PackArgs& a, cudaStream_t s);
 template <typename T> void launch_input_forward(const Params& p, cudaStream_t s);
 template <typename T> void launch_output_forward(const Params& p, cudaStream_t s);
 template <typename T> void launch_output_backward(const Params& p, cudaStream_t s);
@@ -89,18 +99,22 @@ template <typename T> void launch_input_backward_split(const Params& p, cudaStre
 // Params::sums; one launch, no atomics.
 void launch_reduce_sums(const Params& p, cudaStream_t s);
 
-// Everything the backward gives in float32 that is not a cuBLAS output: the sums copied out, the
-// two LayerNorm bias gradients from the projection bias sums (d norm_out_bias = Wp_out^T d bp_out,
-// d norm_in_bias = Wp_in^T d bp_in + Wg_in^T d bg_in + Wg_out^T d bg_out: each is the sum over
-// positions of dz_ln or dx_ln, which are linear in dpo | dP | dG | dgo), and the input-side weight
-// gradients split out of the one [5D, D] GEMM result dw_in. A null destination is an absent bias.
+// Everything the backward gives that is not a cuBLAS output, in the weights' dtype (computed as
+// in float32, rounded once at the store): the sums copied out, the two LayerNorm bias gradients
+// from the projection bias sums (d norm_out_bias = Wp_out^T d bp_out, d norm_in_bias = Wp_in^T
+// d bp_in + Wg_in^T d bg_in + Wg_out^T d bg_out: each is the sum over positions of dz_ln or dx_ln,
+// which are linear in dpo | dP | dG | dgo), and the weight gradients: the input-side ones split
+// out of the one [5D, D] GEMM result dw_in, d p_out_weight from dw_out. A null destination is an
+// absent bias.
 struct FinishArgs {
   const double* sums;
-  const float* dw_in;                                  // [5D, D]
-  const float *p_in_weight, *g_in_weight, *p_out_weight, *g_out_weight;  // float32 weights
-  float *d_norm_in_weight, *d_norm_in_bias, *d_norm_out_weight, *d_norm_out_bias;
-  float *d_p_in_bias, *d_g_in_bias, *d_p_out_bias, *d_g_out_bias;
-  float *d_p_in_weight, *d_g_in_weight, *d_g_out_weight;
+  const float* dw_in;                                                   // [5D, D]
+  const float* dw_out;                                                  // [D, D]
+  const void *p_in_weight, *g_in_weight, *p_out_weight, *g_out_weight;  // the weights (dtype)
+  void *d_norm_in_weight, *d_norm_in_bias, *d_norm_out_weight, *d_norm_out_bias;
+  void *d_p_in_bias, *d_g_in_bias, *d_p_out_bias, *d_g_out_bias;
+  void *d_p_in_weight, *d_g_in_weight, *d_g_out_weight, *d_p_out_weight;
+  DType dtype;  // of the weights and their gradients: float32, bfloat16 or float16
   int D;
 };
 void launch_finish_backward(const FinishArgs& a, cudaStream_t s);

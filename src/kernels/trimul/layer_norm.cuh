@@ -5,6 +5,20 @@
 
 namespace tpf::cuda::trimul {
 
+// Mask element i (p.mask non-null) in its own dtype (p.mask_type), rounded to T as PyTorch's cast
+// of the mask to x's dtype would round it (exact for bool, uint8 and a mask of x's dtype).
+template <typename T>
+__device__ __forceinline__ float mask_value(const Params& p, int64_t i) {
+  float v;
+  switch (p.mask_type) {
+    case kMaskByte: v = float(static_cast<const uint8_t*>(p.mask)[i]); break;
+    case kMaskF32: v = static_cast<const float*>(p.mask)[i]; break;
+    case kMaskF16: v = __half2float(static_cast<const __half*>(p.mask)[i]); break;
+    default: v = __bfloat162float(static_cast<const __nv_bfloat16*>(p.mask)[i]); break;
+  }
+  return to_f(from_f<T>(v));
+}
+
 // x_ln of the tile's rows into X (zeros past the tile and past D); mask values per row. Warp w
 // takes rows w, w + kWarps, ...; it loads all of its rows (and their mask values) before it
 // reduces the first one.
@@ -12,7 +26,7 @@ template <typename T>
 __device__ inline void normalize_input_rows(const Params& p, const Tile& tile, T* X, int ldx,
                                             float* mask, float* mean_out, float* rstd_out) {
   const T* x = static_cast<const T*>(p.x);
-  const T* m = static_cast<const T*>(p.mask);
+  const bool masked = p.mask != nullptr;
   const int D = int(p.D), lane = threadIdx.x % 32, warp = threadIdx.x / 32;
   float v[kRowsPerWarp][kPerLane];
   float mv[kRowsPerWarp];
@@ -24,7 +38,7 @@ __device__ inline void normalize_input_rows(const Params& p, const Tile& tile, T
       const int c = lane + 32 * t;
       v[k][t] = (r < tile.n && c < D) ? to_f(x[(tile.row0 + r) * D + c]) : 0.0f;
     }
-    mv[k] = (m && r < tile.n) ? to_f(m[tile.row0 + r]) : 1.0f;
+    mv[k] = (masked && r < tile.n) ? mask_value<T>(p, tile.row0 + r) : 1.0f;
   }
 #pragma unroll
   for (int k = 0; k < kRowsPerWarp; ++k) {

@@ -1,55 +1,58 @@
-// Small kernels around the fused ones: packing the float32 weights into the blocks the kernels
-// load (T, zero padded), the ordered sum of the backward's per-CTA partials, and the float32
-// gradients assembled from those sums.
+// Small kernels around the fused ones: packing the weights (float32, bfloat16 or float16, read in
+// their own dtype) into the blocks the kernels load (T, zero padded) and the biases and LayerNorm
+// weights into float32, the ordered sum of the backward's per-CTA partials, and the gradients
+// assembled from those sums (in the weights' dtype).
 #include "kernels/trimul/device.cuh"
 #include "kernels/trimul/launch.h"
 
 namespace tpf::cuda::trimul {
 namespace {
 
-struct WeightPointers {
-  const float* p_in;   // [2D, D]
-  const float* g_in;   // [2D, D]
-  const float* g_out;  // [D, D]
-  const float* p_out;  // [D, D]
-  const float* bias[4];  // p_in, g_in (2D each), p_out, g_out (D each); null = zero
-};
+// Element i of a weight of element type W, as a float (exact: W is at most 32 bits wide).
+template <typename W>
+__device__ __forceinline__ float weight_at(const void* w, int64_t i) {
+  return to_f(static_cast<const W*>(w)[i]);
+}
 
 // w_in block q < input_chunks, row t: Wp_in row q * kChunkChannels + t for t < kChunkChannels,
 // else Wg_in row q * kChunkChannels + t - kChunkChannels; the last block is Wg_out. w_out is
-// Wp_out. Everything past D (rows or columns) is zero.
-template <typename T>
-__global__ void pack_weights_kernel(const Params p, const WeightPointers w, T* w_in, T* w_out,
-                                    float* bias_in, float* bias_out) {
+// Wp_out. Everything past D (rows or columns) is zero. The four LayerNorm vectors go to `norms`.
+template <typename T, typename W>
+__global__ void pack_weights_kernel(const Params p, const PackArgs a) {
   const int64_t D = p.D, Dp = p.Dp;
   const int64_t in_count = int64_t(p.input_chunks + 1) * kChunkN * Dp;
   const int64_t out_count = Dp * Dp;
   const int64_t stride = int64_t(gridDim.x) * blockDim.x;
+  T* w_in = static_cast<T*>(a.w_in);
+  T* w_out = static_cast<T*>(a.w_out);
   for (int64_t idx = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; idx < in_count; idx += stride) {
     const int64_t row = idx / Dp, c = idx % Dp, q = row / kChunkN, t = row % kChunkN;
     float v = 0.0f;
     if (c < D) {
       if (q < p.input_chunks) {
         const int64_t o = q * kChunkChannels + t % kChunkChannels;
-        if (o < 2 * D) v = (t < kChunkChannels ? w.p_in : w.g_in)[o * D + c];
+        if (o < 2 * D) v = weight_at<W>(t < kChunkChannels ? a.p_in : a.g_in, o * D + c);
       } else if (t < D) {
-        v = w.g_out[t * D + c];
+        v = weight_at<W>(a.g_out, t * D + c);
       }
     }
     w_in[idx] = from_f<T>(v);
   }
   for (int64_t idx = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; idx < out_count; idx += stride) {
     const int64_t o = idx / Dp, c = idx % Dp;
-    w_out[idx] = from_f<T>(o < D && c < D ? w.p_out[o * D + c] : 0.0f);
+    w_out[idx] = from_f<T>(o < D && c < D ? weight_at<W>(a.p_out, o * D + c) : 0.0f);
   }
-  for (int64_t idx = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; idx < 6 * D; idx += stride) {
+  for (int64_t idx = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; idx < 10 * D; idx += stride) {
     if (idx < 4 * D) {
-      const float* b = w.bias[idx < 2 * D ? 0 : 1];
-      bias_in[idx] = b ? b[idx % (2 * D)] : 0.0f;
-    } else {
+      const void* b = a.bias[idx < 2 * D ? 0 : 1];
+      a.bias_in[idx] = b ? weight_at<W>(b, idx % (2 * D)) : 0.0f;
+    } else if (idx < 6 * D) {
       const int64_t k = idx - 4 * D;
-      const float* b = w.bias[k < D ? 2 : 3];
-      bias_out[k] = b ? b[k % D] : 0.0f;
+      const void* b = a.bias[k < D ? 2 : 3];
+      a.bias_out[k] = b ? weight_at<W>(b, k % D) : 0.0f;
+    } else {
+      const int64_t k = idx - 6 * D;
+      a.norms[k] = weight_at<W>(a.norm[k / D], k % D);
     }
   }
 }
@@ -74,63 +77,72 @@ __global__ void reduce_sums_kernel(const SumSegments segs, double* sums) {
   sums[seg.offset + c] = acc;
 }
 
-// Thread g of the grid: element g of dw_in (split into the three weight gradients); the first D
-// threads also give channel g's LayerNorm gradients and the first 2D the projection bias ones.
+// Thread g of the grid: element g of dw_in | dw_out (split into the four weight gradients); the
+// first D threads also give channel g's LayerNorm gradients and the first 2D the projection bias
+// ones. Everything is computed as in float32 and rounded once to W at the store.
+template <typename W>
 __global__ void finish_backward_kernel(const FinishArgs a) {
   using C = SumColumns;
   const int D = a.D;
   const int64_t g = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
   const double* sums = a.sums;
-  if (g < int64_t(5) * D * D) {
-    const int64_t in_block = int64_t(2) * D * D;
+  auto store = [](void* dst, int64_t i, float v) { static_cast<W*>(dst)[i] = from_f<W>(v); };
+  auto weight = [](const void* w, int64_t i) { return double(weight_at<W>(w, i)); };
+  const int64_t in_block = int64_t(2) * D * D, dw_in_count = int64_t(5) * D * D;
+  if (g < dw_in_count) {
     const float v = a.dw_in[g];
-    if (g < in_block) a.d_p_in_weight[g] = v;
-    else if (g < 2 * in_block) a.d_g_in_weight[g - in_block] = v;
-    else a.d_g_out_weight[g - 2 * in_block] = v;
+    if (g < in_block) store(a.d_p_in_weight, g, v);
+    else if (g < 2 * in_block) store(a.d_g_in_weight, g - in_block, v);
+    else store(a.d_g_out_weight, g - 2 * in_block, v);
+  } else if (g < dw_in_count + int64_t(D) * D) {
+    store(a.d_p_out_weight, g - dw_in_count, a.dw_out[g - dw_in_count]);
   }
   if (g < 2 * D) {
-    if (a.d_p_in_bias) a.d_p_in_bias[g] = float(sums[C::kPInBias * D + g]);
-    if (a.d_g_in_bias) a.d_g_in_bias[g] = float(sums[C::kGInBias * D + g]);
+    if (a.d_p_in_bias) store(a.d_p_in_bias, g, float(sums[C::kPInBias * D + g]));
+    if (a.d_g_in_bias) store(a.d_g_in_bias, g, float(sums[C::kGInBias * D + g]));
   }
   if (g < D) {
     const int c = int(g);
-    if (a.d_p_out_bias) a.d_p_out_bias[c] = float(sums[C::kPOutBias * D + c]);
-    if (a.d_g_out_bias) a.d_g_out_bias[c] = float(sums[C::kGOutBias * D + c]);
-    a.d_norm_out_weight[c] = float(sums[C::kNormOutWeight * D + c]);
-    a.d_norm_in_weight[c] = float(sums[C::kNormInWeight * D + c]);
+    if (a.d_p_out_bias) store(a.d_p_out_bias, c, float(sums[C::kPOutBias * D + c]));
+    if (a.d_g_out_bias) store(a.d_g_out_bias, c, float(sums[C::kGOutBias * D + c]));
+    store(a.d_norm_out_weight, c, float(sums[C::kNormOutWeight * D + c]));
+    store(a.d_norm_in_weight, c, float(sums[C::kNormInWeight * D + c]));
     double out_bias = 0.0, in_bias = 0.0;
     for (int o = 0; o < D; ++o) {
-      out_bias += double(a.p_out_weight[o * D + c]) * sums[C::kPOutBias * D + o];
-      in_bias += double(a.g_out_weight[o * D + c]) * sums[C::kGOutBias * D + o];
+      out_bias += weight(a.p_out_weight, o * D + c) * sums[C::kPOutBias * D + o];
+      in_bias += weight(a.g_out_weight, o * D + c) * sums[C::kGOutBias * D + o];
     }
     for (int k = 0; k < 2 * D; ++k)
-      in_bias += double(a.p_in_weight[k * D + c]) * sums[C::kPInBias * D + k] +
-                 double(a.g_in_weight[k * D + c]) * sums[C::kGInBias * D + k];
-    a.d_norm_out_bias[c] = float(out_bias);
-    a.d_norm_in_bias[c] = float(in_bias);
+      in_bias += weight(a.p_in_weight, k * D + c) * sums[C::kPInBias * D + k] +
+                 weight(a.g_in_weight, k * D + c) * sums[C::kGInBias * D + k];
+    store(a.d_norm_out_bias, c, float(out_bias));
+    store(a.d_norm_in_bias, c, float(in_bias));
   }
 }
 
 }  // namespace
 
-template <typename T>
-void launch_pack_weights(const Params& p, const float* const* weights, const float* const* biases,
-                         void* w_in, void* w_out, float* bias_in, float* bias_out,
-                         cudaStream_t stream) {
-  const WeightPointers w{weights[0], weights[1], weights[2], weights[3],
-                         {biases[0], biases[1], biases[2], biases[3]}};
-  pack_weights_kernel<T><<<64, kThreads, 0, stream>>>(p, w, static_cast<T*>(w_in),
-                                                      static_cast<T*>(w_out), bias_in, bias_out);
+namespace {
+template <typename T, typename W>
+void launch_pack_weights_as(const Params& p, const PackArgs& a, cudaStream_t stream) {
+  pack_weights_kernel<T, W><<<64, kThreads, 0, stream>>>(p, a);
   check_launch("trimul pack_weights");
 }
+}  // namespace
 
-template void launch_pack_weights<float>(const Params&, const float* const*, const float* const*,
-                                         void*, void*, float*, float*, cudaStream_t);
-template void launch_pack_weights<__nv_bfloat16>(const Params&, const float* const*,
-                                                 const float* const*, void*, void*, float*, float*,
-                                                 cudaStream_t);
-template void launch_pack_weights<__half>(const Params&, const float* const*, const float* const*,
-                                          void*, void*, float*, float*, cudaStream_t);
+template <typename T>
+void launch_pack_weights(const Params& p, const PackArgs& a, cudaStream_t stream) {
+  switch (a.dtype) {
+    case DType::f32: return launch_pack_weights_as<T, float>(p, a, stream);
+    case DType::bf16: return launch_pack_weights_as<T, __nv_bfloat16>(p, a, stream);
+    case DType::f16: return launch_pack_weights_as<T, __half>(p, a, stream);
+    default: throw Error("trimul pack_weights: weights must be float32, bfloat16 or float16");
+  }
+}
+
+template void launch_pack_weights<float>(const Params&, const PackArgs&, cudaStream_t);
+template void launch_pack_weights<__nv_bfloat16>(const Params&, const PackArgs&, cudaStream_t);
+template void launch_pack_weights<__half>(const Params&, const PackArgs&, cudaStream_t);
 
 void launch_reduce_sums(const Params& p, cudaStream_t stream) {
   using C = SumColumns;
@@ -149,8 +161,14 @@ void launch_reduce_sums(const Params& p, cudaStream_t stream) {
 
 void launch_finish_backward(const FinishArgs& a, cudaStream_t stream) {
   constexpr int kBlock = 256;
-  const int64_t threads = int64_t(5) * a.D * a.D;
-  finish_backward_kernel<<<unsigned((threads + kBlock - 1) / kBlock), kBlock, 0, stream>>>(a);
+  const int64_t threads = int64_t(6) * a.D * a.D;
+  const unsigned grid = unsigned((threads + kBlock - 1) / kBlock);
+  switch (a.dtype) {
+    case DType::f32: finish_backward_kernel<float><<<grid, kBlock, 0, stream>>>(a); break;
+    case DType::bf16: finish_backward_kernel<__nv_bfloat16><<<grid, kBlock, 0, stream>>>(a); break;
+    case DType::f16: finish_backward_kernel<__half><<<grid, kBlock, 0, stream>>>(a); break;
+    default: throw Error("trimul finish_backward: weights must be float32, bfloat16 or float16");
+  }
   check_launch("trimul finish_backward");
 }
 

@@ -8,6 +8,10 @@
 
 namespace tpf::cuda::trimul {
 
+// The mask's element type (Params::mask_type). Each value is read as a float and rounded to x's
+// dtype, as PyTorch's cast of the mask to x's dtype would round it.
+enum MaskType : int { kMaskByte = 0 /* bool or uint8 */, kMaskF32, kMaskF16, kMaskBF16 };
+
 struct Params {
   int64_t B, S, D;
   int Dp;                 // D rounded up to 16, the MMA's k and n granularity (zero padded)
@@ -20,19 +24,19 @@ struct Params {
 
   // Element type T (x's dtype) unless noted; row-major [positions, D] or channel-major [B, D, S, S].
   const void* x;
-  const void* mask;       // [positions] or null
+  const void* mask;       // [positions] (mask_type) or null
   void* y;
   void* a;                // channel-major
   void* b;                // channel-major
   void* z;                // channel-major
   void* go;               // row-major output gate logits
 
-  // Packed weights (T) and biases (fp32) in the workspace, see pack.cu.
+  // Packed weights (T), biases and LayerNorm weights (fp32) in the workspace, see pack.cu.
   const void* w_in;       // (input_chunks + 1) blocks of [kChunkN, Dp]
   const void* w_out;      // p_out_weight, [Dp, Dp]
   const float* bias_in;   // [4D]: p_in_bias | g_in_bias (zeros when absent)
   const float* bias_out;  // [2D]: p_out_bias | g_out_bias
-  const float* ln_in_w;
+  const float* ln_in_w;   // [D] each: the workspace's norms, ln_in_w | ln_in_b | ln_out_w | ln_out_b
   const float* ln_in_b;
   const float* ln_out_w;
   const float* ln_out_b;
@@ -59,6 +63,8 @@ struct Params {
   int grid_backward;        // persistent CTAs of output_backward (and of input_backward but under
                             // variant 3's split)
   int grid_input_backward;  // persistent CTAs of the input_backward kernel(s)
+  // Last, so that the fields above keep their offsets in the kernels' parameter space.
+  int mask_type;            // MaskType of `mask`
 };
 
 // Where each reduced sum lives in Params::sums, in units of D.
@@ -73,11 +79,12 @@ inline int padded_d(int64_t D) { return int(ceil_div(D, 16) * 16); }
 // Byte offsets of everything in a workspace, each 256-byte aligned. The same function sizes the
 // workspace (trimul_*_workspace_bytes) and carves it (entry.cu), so the two cannot disagree.
 struct Workspace {
-  size_t w_in, w_out, bias_in, bias_out, cublas;
+  size_t w_in, w_out, bias_in, bias_out, norms, cublas;
   // Backward only. Slots are reused once their first contents are consumed (stream order):
-  // dz then x_ln, dpo then dA, z_ln then dB.
+  // dz then x_ln, dpo then dA, z_ln then dB. dw_in and dw_out: the fp32 weight gradients from
+  // cuBLAS, which finish_backward gives out in the weights' dtype.
   size_t dz_xln, dpo_da, zln_db, dpg, partials_bias_out, partials_norm_out, partials_bias_in,
-      partials_norm_in, sums, dw_in;
+      partials_norm_in, sums, dw_in, dw_out;
   size_t total;
 };
 
@@ -98,6 +105,7 @@ inline Workspace workspace_layout(int64_t B, int64_t S, int64_t D, int elem_byte
   w.w_out = take(size_t(Dp) * Dp * elem_bytes);
   w.bias_in = take(4 * D * sizeof(float));
   w.bias_out = take(2 * D * sizeof(float));
+  w.norms = take(4 * D * sizeof(float));
   w.cublas = take(kCublasWorkspaceBytes);
   if (backward) {
     const size_t unit = size_t(B) * S * S * D * elem_bytes;
@@ -111,6 +119,7 @@ inline Workspace workspace_layout(int64_t B, int64_t S, int64_t D, int elem_byte
     w.partials_norm_in = take(size_t(kWarps) * kMaxInputBackwardCtas * D * sizeof(float));
     w.sums = take(size_t(SumColumns::kTotal) * D * sizeof(double));
     w.dw_in = take(size_t(5) * D * D * sizeof(float));
+    w.dw_out = take(size_t(D) * D * sizeof(float));
   }
   w.total = at;
   return w;

@@ -171,10 +171,359 @@ __global__ void __launch_bounds__(kThreads, 2) output_backward_kernel(const Para
   }
 }
 
+// ---- Variant 4: the same work at 3 CTAs per SM (16-bit types; bench/notes-trimul.md section 12).
+//
+//   Z    [kRows, Dp]          z of the tile (T), kept for z_hat
+//   X    [kRows, Dp]          z_ln (T), then dpo (T); then dz (T) channel-major [Dp, kRows + 8]
+//   W    [Dp, Dp]             p_out_weight (T), loaded once per CTA
+//   red  [kRows, 2, 4]        the LayerNorm backward's row sums, one partial per column warp
+//   mean, rstd [kRows]; ln_w, bias [Dp] (norm_out_weight, p_out_bias: zeros past D)
+// No fp32 staging: both epilogues work on the MMA registers (WarpTileLdsm's C fragments), dpo
+// and dz reach shared memory by stmatrix, z_hat by ldmatrix, and z_ln, dpo and dz leave in
+// 16-byte stores. The row sums of the LayerNorm backward cross the four column warps through
+// `red`. 72.5 KB of shared memory at D = 128, at most 80 registers; grid p.grid_backward =
+// kOccupancyBackwardCtas (three per SM). Running sums in fixed roles, summed per tile over the
+// warp's 8 row groups by a reduce-scatter (lane g keeps column k = g of its 8), so each thread
+// keeps one running sum per quantity:
+//   d p_out_bias, d g_out_bias -> row (2 CTA + warp's row half) of partials_bias_out;
+//   d norm_out_weight          -> row (kWarps CTA + warp) of partials_norm_out (zeros in the
+//                                 columns of the other column warps).
+// Same products, same k order, same gate expressions as variant 3 (z_ln, dpo, dgo bit for bit);
+// the sums and the LayerNorm backward's row sums add in another (fixed) order.
+
+constexpr int kColWarps = kChunkN / 32;  // warps across the columns of the 2 x 4 warp grid
+constexpr int kLdZT = kRows + kPad;      // dz staged channel-major
+
+template <typename T>
+struct OutputBackwardOccupancySmem {
+  T* z;
+  T* x;
+  T* w;
+  float* red;
+  float* mean;
+  float* rstd;
+  float* ln_w;
+  float* bias;
+  size_t bytes;
+  __host__ __device__ OutputBackwardOccupancySmem(unsigned char* base, int Dp) {
+    SmemCarver s{base};
+    const size_t rows = size_t(kRows) * (Dp + kPad), cm = size_t(Dp) * kLdZT;
+    z = s.take<T>(rows);
+    x = s.take<T>(rows > cm ? rows : cm);
+    w = s.take<T>(size_t(Dp) * (Dp + kPad));
+    red = s.take<float>(size_t(kRows) * 2 * kColWarps);
+    mean = s.take<float>(kRows);
+    rstd = s.take<float>(kRows);
+    ln_w = s.take<float>(Dp);
+    bias = s.take<float>(Dp);
+    bytes = s.at;
+  }
+};
+
+// ldmatrix / stmatrix (non-transposed) of the 16 x 16 block at (row0, col0) of a row-major shared
+// matrix in the C fragment's layout: r[2 h + e / 2] holds the pair (e, e + 1) of acc[.][.][h]
+// (row row0 + g + 8 (e / 2), columns col0 + 8 h + 2 t, + 1).
+template <typename T>
+__device__ __forceinline__ const T* fragment_lane_ptr(const T* s, int ld, int row0, int col0) {
+  const int lane = threadIdx.x & 31;
+  return s + (row0 + (lane & 7) + ((lane >> 3) & 1) * 8) * ld + col0 + (lane >> 4) * 8;
+}
+template <typename T>
+__device__ __forceinline__ void load_fragment(uint32_t (&r)[4], const T* s, int ld, int row0,
+                                              int col0) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(smem_addr(fragment_lane_ptr(s, ld, row0, col0))));
+}
+template <typename T>
+__device__ __forceinline__ void store_fragment(T* s, int ld, int row0, int col0,
+                                               const uint32_t (&r)[4]) {
+  asm volatile("stmatrix.sync.aligned.m8n8.x4.shared.b16 [%0], {%1,%2,%3,%4};\n" ::"r"(
+                   smem_addr(fragment_lane_ptr(s, ld, row0, col0))),
+               "r"(r[0]), "r"(r[1]), "r"(r[2]), "r"(r[3])
+               : "memory");
+}
+
+// Two adjacent 16-bit elements src[at], src[at + 1] as one 32-bit word (zero bits where not
+// valid): one 4-byte load where `paired` (D even: then v0 implies v1 and the pair is aligned).
+template <typename T>
+__device__ __forceinline__ uint32_t load_pair_bits(const T* src, int64_t at, bool v0, bool v1,
+                                                   bool paired) {
+  if (paired) return v0 ? *reinterpret_cast<const uint32_t*>(src + at) : 0u;
+  const uint16_t* u = reinterpret_cast<const uint16_t*>(src);
+  return uint32_t(v0 ? u[at] : 0) | uint32_t(v1 ? u[at + 1] : 0) << 16;
+}
+
+// v[4 j + 2 h + e] (the thread's 8 columns) summed over the warp's 8 row groups (lanes 4 apart):
+// lane (g, t) returns the sum of v[g], i.e. of column Acc::col(g / 4, g / 2 % 2, g % 2). Three
+// exchange steps (xor 16, 8, 4), each keeping the half of the values this lane's bit selects;
+// a fixed order for each column.
+__device__ __forceinline__ float reduce_scatter_rows(const float (&v)[8]) {
+  const int g = (threadIdx.x & 31) >> 2;
+  float a[4], b[2];
+  const bool b2 = g & 4, b1 = g & 2, b0 = g & 1;
+#pragma unroll
+  for (int k = 0; k < 4; ++k)
+    a[k] = (b2 ? v[k + 4] : v[k]) + __shfl_xor_sync(0xffffffffu, b2 ? v[k] : v[k + 4], 16);
+#pragma unroll
+  for (int k = 0; k < 2; ++k)
+    b[k] = (b1 ? a[k + 2] : a[k]) + __shfl_xor_sync(0xffffffffu, b1 ? a[k] : a[k + 2], 8);
+  return (b0 ? b[1] : b[0]) + __shfl_xor_sync(0xffffffffu, b0 ? b[0] : b[1], 4);
+}
+
+template <typename T>
+__global__ void __launch_bounds__(kThreads, kOccupancyCtas)
+    output_backward_occupancy_kernel(const Params p) {
+  using Acc = WarpTileLdsm<T>;
+  extern __shared__ __align__(128) unsigned char smem_raw[];
+  OutputBackwardOccupancySmem<T> s(smem_raw, p.Dp);
+  const int ld = p.Dp + kPad, D = int(p.D), Dp = p.Dp;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane >> 2, t = lane & 3;
+  const int m0 = (warp & 1) * 32, n0 = (warp >> 1) * 32, nq = warp >> 1;
+  const bool paired = D % 2 == 0;
+  float sum_bp = 0.0f, sum_bg = 0.0f, sum_nw = 0.0f;
+
+  const T* go = static_cast<const T*>(p.go);
+  const T* dy = static_cast<const T*>(p.dy);
+  T* dpo_out = static_cast<T*>(p.dpo);
+  T* dgo_out = static_cast<T*>(p.dgo);
+  T* zln_out = static_cast<T*>(p.zln);
+  T* dz_out = static_cast<T*>(p.dz);
+
+  copy_tile_async(s.w, ld, static_cast<const T*>(p.w_out), Dp, Dp, Dp);
+  if (threadIdx.x < Dp) {
+    const int c = threadIdx.x;
+    s.ln_w[c] = c < D ? p.ln_out_w[c] : 0.0f;
+    s.bias[c] = c < D ? p.bias_out[c] : 0.0f;
+  }
+
+  for (int64_t tt = blockIdx.x; tt < p.tiles; tt += gridDim.x) {
+    const Tile tile(tt, p);
+    // The tile's go and dy (contiguous rows) toward L2 now; the gate epilogue reads them.
+    {
+      const int line = threadIdx.x % (kThreads / 2);
+      const T* src = (threadIdx.x < kThreads / 2 ? go : dy) + tile.row0 * D;
+      if (int64_t(line) * 128 < int64_t(tile.n) * D * int64_t(sizeof(T)))
+        asm volatile("prefetch.global.L2 [%0];" ::"l"(reinterpret_cast<const char*>(src) +
+                                                         line * 128));
+    }
+    load_channel_major_tile(p, tile, static_cast<const T*>(p.z), s.z, ld);
+    __syncthreads();
+
+    // LayerNorm_out forward again: z_ln into X; then to global (for d p_out_weight) from X.
+    normalize_output_rows(p, tile, s.z, s.x, ld, s.mean, s.rstd, static_cast<T*>(nullptr));
+    cp_async_wait_all();
+    __syncthreads();
+    store_staged_rows<kRows, kChunkN>(s.x, ld, D, [=](int r) -> T* {
+      return r < tile.n ? zln_out + (tile.row0 + r) * D : nullptr;
+    });
+
+    // po = z_ln Wp_out^T, in registers.
+    Acc acc;
+    acc.zero();
+    acc.template mma<WLayout::kNK>(s.x, ld, s.w, ld, Dp, Dp);
+
+    // Output gate from the registers: dpo = dy sg, dgo = dy po sg (1 - sg) (variant 3's
+    // expressions); dpo by stmatrix into X, dgo to global in pairs; the bias sums per column.
+    {
+      float vbp[8] = {}, vbg[8] = {};
+#pragma unroll
+      for (int i = 0; i < 2; ++i) {
+        uint32_t gw[2][2][2], dw[2][2][2];  // [j][h][e / 2]
+#pragma unroll
+        for (int j = 0; j < 2; ++j)
+#pragma unroll
+          for (int h = 0; h < 2; ++h)
+#pragma unroll
+            for (int ep = 0; ep < 2; ++ep) {
+              const int r = m0 + 16 * i + g + 8 * ep, c = n0 + 16 * j + 8 * h + 2 * t;
+              const bool row_ok = r < tile.n;
+              const int64_t at = (tile.row0 + r) * D + c;
+              gw[j][h][ep] = load_pair_bits(go, at, row_ok && c < D, row_ok && c + 1 < D, paired);
+              dw[j][h][ep] = load_pair_bits(dy, at, row_ok && c < D, row_ok && c + 1 < D, paired);
+            }
+        // The first batch's loads are in flight across the barrier after which X takes dpo
+        // (every warp done reading z_ln).
+        if (i == 0) __syncthreads();
+#pragma unroll
+        for (int j = 0; j < 2; ++j) {
+          uint32_t frag[4];
+#pragma unroll
+          for (int h = 0; h < 2; ++h) {
+            const int c = n0 + 16 * j + 8 * h + 2 * t;
+            const float2 bias = *reinterpret_cast<const float2*>(s.bias + (c < Dp ? c : 0));
+#pragma unroll
+            for (int ep = 0; ep < 2; ++ep) {
+              const int r = m0 + 16 * i + g + 8 * ep;
+              const float2 gv = unpack2<T>(gw[j][h][ep]), dv = unpack2<T>(dw[j][h][ep]);
+              float dpo[2], dgo[2];
+#pragma unroll
+              for (int e = 0; e < 2; ++e) {
+                const bool valid = r < tile.n && c + e < D;
+                const float po = acc.acc[i][j][h][2 * ep + e] + (e ? bias.y : bias.x);
+                const float sg = sigmoid_t<T, true>(e ? gv.y : gv.x), d = e ? dv.y : dv.x;
+                dpo[e] = valid ? d * sg : 0.0f;
+                dgo[e] = valid ? d * po * sg * (1.0f - sg) : 0.0f;
+                vbp[4 * j + 2 * h + e] += dpo[e];
+                vbg[4 * j + 2 * h + e] += dgo[e];
+              }
+              frag[2 * h + ep] = Mma<T>::pack(dpo[0], dpo[1]);
+              if (r < tile.n && c < D) {
+                T* dst = dgo_out + (tile.row0 + r) * p.ld_dpg + c;
+                if (paired) {
+                  store_pair(dst, dgo[0], dgo[1]);
+                } else {
+                  dst[0] = from_f<T>(dgo[0]);
+                  if (c + 1 < D) dst[1] = from_f<T>(dgo[1]);
+                }
+              }
+            }
+          }
+          if (n0 + 16 * j < Dp) store_fragment(s.x, ld, m0 + 16 * i, n0 + 16 * j, frag);
+        }
+      }
+      sum_bp += reduce_scatter_rows(vbp);
+      sum_bg += reduce_scatter_rows(vbg);
+    }
+    __syncthreads();
+    store_staged_rows<kRows, kChunkN>(s.x, ld, D, [=](int r) -> T* {
+      return r < tile.n ? dpo_out + (tile.row0 + r) * D : nullptr;
+    });
+
+    // dz_ln = dpo Wp_out, in registers.
+    acc.zero();
+    acc.template mma<WLayout::kKN>(s.x, ld, s.w, ld, Dp, Dp);
+
+    // LayerNorm backward, first half: g = dz_ln w (in place of dz_ln), the row sums of g and
+    // g z_hat over the warp's 32 columns (-> red), d norm_out_weight += dz_ln z_hat.
+    {
+      float vnw[8] = {}, s1[2][2] = {}, s2[2][2] = {};  // s1, s2: [i][e / 2]
+#pragma unroll
+      for (int i = 0; i < 2; ++i) {
+        float mean[2], rstd[2];
+#pragma unroll
+        for (int ep = 0; ep < 2; ++ep) {
+          mean[ep] = s.mean[m0 + 16 * i + g + 8 * ep];
+          rstd[ep] = s.rstd[m0 + 16 * i + g + 8 * ep];
+        }
+#pragma unroll
+        for (int j = 0; j < 2; ++j) {
+          uint32_t zf[4] = {};
+          if (n0 + 16 * j < Dp) load_fragment(zf, s.z, ld, m0 + 16 * i, n0 + 16 * j);
+#pragma unroll
+          for (int h = 0; h < 2; ++h) {
+            const int c = n0 + 16 * j + 8 * h + 2 * t;
+            const float2 w = *reinterpret_cast<const float2*>(s.ln_w + (c < Dp ? c : 0));
+#pragma unroll
+            for (int ep = 0; ep < 2; ++ep) {
+              const int r = m0 + 16 * i + g + 8 * ep;
+              const float2 z = unpack2<T>(zf[2 * h + ep]);
+#pragma unroll
+              for (int e = 0; e < 2; ++e) {
+                const bool col_ok = c + e < D;
+                float& a = acc.acc[i][j][h][2 * ep + e];
+                const float dzl = col_ok ? a : 0.0f;
+                const float zhat = col_ok ? ((e ? z.y : z.x) - mean[ep]) * rstd[ep] : 0.0f;
+                if (r < tile.n) vnw[4 * j + 2 * h + e] += dzl * zhat;
+                a = col_ok ? dzl * (e ? w.y : w.x) : 0.0f;
+                s1[i][ep] += a;
+                s2[i][ep] += a * zhat;
+              }
+            }
+          }
+        }
+      }
+      sum_nw += reduce_scatter_rows(vnw);
+#pragma unroll
+      for (int i = 0; i < 2; ++i)
+#pragma unroll
+        for (int ep = 0; ep < 2; ++ep) {
+          float a = s1[i][ep], b = s2[i][ep];
+          a += __shfl_xor_sync(0xffffffffu, a, 1);
+          b += __shfl_xor_sync(0xffffffffu, b, 1);
+          a += __shfl_xor_sync(0xffffffffu, a, 2);
+          b += __shfl_xor_sync(0xffffffffu, b, 2);
+          if (t == 0) {
+            const int r = m0 + 16 * i + g + 8 * ep;
+            s.red[(r * 2 + 0) * kColWarps + nq] = a;
+            s.red[(r * 2 + 1) * kColWarps + nq] = b;
+          }
+        }
+    }
+    __syncthreads();  // red complete; every warp is done with X (dpo): X takes dz
+
+    // Second half: dz = rstd (g - mean(g) - z_hat mean(g z_hat)), staged channel-major in X by
+    // stmatrix.trans.
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+      float mean[2], rstd[2], m1[2], m2[2];
+#pragma unroll
+      for (int ep = 0; ep < 2; ++ep) {
+        const int r = m0 + 16 * i + g + 8 * ep;
+        mean[ep] = s.mean[r];
+        rstd[ep] = s.rstd[r];
+        const float4 a = *reinterpret_cast<const float4*>(s.red + (r * 2 + 0) * kColWarps);
+        const float4 b = *reinterpret_cast<const float4*>(s.red + (r * 2 + 1) * kColWarps);
+        m1[ep] = (((a.x + a.y) + a.z) + a.w) / float(D);
+        m2[ep] = (((b.x + b.y) + b.z) + b.w) / float(D);
+      }
+#pragma unroll
+      for (int j = 0; j < 2; ++j) {
+        if (n0 + 16 * j >= Dp) continue;  // warp-uniform
+        uint32_t zf[4], frag[4];
+        load_fragment(zf, s.z, ld, m0 + 16 * i, n0 + 16 * j);
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          const int c = n0 + 16 * j + 8 * h + 2 * t;
+#pragma unroll
+          for (int ep = 0; ep < 2; ++ep) {
+            const float2 z = unpack2<T>(zf[2 * h + ep]);
+            float dz[2];
+#pragma unroll
+            for (int e = 0; e < 2; ++e) {
+              const float zhat = c + e < D ? ((e ? z.y : z.x) - mean[ep]) * rstd[ep] : 0.0f;
+              dz[e] = rstd[ep] * (acc.acc[i][j][h][2 * ep + e] - m1[ep] - zhat * m2[ep]);
+            }
+            frag[2 * h + ep] = Mma<T>::pack(dz[0], dz[1]);
+          }
+        }
+        store_transposed(s.x, kLdZT, n0 + 16 * j, m0 + 16 * i, frag);
+      }
+    }
+    __syncthreads();
+
+    // dz channel-major: 64 consecutive positions of a channel per staged row.
+    store_staged_rows<kChunkN, kRows>(s.x, kLdZT, tile.n, [=, &p](int c) -> T* {
+      return c < D ? dz_out + tile.channel_major(p, c, 0) : nullptr;
+    });
+  }
+
+  // The running sums: lane (g, t) holds column Acc::col(g / 4, g / 2 % 2, g % 2) of its warp.
+  const int col = n0 + 16 * (g >> 2) + 8 * ((g >> 1) & 1) + 2 * t + (g & 1);
+  if (col < D) {
+    float* row = p.partials_bias_out + (int64_t(blockIdx.x) * 2 + (warp & 1)) * 2 * D;
+    row[col] = sum_bp;
+    row[D + col] = sum_bg;
+  }
+  float* norm_row = p.partials_norm_out + (int64_t(blockIdx.x) * kWarps + warp) * D;
+#pragma unroll
+  for (int q = 0; q < kColWarps; ++q) {
+    const int c = q == nq ? col : 32 * q + lane;
+    if (c < D) norm_row[c] = q == nq ? sum_nw : 0.0f;
+  }
+}
+
 }  // namespace
 
 template <typename T>
 void launch_output_backward(const Params& p, cudaStream_t stream) {
+  if constexpr (kHasFast<T>) {
+    if (occupancy_output_backward<T>()) {
+      return launch_kernel(output_backward_occupancy_kernel<T>, dim3(unsigned(p.grid_backward)),
+                           OutputBackwardOccupancySmem<T>(nullptr, p.Dp).bytes, p, stream,
+                           "trimul output_backward");
+    }
+  }
   const size_t smem = OutputBackwardSmem<T>(nullptr, p.Dp).bytes;
   const auto kernel = fast_variant() ? output_backward_kernel<T, kHasFast<T>>
                                      : output_backward_kernel<T, false>;

@@ -1,6 +1,8 @@
 // A small forward + backward of the triangle multiplicative update through the C++ API with no
 // Python, for compute-sanitizer (memcheck, racecheck, synccheck, initcheck): bf16 and float32,
 // S not a tile multiple, D a multiple of 16 or not, both directions, with and without biases.
+// The kernel variant is TPF_TRIMUL_VARIANT's (src/kernels/trimul/launch.h), read at each launch:
+// `TPF_TRIMUL_VARIANT=4 scripts/gpu-check trimul-sanitize` checks variant 4.
 // Exits non-zero on any CUDA error or non-finite output.
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
@@ -163,6 +165,10 @@ int main() {
     ok &= run<__nv_bfloat16>(2, 70, 128, outgoing, true, tpf::DType::bf16);
     ok &= run<__nv_bfloat16>(1, 70, 24, outgoing, false, tpf::DType::bf16);
     ok &= run<float>(1, 33, 40, outgoing, true, tpf::DType::f32);
+    // 408 tiles: more than the 396 persistent CTAs of the occupancy backward kernels (variants 3
+    // and 4), so some CTAs take a second tile (the shared-memory reuse across tiles is checked);
+    // S a multiple of 8: the 16-byte store and copy paths.
+    ok &= run<__nv_bfloat16>(1, 136, 64, outgoing, true, tpf::DType::bf16);
   }
   return ok ? 0 : 2;
 }

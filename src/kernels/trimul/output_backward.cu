@@ -314,17 +314,19 @@ __global__ void __launch_bounds__(kThreads, kOccupancyCtas)
   extern __shared__ __align__(128) unsigned char smem_raw[];
   const int ld = p.Dp + kPad, D = int(p.D), Dp = p.Dp;
   constexpr bool paired = kPaired;
-  // The thread's coordinates from thread_index_here() at each use: kept in registers, they (and
-  // the addresses derived from them) are hoisted out of the tile loop and spilled.
-#define TPF_TID (thread_index_here() % kThreads)
-#define warp int(TPF_TID / 32)
-#define lane int(TPF_TID % 32)
-#define g int(TPF_TID % 32 / 4)
-#define t int(TPF_TID % 4)
-#define m0 int(TPF_TID / 32 % 2 * 32)
-#define n0 int(TPF_TID / 64 * 32)
-#define nq int(TPF_TID / 64)
-#define TPF_SMEM Smem(smem_base_here(smem_raw), Dp)
+  // The thread's coordinates (C fragment: g = lane / 4, t = lane % 4; the warp's rows m0.. and
+  // columns n0.. of the 2 x 4 warp grid, nq = n0 / 32) from thread_index_here() at each use:
+  // kept in registers, they (and the addresses derived from them) are hoisted out of the tile
+  // loop and spilled. Likewise the carved shared-memory pointers (smem()).
+  const auto tid = [] { return thread_index_here() % kThreads; };
+  const auto warp = [=] { return int(tid() / 32); };
+  const auto lane = [=] { return int(tid() % 32); };
+  const auto g = [=] { return int(tid() % 32 / 4); };
+  const auto t = [=] { return int(tid() % 4); };
+  const auto m0 = [=] { return int(tid() / 32 % 2 * 32); };
+  const auto n0 = [=] { return int(tid() / 64 * 32); };
+  const auto nq = [=] { return int(tid() / 64); };
+  const auto smem = [=] { return Smem(smem_base_here(smem_raw), Dp); };
   // The thread's running sums (d p_out_bias, d g_out_bias, d norm_out_weight) in its own slots of
   // `sums` (slot q * kThreads + thread): in registers they are spilled under the 80-register bound.
   enum { kSumBp, kSumBg, kSumNw };
@@ -337,11 +339,11 @@ __global__ void __launch_bounds__(kThreads, kOccupancyCtas)
   T* dz_out = static_cast<T*>(p.dz);
 
   {
-    const Smem s = TPF_SMEM;
+    const Smem s = smem();
     copy_tile_async(s.w, ld, static_cast<const T*>(p.w_out), Dp, Dp, Dp);
   }
   {
-    const Smem s = TPF_SMEM;
+    const Smem s = smem();
     for (int q = 0; q < 3; ++q) s.sums[q * kThreads + threadIdx.x] = 0.0f;
     if (threadIdx.x < Dp) {
       const int c = threadIdx.x;
@@ -361,7 +363,7 @@ __global__ void __launch_bounds__(kThreads, kOccupancyCtas)
                                                          line * 128));
     }
     {
-      const Smem s = TPF_SMEM;
+      const Smem s = smem();
       load_channel_major_tile(p, tile, static_cast<const T*>(p.z), s.z, ld);
       __syncthreads();
       // LayerNorm_out forward again: z_ln into X; then to global (for d p_out_weight) from X.
@@ -370,7 +372,7 @@ __global__ void __launch_bounds__(kThreads, kOccupancyCtas)
     cp_async_wait_all();
     __syncthreads();
     {
-      const Smem s = TPF_SMEM;
+      const Smem s = smem();
       T* zln_tile = zln_out + tile.row0 * D;
       const int n = tile.n;
       store_staged_rows<kRows, kChunkN, true>(
@@ -381,7 +383,7 @@ __global__ void __launch_bounds__(kThreads, kOccupancyCtas)
     Acc acc;
     acc.zero();
     {
-      const Smem s = TPF_SMEM;
+      const Smem s = smem();
       acc.template mma<WLayout::kNK>(s.x, ld, s.w, ld, Dp, Dp);
     }
 
@@ -404,7 +406,7 @@ __global__ void __launch_bounds__(kThreads, kOccupancyCtas)
           for (int h = 0; h < 2; ++h)
 #pragma unroll
             for (int ep = 0; ep < 2; ++ep) {
-              const int r = m0 + 16 * i + g + 8 * ep, c = n0 + 16 * j + 8 * h + 2 * t;
+              const int r = m0() + 16 * i + g() + 8 * ep, c = n0() + 16 * j + 8 * h + 2 * t();
               const bool row_ok = r < tile.n;
               const int at = r * D + c;
               gw[h][ep] = load_pair_bits(go_t, at, row_ok && c < D, row_ok && c + 1 < D, paired);
@@ -413,15 +415,15 @@ __global__ void __launch_bounds__(kThreads, kOccupancyCtas)
           // The first batch's loads are in flight across the barrier after which X takes dpo
           // (every warp done reading z_ln).
           if (j == 0 && i == 0) __syncthreads();
-          const Smem s = TPF_SMEM;
+          const Smem s = smem();
           uint32_t frag[4];
 #pragma unroll
           for (int h = 0; h < 2; ++h) {
-            const int c = n0 + 16 * j + 8 * h + 2 * t;
+            const int c = n0() + 16 * j + 8 * h + 2 * t();
             const float2 bias = s.param_pair(Dp, c);
 #pragma unroll
             for (int ep = 0; ep < 2; ++ep) {
-              const int r = m0 + 16 * i + g + 8 * ep;
+              const int r = m0() + 16 * i + g() + 8 * ep;
               const float2 gv = unpack2<T>(gw[h][ep]), dv = unpack2<T>(dw[h][ep]);
               float dpo[2], dgo[2];
 #pragma unroll
@@ -446,19 +448,19 @@ __global__ void __launch_bounds__(kThreads, kOccupancyCtas)
               }
             }
           }
-          if (n0 + 16 * j < Dp) store_fragment(s.x, ld, m0 + 16 * i, n0 + 16 * j, frag);
+          if (n0() + 16 * j < Dp) store_fragment(s.x, ld, m0() + 16 * i, n0() + 16 * j, frag);
         }
         rbp[j] = reduce_scatter_4(vbp);
         rbg[j] = reduce_scatter_4(vbg);
       }
       const float bp = reduce_scatter_2(rbp), bg = reduce_scatter_2(rbg);
-      float* sums = TPF_SMEM.sums + TPF_TID;
+      float* sums = smem().sums + tid();
       sums[kSumBp * kThreads] += bp;
       sums[kSumBg * kThreads] += bg;
     }
     __syncthreads();
     {
-      const Smem s = TPF_SMEM;
+      const Smem s = smem();
       T* dpo_tile = dpo_out + tile.row0 * D;
       const int n = tile.n;
       store_staged_rows<kRows, kChunkN, true>(
@@ -468,7 +470,7 @@ __global__ void __launch_bounds__(kThreads, kOccupancyCtas)
     // dz_ln = dpo Wp_out, in registers.
     acc.zero();
     {
-      const Smem s = TPF_SMEM;
+      const Smem s = smem();
       acc.template mma<WLayout::kKN>(s.x, ld, s.w, ld, Dp, Dp);
     }
 
@@ -478,20 +480,20 @@ __global__ void __launch_bounds__(kThreads, kOccupancyCtas)
       float rnw[2];
 #pragma unroll
       for (int j = 0; j < 2; ++j) {
-        const Smem s = TPF_SMEM;
+        const Smem s = smem();
         float vnw[4] = {};
 #pragma unroll
         for (int i = 0; i < 2; ++i) {
           float s1[2] = {}, s2[2] = {};  // [e / 2]
           uint32_t zf[4] = {};
-          if (n0 + 16 * j < Dp) load_fragment(zf, s.z, ld, m0 + 16 * i, n0 + 16 * j);
+          if (n0() + 16 * j < Dp) load_fragment(zf, s.z, ld, m0() + 16 * i, n0() + 16 * j);
 #pragma unroll
           for (int h = 0; h < 2; ++h) {
-            const int c = n0 + 16 * j + 8 * h + 2 * t;
+            const int c = n0() + 16 * j + 8 * h + 2 * t();
             const float2 w = s.param_pair(0, c);
 #pragma unroll
             for (int ep = 0; ep < 2; ++ep) {
-              const int r = m0 + 16 * i + g + 8 * ep;
+              const int r = m0() + 16 * i + g() + 8 * ep;
               const float mean = s.mean[r], rstd = s.rstd[r];
               const float2 z = unpack2<T>(zf[2 * h + ep]);
 #pragma unroll
@@ -516,8 +518,8 @@ __global__ void __launch_bounds__(kThreads, kOccupancyCtas)
             b += __shfl_xor_sync(0xffffffffu, b, 1);
             a += __shfl_xor_sync(0xffffffffu, a, 2);
             b += __shfl_xor_sync(0xffffffffu, b, 2);
-            if (t == 0) {
-              float* slot = s.red + (m0 + 16 * i + g + 8 * ep) * 2 * kColWarps + nq;
+            if (t() == 0) {
+              float* slot = s.red + (m0() + 16 * i + g() + 8 * ep) * 2 * kColWarps + nq();
               slot[0] = j == 0 ? a : slot[0] + a;
               slot[kColWarps] = j == 0 ? b : slot[kColWarps] + b;
             }
@@ -527,7 +529,7 @@ __global__ void __launch_bounds__(kThreads, kOccupancyCtas)
       }
       {
         const float nw = reduce_scatter_2(rnw);
-        TPF_SMEM.sums[kSumNw * kThreads + TPF_TID] += nw;
+        smem().sums[kSumNw * kThreads + tid()] += nw;
       }
     }
     __syncthreads();  // red complete; every warp is done with X (dpo): X takes dz
@@ -536,11 +538,11 @@ __global__ void __launch_bounds__(kThreads, kOccupancyCtas)
     // stmatrix.trans.
 #pragma unroll
     for (int i = 0; i < 2; ++i) {
-      const Smem s = TPF_SMEM;
+      const Smem s = smem();
       float mean[2], rstd[2], m1[2], m2[2];
 #pragma unroll
       for (int ep = 0; ep < 2; ++ep) {
-        const int r = m0 + 16 * i + g + 8 * ep;
+        const int r = m0() + 16 * i + g() + 8 * ep;
         mean[ep] = s.mean[r];
         rstd[ep] = s.rstd[r];
         const float4 a = *reinterpret_cast<const float4*>(s.red + (r * 2 + 0) * kColWarps);
@@ -550,12 +552,12 @@ __global__ void __launch_bounds__(kThreads, kOccupancyCtas)
       }
 #pragma unroll
       for (int j = 0; j < 2; ++j) {
-        if (n0 + 16 * j >= Dp) continue;  // warp-uniform
+        if (n0() + 16 * j >= Dp) continue;  // warp-uniform
         uint32_t zf[4], frag[4];
-        load_fragment(zf, s.z, ld, m0 + 16 * i, n0 + 16 * j);
+        load_fragment(zf, s.z, ld, m0() + 16 * i, n0() + 16 * j);
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
-          const int c = n0 + 16 * j + 8 * h + 2 * t;
+          const int c = n0() + 16 * j + 8 * h + 2 * t();
 #pragma unroll
           for (int ep = 0; ep < 2; ++ep) {
             const float2 z = unpack2<T>(zf[2 * h + ep]);
@@ -568,14 +570,14 @@ __global__ void __launch_bounds__(kThreads, kOccupancyCtas)
             frag[2 * h + ep] = Mma<T>::pack(dz[0], dz[1]);
           }
         }
-        store_transposed(s.x, kLdZT, n0 + 16 * j, m0 + 16 * i, frag);
+        store_transposed(s.x, kLdZT, n0() + 16 * j, m0() + 16 * i, frag);
       }
     }
     __syncthreads();
 
     // dz channel-major: 64 consecutive positions of a channel per staged row.
     {
-      const Smem s = TPF_SMEM;
+      const Smem s = smem();
       T* dz_tile = dz_out + tile.channel_major(p, 0, 0);
       const int64_t plane = p.S * p.S;
       store_staged_rows<kChunkN, kRows, true>(s.x, kLdZT, tile.n, [=](int c) -> T* {
@@ -585,30 +587,21 @@ __global__ void __launch_bounds__(kThreads, kOccupancyCtas)
   }
 
   // The running sums: lane (g, t) holds column Acc::col(g / 4, g / 2 % 2, g % 2) of its warp.
-  const int col = n0 + 16 * (g >> 2) + 8 * ((g >> 1) & 1) + 2 * t + (g & 1);
-  const float* sums = TPF_SMEM.sums + threadIdx.x;
+  const int col = n0() + 16 * (g() >> 2) + 8 * ((g() >> 1) & 1) + 2 * t() + (g() & 1);
+  const float* sums = smem().sums + threadIdx.x;
   const float sum_bp = sums[kSumBp * kThreads], sum_bg = sums[kSumBg * kThreads],
               sum_nw = sums[kSumNw * kThreads];
   if (col < D) {
-    float* row = p.partials_bias_out + (int64_t(blockIdx.x) * 2 + (warp & 1)) * 2 * D;
+    float* row = p.partials_bias_out + (int64_t(blockIdx.x) * 2 + (warp() & 1)) * 2 * D;
     row[col] = sum_bp;
     row[D + col] = sum_bg;
   }
-  float* norm_row = p.partials_norm_out + (int64_t(blockIdx.x) * kWarps + warp) * D;
+  float* norm_row = p.partials_norm_out + (int64_t(blockIdx.x) * kWarps + warp()) * D;
 #pragma unroll
   for (int q = 0; q < kColWarps; ++q) {
-    const int c = q == nq ? col : 32 * q + lane;
-    if (c < D) norm_row[c] = q == nq ? sum_nw : 0.0f;
+    const int c = q == nq() ? col : 32 * q + lane();
+    if (c < D) norm_row[c] = q == nq() ? sum_nw : 0.0f;
   }
-#undef TPF_SMEM
-#undef TPF_TID
-#undef warp
-#undef lane
-#undef g
-#undef t
-#undef m0
-#undef n0
-#undef nq
 }
 
 }  // namespace

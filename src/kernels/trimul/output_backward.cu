@@ -294,6 +294,17 @@ __device__ __forceinline__ float reduce_scatter_2(const float (&v)[2]) {
   return (b2 ? v[1] : v[0]) + __shfl_xor_sync(0xffffffffu, b2 ? v[0] : v[1], 16);
 }
 
+// Tile t, with 32-bit divisions where the tile count fits (Tile(t, p)'s 64-bit divisions are a
+// few hundred instructions per tile).
+__device__ __forceinline__ Tile tile_at(int64_t t, const Params& p) {
+  if (p.tiles <= INT32_MAX) {
+    const unsigned tu = unsigned(t), tpr = unsigned(p.tiles_per_row), S = unsigned(p.S);
+    const unsigned bi = tu / tpr, b = bi / S;
+    return Tile(b, bi - b * S, int64_t(tu - bi * tpr) * kRows, p);
+  }
+  return Tile(t, p);
+}
+
 // The dynamic shared memory's base, read anew at each call (volatile: not hoisted), so that the
 // carved pointers are recomputed where they are used (a few integer instructions) instead of
 // being kept in registers across the tile loop and spilled under the 80-register bound.
@@ -353,7 +364,7 @@ __global__ void __launch_bounds__(kThreads, kOccupancyCtas)
   }
 
   for (int64_t tt = blockIdx.x; tt < p.tiles; tt += gridDim.x) {
-    const Tile tile(tt, p);
+    const Tile tile = tile_at(tt, p);
     // The tile's go and dy (contiguous rows) toward L2 now; the gate epilogue reads them.
     {
       const int line = threadIdx.x % (kThreads / 2);

@@ -228,8 +228,11 @@ def test_cuda_errors_name_the_argument():
 # back from 16-byte stores of a and b to scalar ones where S is not a multiple of 8: S = 136 takes
 # the vector path, the others the scalar one (D is always a multiple of 8, which the op checks, so
 # go and y always take the vector path). D = 8, 24, 40 and 72 leave warps with half or none of
-# their 32 output columns; S = 70, 257 and 136 leave partial tiles.
-VARIANTS = ["0", "1", "2", "3"]  # 3 also runs unset: the shapes above are for its epilogues
+# their 32 output columns; S = 70, 257 and 136 leave partial tiles. 4 is variant 3 with
+# output_backward at 3 CTAs per SM (epilogues from the MMA registers, grid 396): the same shapes
+# cover its stmatrix / ldmatrix epilogues past D and past the tile, and the scalar dz stores
+# where S is not a multiple of 8.
+VARIANTS = ["0", "1", "2", "3", "4"]  # 3 also runs unset: the shapes above are for its epilogues
 
 
 @pytest.mark.parametrize("variant", VARIANTS)

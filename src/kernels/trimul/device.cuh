@@ -462,6 +462,12 @@ struct Tile {
     n = int(p.S - j0 < kRows ? p.S - j0 : kRows);
     row0 = bi * p.S + j0;
   }
+  // The same tile from its coordinates (j0 a multiple of kRows), computed by the caller (e.g.
+  // with 32-bit divisions where the tile count allows).
+  __device__ Tile(int64_t b_, int64_t i_, int64_t j0_, const Params& p) : b(b_), i(i_), j0(j0_) {
+    n = int(p.S - j0 < kRows ? p.S - j0 : kRows);
+    row0 = (b * p.S + i) * p.S + j0;
+  }
   // Element offset of (channel c, row r) in a channel-major [B, D, S, S] tensor.
   __device__ int64_t channel_major(const Params& p, int64_t c, int r) const {
     return ((b * p.D + c) * p.S + i) * p.S + j0 + r;

@@ -33,15 +33,17 @@ inline void check_cuda(cudaError_t e, const char* what) {
 //      the MMA registers and stage 16-bit results instead of fp32 products (less shared memory),
 //      under launch bounds of 3 CTAs per SM (same arithmetic as variant 1); input_backward is
 //      split in two kernels of kSplitBackwardCtas persistent CTAs, three per SM
-//      (input_backward_split.cu); output_backward runs variant 1's code.
-// The workspace is the same under all of them (the input side's partials are sized for the larger
-// grid).
-constexpr int kVariants = 4;
+//      (input_backward_split.cu); output_backward runs variant 1's code;
+//   4  variant 3, and output_backward at 3 CTAs per SM as well: epilogues from the MMA registers,
+//      kOccupancyBackwardCtas persistent CTAs (output_backward.cu, bench/notes-trimul.md
+//      section 13).
+// The workspace is the same under all of them (the partials are sized for the larger grids).
+constexpr int kVariants = 5;
 inline int variant() {
   const char* env = std::getenv("TPF_TRIMUL_VARIANT");
   if (env == nullptr || env[0] == '\0') return 3;
   if (env[1] != '\0' || env[0] < '0' || env[0] >= char('0' + kVariants))
-    throw Error(std::string("TPF_TRIMUL_VARIANT: expected 0, 1, 2 or 3 (or unset), got '") + env + "'");
+    throw Error(std::string("TPF_TRIMUL_VARIANT: expected 0, 1, 2, 3 or 4 (or unset), got '") + env + "'");
   return env[0] - '0';
 }
 inline bool fast_variant() { return variant() >= 1; }
@@ -50,10 +52,20 @@ constexpr int kOccupancyCtas = 3;
 // float has no fast code (its GEMMs run on the CUDA cores, its sigmoid stays IEEE): one kernel.
 template <typename T>
 constexpr bool kHasFast = !std::is_same_v<T, float>;
-// Variant 3's split input_backward (16-bit types; float runs variant 0's kernel under 3).
+// Variant 3's occupancy kernels (input_forward, output_forward and the split input_backward), also
+// under variant 4 (16-bit types; float runs variant 0's kernels under 3 and 4).
+template <typename T>
+bool occupancy_kernels() {
+  return kHasFast<T> && variant() >= 3;
+}
 template <typename T>
 bool split_input_backward() {
-  return kHasFast<T> && variant() == 3;
+  return occupancy_kernels<T>();
+}
+// Variant 4's output_backward (16-bit types), with grid_backward = kOccupancyBackwardCtas.
+template <typename T>
+bool occupancy_output_backward() {
+  return kHasFast<T> && variant() == 4;
 }
 
 inline void check_launch(const char* kernel) { check_cuda(cudaGetLastError(), kernel); }

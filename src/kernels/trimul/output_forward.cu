@@ -139,7 +139,7 @@ __global__ void __launch_bounds__(kThreads, kOccupancyCtas)
 template <typename T>
 void launch_output_forward(const Params& p, cudaStream_t stream) {
   if constexpr (kHasFast<T>) {
-    if (variant() == 3) {
+    if (variant() >= 3) {
       return launch_kernel(output_forward_occupancy_kernel<T>, dim3(unsigned(p.tiles)),
                            OutputForwardOccupancySmem<T>(nullptr, p.Dp).bytes, p, stream,
                            "trimul output_forward");

@@ -60,8 +60,10 @@ struct Params {
   float* partials_bias_in;   // [2 * grid_input_backward, 4D]: d p_in_bias | d g_in_bias
   float* partials_norm_in;   // [kWarps * grid_input_backward, D]: d norm_in_weight
   double* sums;
-  int grid_backward;        // persistent CTAs of output_backward (and of input_backward but under
-                            // variant 3's split)
+  int grid_backward;        // persistent CTAs of output_backward (kBackwardCtas, or
+                            // kOccupancyBackwardCtas under variant 4; the output segments of
+                            // launch_reduce_sums follow it), and of input_backward but under
+                            // variant 3's split
   int grid_input_backward;  // persistent CTAs of the input_backward kernel(s)
   // Last, so that the fields above keep their offsets in the kernels' parameter space.
   int mask_type;            // MaskType of `mask`
@@ -113,8 +115,8 @@ inline Workspace workspace_layout(int64_t B, int64_t S, int64_t D, int elem_byte
     w.dpo_da = take(unit);
     w.zln_db = take(unit);
     w.dpg = take(5 * unit);
-    w.partials_bias_out = take(size_t(2) * kBackwardCtas * 2 * D * sizeof(float));
-    w.partials_norm_out = take(size_t(kWarps) * kBackwardCtas * D * sizeof(float));
+    w.partials_bias_out = take(size_t(2) * kMaxOutputBackwardCtas * 2 * D * sizeof(float));
+    w.partials_norm_out = take(size_t(kWarps) * kMaxOutputBackwardCtas * D * sizeof(float));
     w.partials_bias_in = take(size_t(2) * kMaxInputBackwardCtas * 4 * D * sizeof(float));
     w.partials_norm_in = take(size_t(kWarps) * kMaxInputBackwardCtas * D * sizeof(float));
     w.sums = take(size_t(SumColumns::kTotal) * D * sizeof(double));

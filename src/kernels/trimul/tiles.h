@@ -36,6 +36,11 @@ constexpr int kBackwardCtas = 264;
 constexpr int kSplitBackwardCtas = 396;
 constexpr int kMaxInputBackwardCtas =
     kSplitBackwardCtas > kBackwardCtas ? kSplitBackwardCtas : kBackwardCtas;
+// Persistent CTAs of variant 4's output_backward (three per SM), and the most that the output
+// side's partial sums are sized for.
+constexpr int kOccupancyBackwardCtas = 396;
+constexpr int kMaxOutputBackwardCtas =
+    kOccupancyBackwardCtas > kBackwardCtas ? kOccupancyBackwardCtas : kBackwardCtas;
 
 static_assert(kRows == 2 * 32 && kChunkN == 4 * 32, "the 2 x 4 grid of 32 x 32 warp tiles");
 static_assert(kMaxD <= kChunkN, "output-side GEMMs and dx_ln are one kChunkN step");

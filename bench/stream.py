@@ -599,9 +599,14 @@ def main() -> int:
                    "cpu_s": r["cpu_s"], "cpu_us_per_record": r["cpu_us_per_record"],
                    "dataset_mib": data_mib, "commit": commit, "machine": machine, "date": date}
             if impl == "turbopairformer":
-                row.update(requests=r["stats"].get("requests"),
-                           bytes_fetched=r["stats"].get("bytes_fetched"),
-                           consumer_waits=r["stats"].get("consumer_waits"),
+                st = r["stats"]
+                row.update(requests=st.get("requests"),
+                           bytes_fetched=st.get("bytes_fetched"),
+                           consumer_waits=st.get("consumer_waits"),
+                           consumer_wait_s=st.get("consumer_wait_s"),
+                           ranges_per_request=st.get("ranges", 0) / max(st.get("requests", 0), 1),
+                           request_ms_mean=1e3 * st.get("request_s", 0) / max(st.get("requests", 0), 1),
+                           peak_inflight=st.get("peak_inflight"),
                            peak_reserved_mib=r["stats"].get("peak_reserved", 0) / 2**20,
                            shuffle_quality=quality[shuffle])
             rows.append(row)

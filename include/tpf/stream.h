@@ -35,6 +35,10 @@ namespace tpf::stream {
 struct SourceOptions {
   // Requests one remote source runs at once; a further read waits for a free connection.
   int max_connections = 16;
+  // HTTP event loops (threads, shared by all sources of the process) a remote source spreads its
+  // requests and connections over: each loop receives, parses and copies the answers it runs on
+  // one core. 0: one per 4 cores of the machine, 1 to 4. Never more than max_connections.
+  int http_threads = 0;
   double connect_timeout_s = 10.0;
   // Whole-request limit, and the stall limit: a transfer slower than 1 KiB/s for this long fails.
   double request_timeout_s = 60.0;
@@ -113,6 +117,18 @@ class CancellableSource : public ByteSource {
   // True when start_ranges returns at once, so a caller needs no thread of its own per read.
   virtual bool asynchronous() const { return false; }
 };
+
+// Counters of the process's HTTP requests since it started (all sources, all event loops), for
+// measurements: attempts (one per try of a request), the time requests waited for a free
+// connection of their source, and the time from each attempt's start to its first byte of body
+// and to its end.
+struct HttpStats {
+  uint64_t attempts = 0;
+  uint64_t slot_wait_ns = 0;
+  uint64_t first_byte_ns = 0;
+  uint64_t attempt_ns = 0;
+};
+HttpStats http_stats();
 
 // A source for `location`: a path or file:// URL, http:// or https:// (range requests), or
 // s3://bucket/key (SigV4; AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, optional AWS_SESSION_TOKEN,
@@ -204,6 +220,11 @@ struct PrefetchStats {
   uint64_t refetches = 0;        // records fetched again after failing verification
   uint64_t peak_reserved = 0;    // most bytes held at once (never above memory_budget)
   uint64_t consumer_waits = 0;   // next() calls that found their record not yet fetched
+  uint64_t consumer_wait_ns = 0;  // time those calls waited, in all
+  uint64_t ranges = 0;           // byte ranges those requests carried (after coalescing)
+  uint64_t request_ns = 0;       // time from each request's start to its end, summed
+  uint64_t inflight = 0;         // requests running now
+  uint64_t peak_inflight = 0;    // most requests running at once (at most max_inflight)
 };
 
 class Prefetcher {

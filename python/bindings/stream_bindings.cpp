@@ -76,6 +76,11 @@ struct Stream {
     d["refetches"] = s.refetches;
     d["peak_reserved"] = s.peak_reserved;
     d["consumer_waits"] = s.consumer_waits;
+    d["consumer_wait_s"] = double(s.consumer_wait_ns) * 1e-9;
+    d["ranges"] = s.ranges;
+    d["request_s"] = double(s.request_ns) * 1e-9;
+    d["inflight"] = s.inflight;
+    d["peak_inflight"] = s.peak_inflight;
     d["reserved"] = prefetcher->reserved_bytes();
     return d;
   }
@@ -86,11 +91,12 @@ struct Shards {
   std::shared_ptr<DiskCache> disk_cache;
 };
 
-SourceOptions source_options(int max_connections, double connect_timeout_s,
+SourceOptions source_options(int max_connections, int http_threads, double connect_timeout_s,
                              double request_timeout_s, double stall_timeout_s, int max_attempts,
                              double backoff_base_s, double backoff_max_s, double retry_deadline_s) {
   SourceOptions o;
   o.max_connections = max_connections;
+  o.http_threads = http_threads;
   o.connect_timeout_s = connect_timeout_s;
   o.request_timeout_s = request_timeout_s;
   o.stall_timeout_s = stall_timeout_s;
@@ -102,7 +108,8 @@ SourceOptions source_options(int max_connections, double connect_timeout_s,
 }
 
 #define TPF_SOURCE_OPTION_ARGS                                                         \
-  nb::arg("max_connections") = 16, nb::arg("connect_timeout_s") = 10.0,                \
+  nb::arg("max_connections") = 16, nb::arg("http_threads") = 0,                         \
+      nb::arg("connect_timeout_s") = 10.0,                                             \
       nb::arg("request_timeout_s") = 60.0, nb::arg("stall_timeout_s") = 15.0,          \
       nb::arg("max_attempts") = 8, nb::arg("backoff_base_s") = 0.05,                   \
       nb::arg("backoff_max_s") = 2.0, nb::arg("retry_deadline_s") = 120.0
@@ -138,14 +145,23 @@ void bind_stream(nb::module_& m) {
       },
       nb::arg("rank_list"), nb::arg("worker"), nb::arg("num_workers"), nb::arg("batch_size"));
 
+  m.def("stream_http_stats", [] {
+    const HttpStats h = http_stats();
+    nb::dict d;
+    d["attempts"] = h.attempts;
+    d["slot_wait_s"] = double(h.slot_wait_ns) * 1e-9;
+    d["first_byte_s"] = double(h.first_byte_ns) * 1e-9;
+    d["attempt_s"] = double(h.attempt_ns) * 1e-9;
+    return d;
+  });
   m.def(
       "stream_read_all",
-      [](const std::string& location, int max_connections, double connect_timeout_s,
-         double request_timeout_s, double stall_timeout_s, int max_attempts,
-         double backoff_base_s, double backoff_max_s, double retry_deadline_s) {
-        const SourceOptions o =
-            source_options(max_connections, connect_timeout_s, request_timeout_s, stall_timeout_s,
-                           max_attempts, backoff_base_s, backoff_max_s, retry_deadline_s);
+      [](const std::string& location, int max_connections, int http_threads,
+         double connect_timeout_s, double request_timeout_s, double stall_timeout_s,
+         int max_attempts, double backoff_base_s, double backoff_max_s, double retry_deadline_s) {
+        const SourceOptions o = source_options(max_connections, http_threads, connect_timeout_s,
+                                               request_timeout_s, stall_timeout_s, max_attempts,
+                                               backoff_base_s, backoff_max_s, retry_deadline_s);
         std::string bytes;
         {
           nb::gil_scoped_release release;
@@ -168,7 +184,8 @@ void bind_stream(nb::module_& m) {
           "__init__",
           [](Shards* self, const std::vector<std::string>& locations,
              const std::vector<uint64_t>& records, const std::vector<uint64_t>& bytes,
-             const std::string& disk_cache_dir, uint64_t disk_cache_bytes, int max_connections, double connect_timeout_s, double request_timeout_s,
+             const std::string& disk_cache_dir, uint64_t disk_cache_bytes, int max_connections,
+             int http_threads, double connect_timeout_s, double request_timeout_s,
              double stall_timeout_s, int max_attempts, double backoff_base_s,
              double backoff_max_s, double retry_deadline_s) {
             TPF_CHECK(records.empty() || records.size() == locations.size(),
@@ -183,9 +200,9 @@ void bind_stream(nb::module_& m) {
               specs.push_back({locations[i], records.empty() ? 0 : records[i],
                                bytes.empty() ? 0 : bytes[i]});
             const SourceOptions o =
-                source_options(max_connections, connect_timeout_s, request_timeout_s,
-                               stall_timeout_s, max_attempts, backoff_base_s, backoff_max_s,
-                               retry_deadline_s);
+                source_options(max_connections, http_threads, connect_timeout_s,
+                               request_timeout_s, stall_timeout_s, max_attempts, backoff_base_s,
+                               backoff_max_s, retry_deadline_s);
             std::shared_ptr<DiskCache> cache;
             if (!disk_cache_dir.empty()) cache = DiskCache::create(disk_cache_dir, disk_cache_bytes);
             std::shared_ptr<const ShardSet> set;

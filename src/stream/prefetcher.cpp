@@ -9,9 +9,11 @@
 // records out one by one and gives the group's span back when it moves past it. Spans are taken and
 // given back in plan order, so the ring never fragments and the budget can never deadlock. Every
 // wait is on a condition variable.
+#include <pthread.h>
 #include <sys/mman.h>
 
 #include <algorithm>
+#include <chrono>
 #include <condition_variable>
 #include <deque>
 #include <exception>
@@ -112,6 +114,7 @@ struct Job {
   Group* group;
   size_t first;
   size_t count;
+  std::chrono::steady_clock::time_point started{};
 };
 
 }  // namespace
@@ -226,9 +229,11 @@ struct Prefetcher::State {
   std::vector<Job> take_startable() {
     std::vector<Job> now;
     while (!stop && inflight < options.max_inflight && !jobs.empty()) {
-      const Job job = jobs.front();
+      Job job = jobs.front();
       jobs.pop_front();
+      job.started = std::chrono::steady_clock::now();
       ++inflight;
+      stats.peak_inflight = std::max(stats.peak_inflight, uint64_t(inflight));
       if (source_of(job).asynchronous()) {
         now.push_back(job);
       } else {
@@ -262,8 +267,12 @@ struct Prefetcher::State {
   void finish(const Job& job, std::exception_ptr error) {
     std::vector<Job> next;
     {
+      const auto now = std::chrono::steady_clock::now();
       std::lock_guard<std::mutex> lock(mutex);
       ++stats.requests;
+      stats.ranges += job.count;
+      stats.request_ns += uint64_t(
+          std::chrono::duration_cast<std::chrono::nanoseconds>(now - job.started).count());
       if (error) {
         if (!job.group->error) job.group->error = error;
       } else {
@@ -362,13 +371,20 @@ Prefetcher::Prefetcher(std::vector<std::shared_ptr<CancellableSource>> sources,
   // Whole pages, so what the ring can make resident stays within the budget. Every group fits: a
   // lone record passed the check above, and several records stay under budget / 2.
   s.ring = std::make_unique<Ring>(options.memory_budget / kPage * kPage);
-  s.scheduler = std::thread([&s] { s.run_scheduler(); });
+  // Named for per-thread CPU (/proc/self/task, perf).
+  s.scheduler = std::thread([&s] {
+    ::pthread_setname_np(::pthread_self(), "tpf-schedule");
+    s.run_scheduler();
+  });
   // Threads only for sources that read synchronously: asynchronous ones need none per read.
   const bool any_synchronous = std::any_of(s.sources.begin(), s.sources.end(),
                                            [](const auto& src) { return !src->asynchronous(); });
   if (any_synchronous)
     for (int i = 0; i < std::min(options.max_inflight, kMaxFetchThreads); ++i)
-      s.fetchers.emplace_back([&s] { s.run_fetcher(); });
+      s.fetchers.emplace_back([&s] {
+        ::pthread_setname_np(::pthread_self(), "tpf-fetch");
+        s.run_fetcher();
+      });
 }
 
 Prefetcher::~Prefetcher() { state_->shutdown(); }
@@ -401,7 +417,11 @@ bool Prefetcher::next(RecordView& out) {
   };
   if (!ready()) {
     ++s.stats.consumer_waits;
+    const auto t0 = std::chrono::steady_clock::now();
     s.ready_cv.wait(lock, ready);
+    s.stats.consumer_wait_ns += uint64_t(std::chrono::duration_cast<std::chrono::nanoseconds>(
+                                             std::chrono::steady_clock::now() - t0)
+                                             .count());
   }
   if (s.stop) throw RuntimeError("the prefetcher was stopped");
   if (g->error) std::rethrow_exception(g->error);
@@ -447,7 +467,9 @@ uint64_t Prefetcher::reserved_bytes() const {
 
 PrefetchStats Prefetcher::stats() const {
   std::lock_guard<std::mutex> lock(state_->mutex);
-  return state_->stats;
+  PrefetchStats s = state_->stats;
+  s.inflight = uint64_t(std::max(state_->inflight, 0));
+  return s;
 }
 
 }  // namespace tpf::stream

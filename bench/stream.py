@@ -497,8 +497,9 @@ def main() -> int:
                    help="full: uniform permutation; blockN: blocks of N neighbours shuffled")
     p.add_argument("--latency-ms", type=float, default=5.0)
     p.add_argument("--max-inflight", type=int, default=256)
-    p.add_argument("--group-records", type=int, default=256,
-                   help="plan entries fetched together (the ranges of one shard share a request)")
+    p.add_argument("--group-records", type=int, default=0,
+                   help="plan entries fetched together (the ranges of one shard share a request); "
+                        "0: the prefetcher's automatic size")
     p.add_argument("--coalesce-gap", type=int, default=4 << 10,
                    help="bytes between two ranges of a group below which one request covers both")
     p.add_argument("--limit", type=int, default=0, help="records per measurement (0: an epoch)")

@@ -197,8 +197,12 @@ struct PrefetchOptions {
   uint64_t coalesce_gap = 4 << 10;
   uint64_t max_request_bytes = 8ull << 20;
   // Consecutive plan entries fetched, held and released together; the ranges of one shard in a
-  // group share requests, so larger groups mean fewer requests for a shuffled plan.
-  uint32_t group_records = 256;
+  // group share requests, so larger groups mean fewer requests for a shuffled plan. 0: automatic,
+  // enough that a uniformly shuffled group gives each source about as many ranges as one request
+  // of it carries (up to 64): 64 per HTTP or file source, so a request's fixed costs (at the
+  // server, in a proxy, in the event loop) are shared by about 64 records; at least 256, at most
+  // 16384. Either way a group holds at most memory_budget / 8 bytes of records.
+  uint32_t group_records = 0;
   // A record that fails verification is fetched again up to this many times, then it is an error.
   int verify_attempts = 3;
 };

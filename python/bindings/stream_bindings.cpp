@@ -251,7 +251,7 @@ void bind_stream(nb::module_& m) {
           },
           nb::arg("plan"), nb::arg("memory_budget"), nb::arg("max_inflight") = 256,
           nb::arg("coalesce_gap") = 4 << 10, nb::arg("max_request_bytes") = 8 << 20,
-          nb::arg("group_records") = 256, nb::arg("verify") = true,
+          nb::arg("group_records") = 0, nb::arg("verify") = true,
           nb::rv_policy::take_ownership);
 }
 

@@ -35,6 +35,14 @@ constexpr uint64_t kSpanAlign = 64;
 
 uint64_t page_round(uint64_t n) { return (n + kPage - 1) / kPage * kPage; }
 
+// PrefetchOptions::group_records = 0: about min(64, ranges per request) ranges per source in a
+// uniformly shuffled group.
+uint32_t automatic_group_records(const std::vector<std::shared_ptr<CancellableSource>>& sources) {
+  uint64_t n = 0;
+  for (const auto& src : sources) n += std::min<uint64_t>(64, std::max<size_t>(1, src->ranges_per_request()));
+  return uint32_t(std::clamp<uint64_t>(n, 256, 16384));
+}
+
 // The budget as one anonymous mapping used as a ring: groups take contiguous spans in plan order
 // and give them back in that order, so allocation moves a head and release moves a tail. Its pages
 // are touched once and then reused: no mapping, unmapping or page fault per group, and never more
@@ -204,15 +212,21 @@ struct Prefetcher::State {
         if (stop) return;
         raw->data = ring->at(raw->start);
         stats.peak_reserved = std::max(stats.peak_reserved, ring->used());
-        // Requests are sorted by shard and offset: bundle runs of one shard as its source likes.
+        // Requests are sorted by shard and offset: bundle each shard's run as its source likes,
+        // in as few jobs as it allows, of even sizes (70 ranges at 64 a job: 35 and 35, not 64
+        // and 6).
         const auto& reqs = raw->requests;
         for (size_t r = 0; r < reqs.size();) {
           const size_t per = std::max<size_t>(1, sources[reqs[r].shard]->ranges_per_request());
           size_t end = r + 1;
-          while (end < reqs.size() && end - r < per && reqs[end].shard == reqs[r].shard) ++end;
-          jobs.push_back({raw, r, end - r});
-          ++raw->pending;
-          r = end;
+          while (end < reqs.size() && reqs[end].shard == reqs[r].shard) ++end;
+          const size_t run = end - r, parts = (run + per - 1) / per;
+          for (size_t k = 0; k < parts; ++k) {
+            const size_t count = run / parts + (k < run % parts ? 1 : 0);
+            jobs.push_back({raw, r, count});
+            ++raw->pending;
+            r += count;
+          }
         }
         first += raw->count;
         groups.push_back(std::move(g));
@@ -337,7 +351,6 @@ Prefetcher::Prefetcher(std::vector<std::shared_ptr<CancellableSource>> sources,
   TPF_CHECK(locations != nullptr, "locations: expected a list of record locations, got null");
   TPF_CHECK(options.max_inflight >= 1,
             "max_inflight: expected >= 1, got " + std::to_string(options.max_inflight));
-  TPF_CHECK(options.group_records >= 1, "group_records: expected >= 1, got 0");
   TPF_CHECK(options.memory_budget >= kPage, "memory_budget: expected at least " +
                                                 std::to_string(kPage) + " bytes, got " +
                                                 std::to_string(options.memory_budget));
@@ -365,6 +378,7 @@ Prefetcher::Prefetcher(std::vector<std::shared_ptr<CancellableSource>> sources,
   s.locations = std::move(locations);
   s.plan = std::move(plan);
   s.options = options;
+  if (s.options.group_records == 0) s.options.group_records = automatic_group_records(s.sources);
   s.verify = std::move(verify);
   // A few groups fit in the budget at once, so fetching runs ahead while the consumer reads.
   s.group_byte_limit = std::max<uint64_t>(options.memory_budget / 8, 1);

@@ -104,7 +104,7 @@ class StreamingDataset(torch.utils.data.IterableDataset):
                  shuffle: bool = True, seed: int = 0, rank: int | None = None,
                  world_size: int | None = None, *, block_size: int = 0, drop_last: bool = False,
                  batch_size: int = 1, transform: Callable[[dict], Any] | None = None,
-                 max_inflight: int = 256, group_records: int = 256, coalesce_gap: int = 4 << 10,
+                 max_inflight: int = 256, group_records: int = 0, coalesce_gap: int = 4 << 10,
                  max_request_bytes: int = 8 << 20, verify_checksums: bool = True,
                  disk_cache_dir: str | None = None, disk_cache_bytes: int = 0,
                  max_connections: int = 16, http_threads: int = 0,

@@ -217,6 +217,10 @@ struct RecordView {
 
 // Checks a record's bytes (e.g. its checksum); false means "corrupt in transit, fetch it again".
 using RecordVerifier = std::function<bool(uint64_t record, const uint8_t* data, uint64_t length)>;
+// Told of records a few plan entries before the consumer reaches them (on the consumer's thread),
+// so what checking and decoding them reads (their index entries) can be loaded into the CPU's cache
+// meanwhile: a shuffled plan's records lie far apart in every table. Must not block.
+using RecordHint = std::function<void(uint64_t record)>;
 
 struct PrefetchStats {
   uint64_t requests = 0;         // range requests issued
@@ -239,7 +243,7 @@ class Prefetcher {
   Prefetcher(std::vector<std::shared_ptr<CancellableSource>> sources,
              std::shared_ptr<const std::vector<RecordLocation>> locations,
              std::vector<uint64_t> plan, PrefetchOptions options = {},
-             RecordVerifier verify = nullptr);
+             RecordVerifier verify = nullptr, RecordHint will_need = nullptr);
   // Stops fetching (in-flight requests are abandoned) and joins the threads.
   ~Prefetcher();
   Prefetcher(const Prefetcher&) = delete;

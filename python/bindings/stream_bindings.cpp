@@ -46,6 +46,7 @@ nb::object keep_alive(std::shared_ptr<const std::byte[]> bytes) {
 struct Stream {
   std::shared_ptr<const ShardSet> shards;
   std::unique_ptr<Prefetcher> prefetcher;
+  std::vector<std::vector<nb::object>> keys;  // per shard: its interned keys, by key id
 
   nb::object next() {
     RecordView view;
@@ -55,7 +56,8 @@ struct Stream {
       more = prefetcher->next(view);
     }
     if (!more) throw nb::stop_iteration();
-    const std::string& name = shards->shard_name(shards->locate(view.record).first);
+    const uint32_t shard = shards->locate(view.record).first;
+    const std::string& name = shards->shard_name(shard);
     // Arrays must not view the prefetch buffer, which is reused as the stream moves on: decode a
     // copy, which an uncompressed record's arrays then view (a compressed one decodes into a
     // buffer of its own and the copy goes).
@@ -64,8 +66,10 @@ struct Stream {
     RecordView copied = view;
     copied.data = reinterpret_cast<const uint8_t*>(copy.get());
     const store::Record rec = shards->decode(copied);
-    if (rec.owns_data()) return record_to_dict(rec, keep_alive(rec.owned()), name, view.record);
-    return record_to_dict(rec, keep_alive(std::move(copy)), name, view.record);
+    if (keys.size() <= shard) keys.resize(size_t(shard) + 1);
+    if (rec.owns_data())
+      return record_to_dict(rec, keep_alive(rec.owned()), name, view.record, keys[shard]);
+    return record_to_dict(rec, keep_alive(std::move(copy)), name, view.record, keys[shard]);
   }
 
   nb::dict stats() const {

@@ -107,7 +107,12 @@ class Engine final : public CurlEngine, public std::enable_shared_from_this<Engi
       std::lock_guard<std::mutex> lock(mutex_);
       inbox_.push_back(std::move(request));
     }
-    wake();
+    // From the loop's own thread (a completion starting the next request) no wake-up is needed:
+    // the loop looks at its inbox again before it waits.
+    if (on_engine_thread())
+      submitted_here_ = true;
+    else
+      wake();
   }
 
   bool on_engine_thread() const override { return std::this_thread::get_id() == thread_id_; }
@@ -133,6 +138,7 @@ class Engine final : public CurlEngine, public std::enable_shared_from_this<Engi
         std::lock_guard<std::mutex> lock(mutex_);
         if (stop_) break;
         incoming.swap(inbox_);
+        submitted_here_ = false;
       }
       for (auto& r : incoming) {
         Request* raw = r.get();
@@ -142,7 +148,8 @@ class Engine final : public CurlEngine, public std::enable_shared_from_this<Engi
       incoming.clear();
       if (cancel_check_.exchange(false)) end_cancelled();
       fire_backoffs();
-      const int n = ::epoll_wait(epoll_fd_, events, 64, wait_ms());
+      // Requests this thread submitted since the inbox was taken are taken at once.
+      const int n = ::epoll_wait(epoll_fd_, events, 64, submitted_here_ ? 0 : wait_ms());
       int running = 0;
       for (int i = 0; i < n; ++i) {
         const int fd = events[i].data.fd;
@@ -421,6 +428,7 @@ class Engine final : public CurlEngine, public std::enable_shared_from_this<Engi
   std::atomic<bool> cancel_check_{false};
 
   // The loop's thread only.
+  bool submitted_here_ = false;
   std::unordered_map<Request*, std::unique_ptr<Request>> live_;
   std::set<std::pair<Clock::time_point, Request*>> backoff_;
   std::vector<CURL*> idle_handles_;

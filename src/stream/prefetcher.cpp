@@ -32,6 +32,9 @@ constexpr uint64_t kPage = 4096;
 constexpr int kMaxFetchThreads = 32;
 // Spans start on cache lines, so neighbouring groups' writers never share one.
 constexpr uint64_t kSpanAlign = 64;
+// How far ahead of the consumer next() asks for a record's location, its metadata (will_need) and
+// the first bytes of its data to be loaded into the cache: each needs the one before.
+constexpr uint64_t kLocationAhead = 16, kHintAhead = 8, kDataAhead = 4;
 
 uint64_t page_round(uint64_t n) { return (n + kPage - 1) / kPage * kPage; }
 
@@ -133,6 +136,7 @@ struct Prefetcher::State {
   std::vector<uint64_t> plan;
   PrefetchOptions options;
   RecordVerifier verify;
+  RecordHint will_need;
   uint64_t group_byte_limit = 0;
 
   mutable std::mutex mutex;
@@ -346,7 +350,8 @@ struct Prefetcher::State {
 
 Prefetcher::Prefetcher(std::vector<std::shared_ptr<CancellableSource>> sources,
                        std::shared_ptr<const std::vector<RecordLocation>> locations,
-                       std::vector<uint64_t> plan, PrefetchOptions options, RecordVerifier verify)
+                       std::vector<uint64_t> plan, PrefetchOptions options, RecordVerifier verify,
+                       RecordHint will_need)
     : state_(std::make_unique<State>()) {
   TPF_CHECK(locations != nullptr, "locations: expected a list of record locations, got null");
   TPF_CHECK(options.max_inflight >= 1,
@@ -380,6 +385,7 @@ Prefetcher::Prefetcher(std::vector<std::shared_ptr<CancellableSource>> sources,
   s.options = options;
   if (s.options.group_records == 0) s.options.group_records = automatic_group_records(s.sources);
   s.verify = std::move(verify);
+  s.will_need = std::move(will_need);
   // A few groups fit in the budget at once, so fetching runs ahead while the consumer reads.
   s.group_byte_limit = std::max<uint64_t>(options.memory_budget / 8, 1);
   // Whole pages, so what the ring can make resident stays within the budget. Every group fits: a
@@ -443,6 +449,17 @@ bool Prefetcher::next(RecordView& out) {
   const uint64_t record = s.plan[entry];
   const RecordLocation& loc = (*s.locations)[record];
   uint8_t* data = g->data + g->record_at[i];
+  // A shuffled plan reads every table far apart: start loading what the next records need while
+  // this one is checked and decoded (their location, their metadata through will_need, the start
+  // of their bytes when fetched).
+  if (entry + kLocationAhead < s.plan.size())
+    __builtin_prefetch(&(*s.locations)[s.plan[entry + kLocationAhead]]);
+  if (s.will_need && entry + kHintAhead < s.plan.size()) s.will_need(s.plan[entry + kHintAhead]);
+  if (i + kDataAhead < g->count) {
+    const uint8_t* ahead = g->data + g->record_at[i + kDataAhead];
+    __builtin_prefetch(ahead);
+    __builtin_prefetch(ahead + 64);
+  }
   lock.unlock();
 
   if (s.verify) {

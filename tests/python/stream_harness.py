@@ -71,7 +71,9 @@ def nginx_binary() -> str:
 
 
 class Nginx:
-    """nginx serving `root` on 127.0.0.1 (range requests are nginx's default for static files)."""
+    """nginx serving `root` on 127.0.0.1 (range requests are nginx's default for static files), with
+    `workers` worker processes (more than one: each with a listening socket of its own, reuseport,
+    so the kernel spreads the connections evenly)."""
 
     def __init__(self, root: str, workdir: str, workers: int = 1):
         self.root, self.workdir = os.path.abspath(root), workdir
@@ -106,7 +108,7 @@ http {{
   uwsgi_temp_path {temp['uwsgi']};
   scgi_temp_path {temp['scgi']};
   server {{
-    listen 127.0.0.1:{self.port};
+    listen 127.0.0.1:{self.port}{" reuseport" if self.workers > 1 else ""};
     root {self.root};
   }}
 }}

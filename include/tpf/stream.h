@@ -216,10 +216,13 @@ struct RecordView {
 };
 
 // Checks a record's bytes (e.g. its checksum); false means "corrupt in transit, fetch it again".
+// Called on the threads that fetch (event loops, fetch threads), several at once, and on the
+// consumer's thread for a record found corrupt there: must be thread-safe.
 using RecordVerifier = std::function<bool(uint64_t record, const uint8_t* data, uint64_t length)>;
-// Told of records a few plan entries before the consumer reaches them (on the consumer's thread),
-// so what checking and decoding them reads (their index entries) can be loaded into the CPU's cache
-// meanwhile: a shuffled plan's records lie far apart in every table. Must not block.
+// Told of records a few plan entries before the consumer reaches them (on the consumer's thread)
+// and before a fetched request's records are checked (on the fetching thread), so what checking
+// and decoding them reads (their index entries) can be loaded into the CPU's cache meanwhile: a
+// shuffled plan's records lie far apart in every table. Must be thread-safe and not block.
 using RecordHint = std::function<void(uint64_t record)>;
 
 struct PrefetchStats {

@@ -113,6 +113,12 @@ struct Group {
   uint64_t first = 0, count = 0;   // plan entries [first, first + count)
   std::vector<Request> requests;
   std::vector<uint64_t> record_at;  // per entry: its bytes' offset in the buffer
+  // The entries (relative to first) by request: request r's are
+  // by_request[request_end[r - 1], request_end[r]) (from 0 for r = 0).
+  std::vector<uint32_t> by_request, request_end;
+  // Per entry: 1 when the thread that finished its request found it intact. Each job writes its
+  // own entries before its finish takes the lock; the consumer reads them once pending is 0.
+  std::vector<uint8_t> verified;
   uint64_t bytes = 0;               // buffer bytes, rounded to kSpanAlign
   uint64_t start = 0, charge = 0;   // its span of the ring, and what the span costs the budget
   uint8_t* data = nullptr;
@@ -172,15 +178,16 @@ struct Prefetcher::State {
       record_bytes += len;
       ++g->count;
     }
-    std::vector<uint64_t> by_position(g->count);
-    for (uint64_t i = 0; i < g->count; ++i) by_position[i] = i;
-    std::sort(by_position.begin(), by_position.end(), [&](uint64_t a, uint64_t b) {
+    std::vector<uint32_t> by_position(g->count);
+    for (uint32_t i = 0; i < g->count; ++i) by_position[i] = i;
+    std::sort(by_position.begin(), by_position.end(), [&](uint32_t a, uint32_t b) {
       const auto &la = location(first + a), &lb = location(first + b);
       return la.shard != lb.shard ? la.shard < lb.shard : la.offset < lb.offset;
     });
     g->record_at.resize(g->count);
     uint64_t buffer_end = 0;
-    for (uint64_t i : by_position) {
+    for (size_t k = 0; k < by_position.size(); ++k) {
+      const uint32_t i = by_position[k];
       const RecordLocation& loc = location(first + i);
       Request* last = g->requests.empty() ? nullptr : &g->requests.back();
       const uint64_t last_end = last ? last->offset + last->length : 0;
@@ -195,11 +202,15 @@ struct Prefetcher::State {
         last->length = new_end - last->offset;
         g->record_at[i] = last->buffer_offset + (loc.offset - last->offset);
       } else {
+        if (!g->requests.empty()) g->request_end.push_back(uint32_t(k));
         g->requests.push_back({loc.shard, loc.offset, loc.length, buffer_end});
         g->record_at[i] = buffer_end;
         buffer_end += loc.length;
       }
     }
+    g->request_end.push_back(uint32_t(g->count));
+    g->by_request = std::move(by_position);
+    g->verified.assign(g->count, 0);
     g->bytes = (std::max<uint64_t>(buffer_end, 1) + kSpanAlign - 1) / kSpanAlign * kSpanAlign;
     return g;
   }
@@ -283,6 +294,7 @@ struct Prefetcher::State {
   // A job's end, on whichever thread ran it. Nothing here touches the state after the lock is
   // released unless more jobs start, which never happens once stopping (shutdown may then free it).
   void finish(const Job& job, std::exception_ptr error) {
+    if (!error && verify) verify_job(job);
     std::vector<Job> next;
     {
       const auto now = std::chrono::steady_clock::now();
@@ -304,6 +316,23 @@ struct Prefetcher::State {
       if (inflight == 0) idle_cv.notify_all();
     }
     if (!next.empty()) start(next);
+  }
+
+  // Checks the records of a job's requests on the thread that fetched them, while their bytes are
+  // still in its cache and off the consumer's thread; the consumer checks (and fetches again) only
+  // those found corrupt here. Their index entries are asked for first (will_need), so their cache
+  // misses overlap.
+  void verify_job(const Job& job) const {
+    Group& g = *job.group;
+    const uint32_t begin = job.first == 0 ? 0 : g.request_end[job.first - 1];
+    const uint32_t end = g.request_end[job.first + job.count - 1];
+    if (will_need)
+      for (uint32_t k = begin; k < end; ++k) will_need(plan[g.first + g.by_request[k]]);
+    for (uint32_t k = begin; k < end; ++k) {
+      const uint32_t i = g.by_request[k];
+      const uint64_t record = plan[g.first + i];
+      g.verified[i] = verify(record, g.data + g.record_at[i], (*locations)[record].length) ? 1 : 0;
+    }
   }
 
   void run_fetcher() {
@@ -462,7 +491,7 @@ bool Prefetcher::next(RecordView& out) {
   }
   lock.unlock();
 
-  if (s.verify) {
+  if (s.verify && !g->verified[i]) {
     int attempts = 1;
     while (!s.verify(record, data, loc.length)) {
       if (attempts >= s.options.verify_attempts)

@@ -470,7 +470,8 @@ nb::object record_to_dict(const store::Record& rec, nb::object owner,
                           std::vector<nb::object>& keys) {
   nb::object d = nb::steal(PyDict_New());
   for (size_t f = 0; f < rec.num_fields(); ++f) {
-    nb::object v = nb::steal(field_object(rec.field(f), rec.data(f), owner.ptr(), source_name, record));
+    nb::object v =
+        nb::steal(field_object(rec.field(f), rec.data(f), owner.ptr(), source_name, record));
     const uint32_t id = rec.field(f).key_id;
     if (keys.size() <= id) keys.resize(size_t(id) + 1);
     if (!keys[id].is_valid()) {

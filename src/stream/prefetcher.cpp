@@ -42,7 +42,8 @@ uint64_t page_round(uint64_t n) { return (n + kPage - 1) / kPage * kPage; }
 // uniformly shuffled group.
 uint32_t automatic_group_records(const std::vector<std::shared_ptr<CancellableSource>>& sources) {
   uint64_t n = 0;
-  for (const auto& src : sources) n += std::min<uint64_t>(64, std::max<size_t>(1, src->ranges_per_request()));
+  for (const auto& src : sources)
+    n += std::min<uint64_t>(64, std::max<size_t>(1, src->ranges_per_request()));
   return uint32_t(std::clamp<uint64_t>(n, 256, 16384));
 }
 

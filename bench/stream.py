@@ -125,7 +125,9 @@ class _Connection:
 def run_proxy(listen_port: int, upstream_port: int, delay_ms: float) -> None:
     delay_s = delay_ms / 1000
     sel = selectors.EpollSelector()
-    server = socket.create_server(("127.0.0.1", listen_port), backlog=1024)
+    # SO_REUSEPORT: several proxy processes may listen on the port, the kernel spreading the
+    # connections over them (--proxy-workers).
+    server = socket.create_server(("127.0.0.1", listen_port), backlog=1024, reuse_port=True)
     server.setblocking(False)
     sel.register(server, selectors.EVENT_READ)
     timers: list[tuple[float, int, _Connection]] = []  # (due, tie-break, connection)
@@ -264,6 +266,7 @@ def child(args: argparse.Namespace) -> None:
             return StreamingDataset(args.location, cache_bytes=args.budget_mib << 20,
                                     seed=args.seed, shuffle=True, block_size=args.block_size,
                                     max_inflight=args.max_inflight,
+                                    http_threads=args.http_threads,
                                     group_records=args.group_records,
                                     coalesce_gap=args.coalesce_gap)
         epoch = args.epoch
@@ -321,6 +324,7 @@ def measure(python: str, impl: str, location: str, budget_mib: int, opts: argpar
     cmd = [python, os.path.abspath(__file__), "--child", "--impl", impl, "--location", location,
            "--budget-mib", str(budget_mib), "--seed", str(opts.seed), "--epoch", "1",
            "--block-size", str(block_size), "--max-inflight", str(opts.max_inflight),
+           "--http-threads", str(opts.http_threads),
            "--group-records", str(opts.group_records), "--coalesce-gap", str(opts.coalesce_gap),
            "--limit", str(opts.limit)]
     # The repo's package first; the rest of PYTHONPATH kept (the GPU machine's carried wheels).
@@ -497,8 +501,15 @@ def main() -> int:
                    help="full: uniform permutation; blockN: blocks of N neighbours shuffled")
     p.add_argument("--latency-ms", type=float, default=5.0)
     p.add_argument("--max-inflight", type=int, default=256)
-    p.add_argument("--group-records", type=int, default=256,
-                   help="plan entries fetched together (the ranges of one shard share a request)")
+    p.add_argument("--http-threads", type=int, default=0,
+                   help="the loader's HTTP event loops (0: its automatic count, by cores)")
+    p.add_argument("--nginx-workers", type=int, default=1,
+                   help="nginx worker processes (a server of its own would use all its cores)")
+    p.add_argument("--proxy-workers", type=int, default=1,
+                   help="processes of the delaying proxy, on one port (SO_REUSEPORT)")
+    p.add_argument("--group-records", type=int, default=0,
+                   help="plan entries fetched together (the ranges of one shard share a request); "
+                        "0: the prefetcher's automatic size")
     p.add_argument("--coalesce-gap", type=int, default=4 << 10,
                    help="bytes between two ranges of a group below which one request covers both")
     p.add_argument("--limit", type=int, default=0, help="records per measurement (0: an epoch)")
@@ -550,12 +561,12 @@ def main() -> int:
     date = datetime.date.today().isoformat()
     commit = git_commit()
     work = tempfile.mkdtemp(prefix="tpf-bench-nginx-")
-    nginx = h.Nginx(os.path.join(args.data_dir, "ds"), work).__enter__()
+    nginx = h.Nginx(os.path.join(args.data_dir, "ds"), work, workers=args.nginx_workers).__enter__()
     try:
         proxy_port = h.free_port()
-        proxy = subprocess.Popen([sys.executable, os.path.abspath(__file__), "--proxy",
-                                  str(proxy_port), str(nginx.port), str(args.latency_ms)])
-        procs.append(proxy)
+        for _ in range(args.proxy_workers):
+            procs.append(subprocess.Popen([sys.executable, os.path.abspath(__file__), "--proxy",
+                                           str(proxy_port), str(nginx.port), str(args.latency_ms)]))
         wait_port(proxy_port)
         locations = {"local": os.path.join(args.data_dir, "ds", "manifest.json"),
                      "http": f"{nginx.url}/manifest.json",
@@ -565,7 +576,8 @@ def main() -> int:
             peer_dir = litdata_copy(manifest, args.data_dir, args.peer_python)
             if peer_dir is None:
                 print("litdata is not importable with --peer-python: peer rows skipped")
-        servers = {"nginx": [nginx.proc.pid] + children_of(nginx.proc.pid), "proxy": [proxy.pid]}
+        servers = {"nginx": [nginx.proc.pid] + children_of(nginx.proc.pid),
+                   "proxy": [proc.pid for proc in procs]}
         configs = [("turbopairformer", shuffle, budget, source) for shuffle in args.shuffles
                    for budget in args.budgets for source in args.sources]
         if peer_dir is not None:
@@ -599,9 +611,14 @@ def main() -> int:
                    "cpu_s": r["cpu_s"], "cpu_us_per_record": r["cpu_us_per_record"],
                    "dataset_mib": data_mib, "commit": commit, "machine": machine, "date": date}
             if impl == "turbopairformer":
-                row.update(requests=r["stats"].get("requests"),
-                           bytes_fetched=r["stats"].get("bytes_fetched"),
-                           consumer_waits=r["stats"].get("consumer_waits"),
+                st = r["stats"]
+                row.update(requests=st.get("requests"),
+                           bytes_fetched=st.get("bytes_fetched"),
+                           consumer_waits=st.get("consumer_waits"),
+                           consumer_wait_s=st.get("consumer_wait_s"),
+                           ranges_per_request=st.get("ranges", 0) / max(st.get("requests", 0), 1),
+                           request_ms_mean=1e3 * st.get("request_s", 0) / max(st.get("requests", 0), 1),
+                           peak_inflight=st.get("peak_inflight"),
                            peak_reserved_mib=r["stats"].get("peak_reserved", 0) / 2**20,
                            shuffle_quality=quality[shuffle])
             rows.append(row)
@@ -627,12 +644,14 @@ def main() -> int:
     os.makedirs(args.out_dir, exist_ok=True)
     name = f"stream-{args.machine}-{date}" + (f"-{args.suffix}" if args.suffix else "")
     stem = os.path.join(args.out_dir, name)
-    setup = {"nginx": "Debian's nginx, one worker, sendfile and tcp_nopush on "
+    setup = {"nginx": f"Debian's nginx, {args.nginx_workers} worker(s), sendfile and tcp_nopush on "
                       "(tests/python/stream_harness.py)",
              "latency": f"{args.latency_ms} ms added to every request by a splicing proxy "
                         "(bench/stream.py); its CPU is counted apart",
              "nginx_binary": h.nginx_binary(), "cpus": os.cpu_count(), "cpu_model": cpu_model(),
              "repeats": args.repeats, "max_inflight": args.max_inflight,
+             "http_threads": args.http_threads, "nginx_workers": args.nginx_workers,
+             "proxy_workers": args.proxy_workers,
              "group_records": args.group_records, "coalesce_gap": args.coalesce_gap}
     with open(stem + ".json", "w") as f:
         json.dump({"rows": rows, "summary": summary, "setup": setup, "rss_series": series,

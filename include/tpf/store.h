@@ -126,6 +126,9 @@ class Index {
   // far apart in the table, so each is loaded well before it is decoded and the misses overlap.
   // Throws tpf::Error naming the position of the first index >= size().
   void entries(std::span<const uint64_t> indices, RecordEntry* out) const;
+  // Asks the CPU to load entry i into its cache (a hint: nothing happens for i >= size()), so a
+  // later entry(i) of a far-apart record does not wait on memory.
+  void prefetch(uint64_t i) const;
   const std::vector<std::string>& keys() const { return keys_; }
   const std::vector<Layout>& layouts() const { return layouts_; }
   const Layout& layout(uint32_t id) const { return layouts_.at(id); }

@@ -35,6 +35,10 @@ namespace tpf::stream {
 struct SourceOptions {
   // Requests one remote source runs at once; a further read waits for a free connection.
   int max_connections = 16;
+  // HTTP event loops (threads, shared by all sources of the process) a remote source spreads its
+  // requests and connections over: each loop receives, parses and copies the answers it runs on
+  // one core. 0: one per 4 cores of the machine, 1 to 4. Never more than max_connections.
+  int http_threads = 0;
   double connect_timeout_s = 10.0;
   // Whole-request limit, and the stall limit: a transfer slower than 1 KiB/s for this long fails.
   double request_timeout_s = 60.0;
@@ -114,6 +118,18 @@ class CancellableSource : public ByteSource {
   virtual bool asynchronous() const { return false; }
 };
 
+// Counters of the process's HTTP requests since it started (all sources, all event loops), for
+// measurements: attempts (one per try of a request), the time requests waited for a free
+// connection of their source, and the time from each attempt's start to its first byte of body
+// and to its end.
+struct HttpStats {
+  uint64_t attempts = 0;
+  uint64_t slot_wait_ns = 0;
+  uint64_t first_byte_ns = 0;
+  uint64_t attempt_ns = 0;
+};
+HttpStats http_stats();
+
 // A source for `location`: a path or file:// URL, http:// or https:// (range requests), or
 // s3://bucket/key (SigV4; AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, optional AWS_SESSION_TOKEN,
 // AWS_REGION or AWS_DEFAULT_REGION (default us-east-1), AWS_ENDPOINT_URL_S3 or AWS_ENDPOINT_URL
@@ -181,8 +197,12 @@ struct PrefetchOptions {
   uint64_t coalesce_gap = 4 << 10;
   uint64_t max_request_bytes = 8ull << 20;
   // Consecutive plan entries fetched, held and released together; the ranges of one shard in a
-  // group share requests, so larger groups mean fewer requests for a shuffled plan.
-  uint32_t group_records = 256;
+  // group share requests, so larger groups mean fewer requests for a shuffled plan. 0: automatic,
+  // enough that a uniformly shuffled group gives each source about as many ranges as one request
+  // of it carries (up to 64): 64 per HTTP or file source, so a request's fixed costs (at the
+  // server, in a proxy, in the event loop) are shared by about 64 records; at least 256, at most
+  // 16384. Either way a group holds at most memory_budget / 8 bytes of records.
+  uint32_t group_records = 0;
   // A record that fails verification is fetched again up to this many times, then it is an error.
   int verify_attempts = 3;
 };
@@ -196,7 +216,14 @@ struct RecordView {
 };
 
 // Checks a record's bytes (e.g. its checksum); false means "corrupt in transit, fetch it again".
+// Called on the threads that fetch (event loops, fetch threads), several at once, and on the
+// consumer's thread for a record found corrupt there: must be thread-safe.
 using RecordVerifier = std::function<bool(uint64_t record, const uint8_t* data, uint64_t length)>;
+// Told of records a few plan entries before the consumer reaches them (on the consumer's thread)
+// and before a fetched request's records are checked (on the fetching thread), so what checking
+// and decoding them reads (their index entries) can be loaded into the CPU's cache meanwhile: a
+// shuffled plan's records lie far apart in every table. Must be thread-safe and not block.
+using RecordHint = std::function<void(uint64_t record)>;
 
 struct PrefetchStats {
   uint64_t requests = 0;         // range requests issued
@@ -204,6 +231,11 @@ struct PrefetchStats {
   uint64_t refetches = 0;        // records fetched again after failing verification
   uint64_t peak_reserved = 0;    // most bytes held at once (never above memory_budget)
   uint64_t consumer_waits = 0;   // next() calls that found their record not yet fetched
+  uint64_t consumer_wait_ns = 0;  // time those calls waited, in all
+  uint64_t ranges = 0;           // byte ranges those requests carried (after coalescing)
+  uint64_t request_ns = 0;       // time from each request's start to its end, summed
+  uint64_t inflight = 0;         // requests running now
+  uint64_t peak_inflight = 0;    // most requests running at once (at most max_inflight)
 };
 
 class Prefetcher {
@@ -214,7 +246,7 @@ class Prefetcher {
   Prefetcher(std::vector<std::shared_ptr<CancellableSource>> sources,
              std::shared_ptr<const std::vector<RecordLocation>> locations,
              std::vector<uint64_t> plan, PrefetchOptions options = {},
-             RecordVerifier verify = nullptr);
+             RecordVerifier verify = nullptr, RecordHint will_need = nullptr);
   // Stops fetching (in-flight requests are abandoned) and joins the threads.
   ~Prefetcher();
   Prefetcher(const Prefetcher&) = delete;

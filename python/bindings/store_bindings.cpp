@@ -465,6 +465,27 @@ nb::object record_to_dict(const store::Record& rec, nb::object owner,
   return d;
 }
 
+nb::object record_to_dict(const store::Record& rec, nb::object owner,
+                          const std::string& source_name, uint64_t record,
+                          std::vector<nb::object>& keys) {
+  nb::object d = nb::steal(PyDict_New());
+  for (size_t f = 0; f < rec.num_fields(); ++f) {
+    nb::object v =
+        nb::steal(field_object(rec.field(f), rec.data(f), owner.ptr(), source_name, record));
+    const uint32_t id = rec.field(f).key_id;
+    if (keys.size() <= id) keys.resize(size_t(id) + 1);
+    if (!keys[id].is_valid()) {
+      const std::string& k = rec.key(f);
+      PyObject* s = PyUnicode_FromStringAndSize(k.data(), Py_ssize_t(k.size()));
+      if (!s) throw nb::python_error();
+      PyUnicode_InternInPlace(&s);
+      keys[id] = nb::steal(s);
+    }
+    if (PyDict_SetItem(d.ptr(), keys[id].ptr(), v.ptr()) != 0) throw nb::python_error();
+  }
+  return d;
+}
+
 void bind_store(nb::module_& m) {
   if (_import_array() < 0) throw nb::python_error();
 

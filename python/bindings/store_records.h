@@ -4,6 +4,7 @@
 #include <nanobind/nanobind.h>
 
 #include <string>
+#include <vector>
 
 #include "tpf/store.h"
 
@@ -13,5 +14,10 @@ namespace tpf::py {
 // them). `source_name` and `record` label errors.
 nanobind::object record_to_dict(const store::Record& rec, nanobind::object owner,
                                 const std::string& source_name, uint64_t record);
+// The same with the keys taken from `keys` (interned str by key id, filled here as keys are first
+// seen), one per index: no str is made and hashed per field per record.
+nanobind::object record_to_dict(const store::Record& rec, nanobind::object owner,
+                                const std::string& source_name, uint64_t record,
+                                std::vector<nanobind::object>& keys);
 
 }  // namespace tpf::py

@@ -46,6 +46,7 @@ nb::object keep_alive(std::shared_ptr<const std::byte[]> bytes) {
 struct Stream {
   std::shared_ptr<const ShardSet> shards;
   std::unique_ptr<Prefetcher> prefetcher;
+  std::vector<std::vector<nb::object>> keys;  // per shard: its interned keys, by key id
 
   nb::object next() {
     RecordView view;
@@ -55,7 +56,8 @@ struct Stream {
       more = prefetcher->next(view);
     }
     if (!more) throw nb::stop_iteration();
-    const std::string& name = shards->shard_name(shards->locate(view.record).first);
+    const uint32_t shard = shards->locate(view.record).first;
+    const std::string& name = shards->shard_name(shard);
     // Arrays must not view the prefetch buffer, which is reused as the stream moves on: decode a
     // copy, which an uncompressed record's arrays then view (a compressed one decodes into a
     // buffer of its own and the copy goes).
@@ -64,8 +66,10 @@ struct Stream {
     RecordView copied = view;
     copied.data = reinterpret_cast<const uint8_t*>(copy.get());
     const store::Record rec = shards->decode(copied);
-    if (rec.owns_data()) return record_to_dict(rec, keep_alive(rec.owned()), name, view.record);
-    return record_to_dict(rec, keep_alive(std::move(copy)), name, view.record);
+    if (keys.size() <= shard) keys.resize(size_t(shard) + 1);
+    if (rec.owns_data())
+      return record_to_dict(rec, keep_alive(rec.owned()), name, view.record, keys[shard]);
+    return record_to_dict(rec, keep_alive(std::move(copy)), name, view.record, keys[shard]);
   }
 
   nb::dict stats() const {
@@ -76,6 +80,11 @@ struct Stream {
     d["refetches"] = s.refetches;
     d["peak_reserved"] = s.peak_reserved;
     d["consumer_waits"] = s.consumer_waits;
+    d["consumer_wait_s"] = double(s.consumer_wait_ns) * 1e-9;
+    d["ranges"] = s.ranges;
+    d["request_s"] = double(s.request_ns) * 1e-9;
+    d["inflight"] = s.inflight;
+    d["peak_inflight"] = s.peak_inflight;
     d["reserved"] = prefetcher->reserved_bytes();
     return d;
   }
@@ -86,11 +95,12 @@ struct Shards {
   std::shared_ptr<DiskCache> disk_cache;
 };
 
-SourceOptions source_options(int max_connections, double connect_timeout_s,
+SourceOptions source_options(int max_connections, int http_threads, double connect_timeout_s,
                              double request_timeout_s, double stall_timeout_s, int max_attempts,
                              double backoff_base_s, double backoff_max_s, double retry_deadline_s) {
   SourceOptions o;
   o.max_connections = max_connections;
+  o.http_threads = http_threads;
   o.connect_timeout_s = connect_timeout_s;
   o.request_timeout_s = request_timeout_s;
   o.stall_timeout_s = stall_timeout_s;
@@ -102,7 +112,8 @@ SourceOptions source_options(int max_connections, double connect_timeout_s,
 }
 
 #define TPF_SOURCE_OPTION_ARGS                                                         \
-  nb::arg("max_connections") = 16, nb::arg("connect_timeout_s") = 10.0,                \
+  nb::arg("max_connections") = 16, nb::arg("http_threads") = 0,                         \
+      nb::arg("connect_timeout_s") = 10.0,                                             \
       nb::arg("request_timeout_s") = 60.0, nb::arg("stall_timeout_s") = 15.0,          \
       nb::arg("max_attempts") = 8, nb::arg("backoff_base_s") = 0.05,                   \
       nb::arg("backoff_max_s") = 2.0, nb::arg("retry_deadline_s") = 120.0
@@ -138,14 +149,23 @@ void bind_stream(nb::module_& m) {
       },
       nb::arg("rank_list"), nb::arg("worker"), nb::arg("num_workers"), nb::arg("batch_size"));
 
+  m.def("stream_http_stats", [] {
+    const HttpStats h = http_stats();
+    nb::dict d;
+    d["attempts"] = h.attempts;
+    d["slot_wait_s"] = double(h.slot_wait_ns) * 1e-9;
+    d["first_byte_s"] = double(h.first_byte_ns) * 1e-9;
+    d["attempt_s"] = double(h.attempt_ns) * 1e-9;
+    return d;
+  });
   m.def(
       "stream_read_all",
-      [](const std::string& location, int max_connections, double connect_timeout_s,
-         double request_timeout_s, double stall_timeout_s, int max_attempts,
-         double backoff_base_s, double backoff_max_s, double retry_deadline_s) {
-        const SourceOptions o =
-            source_options(max_connections, connect_timeout_s, request_timeout_s, stall_timeout_s,
-                           max_attempts, backoff_base_s, backoff_max_s, retry_deadline_s);
+      [](const std::string& location, int max_connections, int http_threads,
+         double connect_timeout_s, double request_timeout_s, double stall_timeout_s,
+         int max_attempts, double backoff_base_s, double backoff_max_s, double retry_deadline_s) {
+        const SourceOptions o = source_options(max_connections, http_threads, connect_timeout_s,
+                                               request_timeout_s, stall_timeout_s, max_attempts,
+                                               backoff_base_s, backoff_max_s, retry_deadline_s);
         std::string bytes;
         {
           nb::gil_scoped_release release;
@@ -168,7 +188,8 @@ void bind_stream(nb::module_& m) {
           "__init__",
           [](Shards* self, const std::vector<std::string>& locations,
              const std::vector<uint64_t>& records, const std::vector<uint64_t>& bytes,
-             const std::string& disk_cache_dir, uint64_t disk_cache_bytes, int max_connections, double connect_timeout_s, double request_timeout_s,
+             const std::string& disk_cache_dir, uint64_t disk_cache_bytes, int max_connections,
+             int http_threads, double connect_timeout_s, double request_timeout_s,
              double stall_timeout_s, int max_attempts, double backoff_base_s,
              double backoff_max_s, double retry_deadline_s) {
             TPF_CHECK(records.empty() || records.size() == locations.size(),
@@ -183,9 +204,9 @@ void bind_stream(nb::module_& m) {
               specs.push_back({locations[i], records.empty() ? 0 : records[i],
                                bytes.empty() ? 0 : bytes[i]});
             const SourceOptions o =
-                source_options(max_connections, connect_timeout_s, request_timeout_s,
-                               stall_timeout_s, max_attempts, backoff_base_s, backoff_max_s,
-                               retry_deadline_s);
+                source_options(max_connections, http_threads, connect_timeout_s,
+                               request_timeout_s, stall_timeout_s, max_attempts, backoff_base_s,
+                               backoff_max_s, retry_deadline_s);
             std::shared_ptr<DiskCache> cache;
             if (!disk_cache_dir.empty()) cache = DiskCache::create(disk_cache_dir, disk_cache_bytes);
             std::shared_ptr<const ShardSet> set;
@@ -234,7 +255,7 @@ void bind_stream(nb::module_& m) {
           },
           nb::arg("plan"), nb::arg("memory_budget"), nb::arg("max_inflight") = 256,
           nb::arg("coalesce_gap") = 4 << 10, nb::arg("max_request_bytes") = 8 << 20,
-          nb::arg("group_records") = 256, nb::arg("verify") = true,
+          nb::arg("group_records") = 0, nb::arg("verify") = true,
           nb::rv_policy::take_ownership);
 }
 

@@ -354,6 +354,10 @@ RecordEntry Index::entry(uint64_t i) const {
   return r;
 }
 
+void Index::prefetch(uint64_t i) const {
+  if (i < record_count_) __builtin_prefetch(entries_ + i * detail::kEntryBytes);
+}
+
 void Index::entries(std::span<const uint64_t> indices, RecordEntry* out) const {
   // Far enough ahead that a load from memory completes while the entries before it are decoded.
   constexpr size_t kAhead = 16;

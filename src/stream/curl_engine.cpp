@@ -4,6 +4,7 @@
 // the nearest of those timers (none when idle): no polling.
 #include "stream/curl_engine.h"
 
+#include <pthread.h>
 #include <sys/epoll.h>
 #include <sys/eventfd.h>
 #include <unistd.h>
@@ -39,6 +40,16 @@ void global_init() {
 
 std::atomic<uint64_t> next_engine_key{1};
 
+struct AtomicCounters {
+  std::atomic<uint64_t> attempts{0}, slot_wait_ns{0}, first_byte_ns{0}, attempt_ns{0};
+};
+AtomicCounters counters;
+
+uint64_t ns_between(Clock::time_point a, Clock::time_point b) {
+  return b > a ? uint64_t(std::chrono::duration_cast<std::chrono::nanoseconds>(b - a).count()) : 0;
+}
+thread_local bool t_engine_thread = false;
+
 class Engine final : public CurlEngine, public std::enable_shared_from_this<Engine> {
  public:
   Engine() : pid_(::getpid()), key_(next_engine_key++), rng_(std::random_device{}()) {
@@ -59,7 +70,11 @@ class Engine final : public CurlEngine, public std::enable_shared_from_this<Engi
     ev.events = EPOLLIN;
     ev.data.fd = wake_fd_;
     ::epoll_ctl(epoll_fd_, EPOLL_CTL_ADD, wake_fd_, &ev);
-    thread_ = new std::thread([this] { loop(); });
+    thread_ = new std::thread([this] {
+      ::pthread_setname_np(::pthread_self(), "tpf-http");  // for per-thread CPU (/proc, perf)
+      t_engine_thread = true;
+      loop();
+    });
     thread_id_ = thread_->get_id();
   }
 
@@ -92,7 +107,12 @@ class Engine final : public CurlEngine, public std::enable_shared_from_this<Engi
       std::lock_guard<std::mutex> lock(mutex_);
       inbox_.push_back(std::move(request));
     }
-    wake();
+    // From the loop's own thread (a completion starting the next request) no wake-up is needed:
+    // the loop looks at its inbox again before it waits.
+    if (on_engine_thread())
+      submitted_here_ = true;
+    else
+      wake();
   }
 
   bool on_engine_thread() const override { return std::this_thread::get_id() == thread_id_; }
@@ -118,6 +138,7 @@ class Engine final : public CurlEngine, public std::enable_shared_from_this<Engi
         std::lock_guard<std::mutex> lock(mutex_);
         if (stop_) break;
         incoming.swap(inbox_);
+        submitted_here_ = false;
       }
       for (auto& r : incoming) {
         Request* raw = r.get();
@@ -127,7 +148,8 @@ class Engine final : public CurlEngine, public std::enable_shared_from_this<Engi
       incoming.clear();
       if (cancel_check_.exchange(false)) end_cancelled();
       fire_backoffs();
-      const int n = ::epoll_wait(epoll_fd_, events, 64, wait_ms());
+      // Requests this thread submitted since the inbox was taken are taken at once.
+      const int n = ::epoll_wait(epoll_fd_, events, 64, submitted_here_ ? 0 : wait_ms());
       int running = 0;
       for (int i = 0; i < n; ++i) {
         const int fd = events[i].data.fd;
@@ -185,6 +207,7 @@ class Engine final : public CurlEngine, public std::enable_shared_from_this<Engi
       r->deadline = Clock::now() + std::chrono::duration_cast<Clock::duration>(
                                        std::chrono::duration<double>(r->retry.retry_deadline_s));
     if (r->cancel && r->cancel->cancelled()) return fail_cancelled(r);
+    r->queued = Clock::now();
     Slots& s = *r->slots;
     if (s.running < s.limit) {
       ++s.running;
@@ -217,6 +240,9 @@ class Engine final : public CurlEngine, public std::enable_shared_from_this<Engi
       return complete(r, std::current_exception());
     }
     curl_easy_setopt(h, CURLOPT_PRIVATE, r);
+    r->attempt_started = Clock::now();
+    counters.slot_wait_ns.fetch_add(ns_between(r->queued, r->attempt_started),
+                                    std::memory_order_relaxed);
     const CURLMcode mc = curl_multi_add_handle(multi_, h);
     if (mc != CURLM_OK) {
       idle_handles_.push_back(h);
@@ -244,6 +270,13 @@ class Engine final : public CurlEngine, public std::enable_shared_from_this<Engi
   void end_attempt(Request* r, CURLcode code) {
     CURL* h = r->handle;
     r->handle = nullptr;
+    curl_off_t first_byte_us = 0;
+    curl_easy_getinfo(h, CURLINFO_STARTTRANSFER_TIME_T, &first_byte_us);
+    counters.attempts.fetch_add(1, std::memory_order_relaxed);
+    counters.first_byte_ns.fetch_add(uint64_t(std::max<curl_off_t>(first_byte_us, 0)) * 1000,
+                                     std::memory_order_relaxed);
+    counters.attempt_ns.fetch_add(ns_between(r->attempt_started, Clock::now()),
+                                  std::memory_order_relaxed);
     Outcome o;
     try {
       o = r->judge(h, code);
@@ -395,6 +428,7 @@ class Engine final : public CurlEngine, public std::enable_shared_from_this<Engi
   std::atomic<bool> cancel_check_{false};
 
   // The loop's thread only.
+  bool submitted_here_ = false;
   std::unordered_map<Request*, std::unique_ptr<Request>> live_;
   std::set<std::pair<Clock::time_point, Request*>> backoff_;
   std::vector<CURL*> idle_handles_;
@@ -405,19 +439,38 @@ class Engine final : public CurlEngine, public std::enable_shared_from_this<Engi
 
 }  // namespace
 
-std::shared_ptr<CurlEngine> CurlEngine::shared() {
-  // Leaked on purpose: sources destroyed during static destruction may still ask for it.
+std::vector<std::shared_ptr<CurlEngine>> CurlEngine::pool(size_t n) {
+  TPF_CHECK(n >= 1, "HTTP engines: expected at least 1, got 0");
+  // Leaked on purpose: sources destroyed during static destruction may still ask for them.
   static auto* mutex = new std::mutex;
-  static auto* current = new std::weak_ptr<Engine>;
+  static auto* current = new std::vector<std::weak_ptr<Engine>>;
   static pid_t owner = 0;
   std::lock_guard<std::mutex> lock(*mutex);
-  std::shared_ptr<Engine> engine = current->lock();
-  if (!engine || owner != ::getpid()) {
-    engine = std::make_shared<Engine>();
-    *current = engine;
+  if (owner != ::getpid()) {
+    // A forked child: the parent's loops have no thread here; start its own.
+    current->clear();
     owner = ::getpid();
   }
-  return engine;
+  if (current->size() < n) current->resize(n);
+  std::vector<std::shared_ptr<CurlEngine>> engines;
+  for (size_t i = 0; i < n; ++i) {
+    std::shared_ptr<Engine> engine = (*current)[i].lock();
+    if (!engine) {
+      engine = std::make_shared<Engine>();
+      (*current)[i] = engine;
+    }
+    engines.push_back(std::move(engine));
+  }
+  return engines;
+}
+
+std::shared_ptr<CurlEngine> CurlEngine::shared() { return pool(1)[0]; }
+
+bool CurlEngine::on_any_engine_thread() { return t_engine_thread; }
+
+HttpStats http_stats() {
+  return {counters.attempts.load(), counters.slot_wait_ns.load(), counters.first_byte_ns.load(),
+          counters.attempt_ns.load()};
 }
 
 void wait_for(const std::function<void(CancellableSource::Done)>& start) {

@@ -13,6 +13,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "tpf/stream.h"
 
@@ -60,20 +61,29 @@ struct Request {
   // The engine's bookkeeping.
   CURL* handle = nullptr;
   int attempts = 0;
+  std::chrono::steady_clock::time_point queued{}, attempt_started{};
   std::chrono::steady_clock::time_point deadline{};
   std::string last_error;
 };
 
 class CurlEngine {
  public:
-  // The process's engine (a forked child gets its own: the parent's thread does not exist there).
+  // The process's first engine (a forked child gets its own: the parent's threads do not exist
+  // there).
   static std::shared_ptr<CurlEngine> shared();
+  // The process's first `n` engines (n >= 1), each an event loop on a thread of its own, started
+  // as needed and shared by every source that asks. One loop's thread receives, parses and copies
+  // every response it runs: spreading a source's requests over several loops spreads that work
+  // over as many cores.
+  static std::vector<std::shared_ptr<CurlEngine>> pool(size_t n);
   virtual ~CurlEngine() = default;
   // Queues `request`; thread-safe. Its `done` runs later on the engine's thread, never here.
   virtual void submit(std::unique_ptr<Request> request) = 0;
   // Submits and waits; rethrows the request's error.
   void run(std::unique_ptr<Request> request);
   virtual bool on_engine_thread() const = 0;
+  // True on the thread of any engine of this process.
+  static bool on_any_engine_thread();
 };
 
 // Calls start(done) and waits until `done` has run; rethrows its error. For the blocking reads of

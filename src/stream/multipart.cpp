@@ -87,7 +87,8 @@ bool parse_content_range(const char* text, size_t n, uint64_t& start, uint64_t& 
 
 ByteRangesParser ByteRangesParser::multipart() {
   ByteRangesParser p;
-  p.part_header_.reserve(kMaxPartHeader);
+  // A part's header block is about 100 bytes (nginx); it grows from here up to kMaxPartHeader.
+  p.part_header_.reserve(256);
   return p;
 }
 
@@ -113,22 +114,44 @@ size_t ByteRangesParser::step(const char* data, size_t n, Piece& piece) {
     malformed_ = true;  // bytes past the last offset there is
     return 0;
   }
-  // Between parts: gather the boundary line and the part's headers up to the blank line.
-  const size_t room = kMaxPartHeader - part_header_.size();
-  const size_t take = std::min(n, room);
+  // Between parts: gather the boundary line and the part's headers up to the blank line, and no
+  // further (the part's data that follows in the chunk is handed out, not copied here).
+  static constexpr char kBlank[] = "\r\n\r\n";
   const size_t before = part_header_.size();
-  part_header_.append(data, take);
-  const auto end = part_header_.find("\r\n\r\n", before >= 3 ? before - 3 : 0);
-  if (end == std::string::npos) {
+  const size_t take = std::min(n, kMaxPartHeader - before);
+  // Bytes of this chunk up to and including the blank line, when it ends among them. It may begin
+  // in the last bytes gathered before: the earliest start counts.
+  size_t used = 0;
+  for (size_t k = std::min<size_t>(3, before); k >= 1 && !used; --k)
+    if (4 - k <= take && std::memcmp(part_header_.data() + before - k, kBlank, k) == 0 &&
+        std::memcmp(data, kBlank + k, 4 - k) == 0)
+      used = 4 - k;
+  if (!used) {
+    // memchr from one CR to the next (a part's header block has a few lines): cheaper than
+    // memmem, which sets up a table on each call.
+    const char* end = data + take;
+    for (const char* at = data; end - at >= 4;) {
+      const char* cr = static_cast<const char*>(std::memchr(at, '\r', size_t(end - at) - 3));
+      if (!cr) break;
+      if (cr[1] == '\n' && cr[2] == '\r' && cr[3] == '\n') {
+        used = size_t(cr - data) + 4;
+        break;
+      }
+      at = cr + 1;
+    }
+  }
+  if (!used) {
+    part_header_.append(data, take);
     if (part_header_.size() >= kMaxPartHeader) malformed_ = true;
     return take;
   }
+  part_header_.append(data, used);
   uint64_t start = 0, length = 0;
-  if (!parse_content_range(part_header_.data(), end + 2, start, length)) {
+  // The block without its last CRLF: header lines, each ending in CRLF.
+  if (!parse_content_range(part_header_.data(), part_header_.size() - 2, start, length)) {
     malformed_ = true;
     return 0;
   }
-  const size_t used = end + 4 - before;  // bytes of this chunk that belonged to the headers
   part_header_.clear();
   in_part_ = true;
   part_pos_ = start;
@@ -137,7 +160,8 @@ size_t ByteRangesParser::step(const char* data, size_t n, Piece& piece) {
 }
 
 RangeScatter::RangeScatter(const std::vector<ByteRange>& ranges)
-    : ranges_(&ranges), filled_(ranges.size(), 0), written_(ranges.size()) {}
+    : ranges_(&ranges), filled_(ranges.size(), 0), in_order_(ranges.size(), 0),
+      written_(ranges.size()) {}
 
 void RangeScatter::write(uint64_t pos, const char* data, size_t n) {
   const auto& ranges = *ranges_;
@@ -149,6 +173,16 @@ void RangeScatter::write(uint64_t pos, const char* data, size_t n) {
     if (lo >= hi) continue;
     std::memcpy(static_cast<uint8_t*>(it->dst) + (lo - it->offset), data + (lo - pos), hi - lo);
     const size_t i = size_t(it - ranges.begin());
+    if (in_order_[i] == lo - it->offset) {
+      // Continues the bytes written so far from the range's start: all of them are new.
+      in_order_[i] = hi - it->offset;
+      filled_[i] += hi - lo;
+      continue;
+    }
+    if (in_order_[i] != kOutOfOrder) {
+      if (in_order_[i] > 0) written_[i].push_back({0, in_order_[i]});
+      in_order_[i] = kOutOfOrder;
+    }
     filled_[i] += add_span(written_[i], lo - it->offset, hi - it->offset);
   }
 }

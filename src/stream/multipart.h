@@ -86,7 +86,12 @@ class RangeScatter {
   };
   const std::vector<ByteRange>* ranges_ = nullptr;
   std::vector<uint64_t> filled_;
-  std::vector<std::vector<Span>> written_;  // per range: disjoint, sorted, not touching
+  // Per range: while its bytes came in order from its start, how many (the usual case, kept
+  // without allocating); kOutOfOrder once a write did not continue them, and from then on
+  // written_ holds what was written (disjoint, sorted, not touching spans).
+  static constexpr uint64_t kOutOfOrder = UINT64_MAX;
+  std::vector<uint64_t> in_order_;
+  std::vector<std::vector<Span>> written_;
 };
 
 }  // namespace tpf::stream

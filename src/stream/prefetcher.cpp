@@ -9,9 +9,11 @@
 // records out one by one and gives the group's span back when it moves past it. Spans are taken and
 // given back in plan order, so the ring never fragments and the budget can never deadlock. Every
 // wait is on a condition variable.
+#include <pthread.h>
 #include <sys/mman.h>
 
 #include <algorithm>
+#include <chrono>
 #include <condition_variable>
 #include <deque>
 #include <exception>
@@ -30,8 +32,20 @@ constexpr uint64_t kPage = 4096;
 constexpr int kMaxFetchThreads = 32;
 // Spans start on cache lines, so neighbouring groups' writers never share one.
 constexpr uint64_t kSpanAlign = 64;
+// How far ahead of the consumer next() asks for a record's location, its metadata (will_need) and
+// the first bytes of its data to be loaded into the cache: each needs the one before.
+constexpr uint64_t kLocationAhead = 16, kHintAhead = 8, kDataAhead = 4;
 
 uint64_t page_round(uint64_t n) { return (n + kPage - 1) / kPage * kPage; }
+
+// PrefetchOptions::group_records = 0: about min(64, ranges per request) ranges per source in a
+// uniformly shuffled group.
+uint32_t automatic_group_records(const std::vector<std::shared_ptr<CancellableSource>>& sources) {
+  uint64_t n = 0;
+  for (const auto& src : sources)
+    n += std::min<uint64_t>(64, std::max<size_t>(1, src->ranges_per_request()));
+  return uint32_t(std::clamp<uint64_t>(n, 256, 16384));
+}
 
 // The budget as one anonymous mapping used as a ring: groups take contiguous spans in plan order
 // and give them back in that order, so allocation moves a head and release moves a tail. Its pages
@@ -100,6 +114,12 @@ struct Group {
   uint64_t first = 0, count = 0;   // plan entries [first, first + count)
   std::vector<Request> requests;
   std::vector<uint64_t> record_at;  // per entry: its bytes' offset in the buffer
+  // The entries (relative to first) by request: request r's are
+  // by_request[request_end[r - 1], request_end[r]) (from 0 for r = 0).
+  std::vector<uint32_t> by_request, request_end;
+  // Per entry: 1 when the thread that finished its request found it intact. Each job writes its
+  // own entries before its finish takes the lock; the consumer reads them once pending is 0.
+  std::vector<uint8_t> verified;
   uint64_t bytes = 0;               // buffer bytes, rounded to kSpanAlign
   uint64_t start = 0, charge = 0;   // its span of the ring, and what the span costs the budget
   uint8_t* data = nullptr;
@@ -112,6 +132,7 @@ struct Job {
   Group* group;
   size_t first;
   size_t count;
+  std::chrono::steady_clock::time_point started{};
 };
 
 }  // namespace
@@ -122,6 +143,7 @@ struct Prefetcher::State {
   std::vector<uint64_t> plan;
   PrefetchOptions options;
   RecordVerifier verify;
+  RecordHint will_need;
   uint64_t group_byte_limit = 0;
 
   mutable std::mutex mutex;
@@ -157,15 +179,16 @@ struct Prefetcher::State {
       record_bytes += len;
       ++g->count;
     }
-    std::vector<uint64_t> by_position(g->count);
-    for (uint64_t i = 0; i < g->count; ++i) by_position[i] = i;
-    std::sort(by_position.begin(), by_position.end(), [&](uint64_t a, uint64_t b) {
+    std::vector<uint32_t> by_position(g->count);
+    for (uint32_t i = 0; i < g->count; ++i) by_position[i] = i;
+    std::sort(by_position.begin(), by_position.end(), [&](uint32_t a, uint32_t b) {
       const auto &la = location(first + a), &lb = location(first + b);
       return la.shard != lb.shard ? la.shard < lb.shard : la.offset < lb.offset;
     });
     g->record_at.resize(g->count);
     uint64_t buffer_end = 0;
-    for (uint64_t i : by_position) {
+    for (size_t k = 0; k < by_position.size(); ++k) {
+      const uint32_t i = by_position[k];
       const RecordLocation& loc = location(first + i);
       Request* last = g->requests.empty() ? nullptr : &g->requests.back();
       const uint64_t last_end = last ? last->offset + last->length : 0;
@@ -180,11 +203,15 @@ struct Prefetcher::State {
         last->length = new_end - last->offset;
         g->record_at[i] = last->buffer_offset + (loc.offset - last->offset);
       } else {
+        if (!g->requests.empty()) g->request_end.push_back(uint32_t(k));
         g->requests.push_back({loc.shard, loc.offset, loc.length, buffer_end});
         g->record_at[i] = buffer_end;
         buffer_end += loc.length;
       }
     }
+    g->request_end.push_back(uint32_t(g->count));
+    g->by_request = std::move(by_position);
+    g->verified.assign(g->count, 0);
     g->bytes = (std::max<uint64_t>(buffer_end, 1) + kSpanAlign - 1) / kSpanAlign * kSpanAlign;
     return g;
   }
@@ -201,15 +228,21 @@ struct Prefetcher::State {
         if (stop) return;
         raw->data = ring->at(raw->start);
         stats.peak_reserved = std::max(stats.peak_reserved, ring->used());
-        // Requests are sorted by shard and offset: bundle runs of one shard as its source likes.
+        // Requests are sorted by shard and offset: bundle each shard's run as its source likes,
+        // in as few jobs as it allows, of even sizes (70 ranges at 64 a job: 35 and 35, not 64
+        // and 6).
         const auto& reqs = raw->requests;
         for (size_t r = 0; r < reqs.size();) {
           const size_t per = std::max<size_t>(1, sources[reqs[r].shard]->ranges_per_request());
           size_t end = r + 1;
-          while (end < reqs.size() && end - r < per && reqs[end].shard == reqs[r].shard) ++end;
-          jobs.push_back({raw, r, end - r});
-          ++raw->pending;
-          r = end;
+          while (end < reqs.size() && reqs[end].shard == reqs[r].shard) ++end;
+          const size_t run = end - r, parts = (run + per - 1) / per;
+          for (size_t k = 0; k < parts; ++k) {
+            const size_t count = run / parts + (k < run % parts ? 1 : 0);
+            jobs.push_back({raw, r, count});
+            ++raw->pending;
+            r += count;
+          }
         }
         first += raw->count;
         groups.push_back(std::move(g));
@@ -226,9 +259,11 @@ struct Prefetcher::State {
   std::vector<Job> take_startable() {
     std::vector<Job> now;
     while (!stop && inflight < options.max_inflight && !jobs.empty()) {
-      const Job job = jobs.front();
+      Job job = jobs.front();
       jobs.pop_front();
+      job.started = std::chrono::steady_clock::now();
       ++inflight;
+      stats.peak_inflight = std::max(stats.peak_inflight, uint64_t(inflight));
       if (source_of(job).asynchronous()) {
         now.push_back(job);
       } else {
@@ -260,10 +295,15 @@ struct Prefetcher::State {
   // A job's end, on whichever thread ran it. Nothing here touches the state after the lock is
   // released unless more jobs start, which never happens once stopping (shutdown may then free it).
   void finish(const Job& job, std::exception_ptr error) {
+    if (!error && verify) verify_job(job);
     std::vector<Job> next;
     {
+      const auto now = std::chrono::steady_clock::now();
       std::lock_guard<std::mutex> lock(mutex);
       ++stats.requests;
+      stats.ranges += job.count;
+      stats.request_ns += uint64_t(
+          std::chrono::duration_cast<std::chrono::nanoseconds>(now - job.started).count());
       if (error) {
         if (!job.group->error) job.group->error = error;
       } else {
@@ -277,6 +317,23 @@ struct Prefetcher::State {
       if (inflight == 0) idle_cv.notify_all();
     }
     if (!next.empty()) start(next);
+  }
+
+  // Checks the records of a job's requests on the thread that fetched them, while their bytes are
+  // still in its cache and off the consumer's thread; the consumer checks (and fetches again) only
+  // those found corrupt here. Their index entries are asked for first (will_need), so their cache
+  // misses overlap.
+  void verify_job(const Job& job) const {
+    Group& g = *job.group;
+    const uint32_t begin = job.first == 0 ? 0 : g.request_end[job.first - 1];
+    const uint32_t end = g.request_end[job.first + job.count - 1];
+    if (will_need)
+      for (uint32_t k = begin; k < end; ++k) will_need(plan[g.first + g.by_request[k]]);
+    for (uint32_t k = begin; k < end; ++k) {
+      const uint32_t i = g.by_request[k];
+      const uint64_t record = plan[g.first + i];
+      g.verified[i] = verify(record, g.data + g.record_at[i], (*locations)[record].length) ? 1 : 0;
+    }
   }
 
   void run_fetcher() {
@@ -323,12 +380,12 @@ struct Prefetcher::State {
 
 Prefetcher::Prefetcher(std::vector<std::shared_ptr<CancellableSource>> sources,
                        std::shared_ptr<const std::vector<RecordLocation>> locations,
-                       std::vector<uint64_t> plan, PrefetchOptions options, RecordVerifier verify)
+                       std::vector<uint64_t> plan, PrefetchOptions options, RecordVerifier verify,
+                       RecordHint will_need)
     : state_(std::make_unique<State>()) {
   TPF_CHECK(locations != nullptr, "locations: expected a list of record locations, got null");
   TPF_CHECK(options.max_inflight >= 1,
             "max_inflight: expected >= 1, got " + std::to_string(options.max_inflight));
-  TPF_CHECK(options.group_records >= 1, "group_records: expected >= 1, got 0");
   TPF_CHECK(options.memory_budget >= kPage, "memory_budget: expected at least " +
                                                 std::to_string(kPage) + " bytes, got " +
                                                 std::to_string(options.memory_budget));
@@ -356,19 +413,28 @@ Prefetcher::Prefetcher(std::vector<std::shared_ptr<CancellableSource>> sources,
   s.locations = std::move(locations);
   s.plan = std::move(plan);
   s.options = options;
+  if (s.options.group_records == 0) s.options.group_records = automatic_group_records(s.sources);
   s.verify = std::move(verify);
+  s.will_need = std::move(will_need);
   // A few groups fit in the budget at once, so fetching runs ahead while the consumer reads.
   s.group_byte_limit = std::max<uint64_t>(options.memory_budget / 8, 1);
   // Whole pages, so what the ring can make resident stays within the budget. Every group fits: a
   // lone record passed the check above, and several records stay under budget / 2.
   s.ring = std::make_unique<Ring>(options.memory_budget / kPage * kPage);
-  s.scheduler = std::thread([&s] { s.run_scheduler(); });
+  // Named for per-thread CPU (/proc/self/task, perf).
+  s.scheduler = std::thread([&s] {
+    ::pthread_setname_np(::pthread_self(), "tpf-schedule");
+    s.run_scheduler();
+  });
   // Threads only for sources that read synchronously: asynchronous ones need none per read.
   const bool any_synchronous = std::any_of(s.sources.begin(), s.sources.end(),
                                            [](const auto& src) { return !src->asynchronous(); });
   if (any_synchronous)
     for (int i = 0; i < std::min(options.max_inflight, kMaxFetchThreads); ++i)
-      s.fetchers.emplace_back([&s] { s.run_fetcher(); });
+      s.fetchers.emplace_back([&s] {
+        ::pthread_setname_np(::pthread_self(), "tpf-fetch");
+        s.run_fetcher();
+      });
 }
 
 Prefetcher::~Prefetcher() { state_->shutdown(); }
@@ -401,7 +467,11 @@ bool Prefetcher::next(RecordView& out) {
   };
   if (!ready()) {
     ++s.stats.consumer_waits;
+    const auto t0 = std::chrono::steady_clock::now();
     s.ready_cv.wait(lock, ready);
+    s.stats.consumer_wait_ns += uint64_t(std::chrono::duration_cast<std::chrono::nanoseconds>(
+                                             std::chrono::steady_clock::now() - t0)
+                                             .count());
   }
   if (s.stop) throw RuntimeError("the prefetcher was stopped");
   if (g->error) std::rethrow_exception(g->error);
@@ -409,9 +479,29 @@ bool Prefetcher::next(RecordView& out) {
   const uint64_t record = s.plan[entry];
   const RecordLocation& loc = (*s.locations)[record];
   uint8_t* data = g->data + g->record_at[i];
+  // A shuffled plan reads every table far apart: start loading what the next records need while
+  // this one is checked and decoded (their location, their metadata through will_need, the start
+  // of their bytes when fetched).
+  if (entry + kLocationAhead < s.plan.size())
+    __builtin_prefetch(&(*s.locations)[s.plan[entry + kLocationAhead]]);
+  if (s.will_need && entry + kHintAhead < s.plan.size()) s.will_need(s.plan[entry + kHintAhead]);
+  if (i + kDataAhead < g->count) {
+    const uint8_t* ahead = g->data + g->record_at[i + kDataAhead];
+    __builtin_prefetch(ahead);
+    __builtin_prefetch(ahead + 64);
+  }
+  if (!s.verify || g->verified[i]) {
+    // Checked already (or nothing to check): one trip through the lock per record.
+    ++s.next_entry;
+    out.data = data;
+    out.length = loc.length;
+    out.plan_index = entry;
+    out.record = record;
+    return true;
+  }
   lock.unlock();
 
-  if (s.verify) {
+  {
     int attempts = 1;
     while (!s.verify(record, data, loc.length)) {
       if (attempts >= s.options.verify_attempts)
@@ -447,7 +537,9 @@ uint64_t Prefetcher::reserved_bytes() const {
 
 PrefetchStats Prefetcher::stats() const {
   std::lock_guard<std::mutex> lock(state_->mutex);
-  return state_->stats;
+  PrefetchStats s = state_->stats;
+  s.inflight = uint64_t(std::max(state_->inflight, 0));
+  return s;
 }
 
 }  // namespace tpf::stream

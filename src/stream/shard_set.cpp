@@ -117,8 +117,14 @@ std::unique_ptr<Prefetcher> ShardSet::stream(std::vector<uint64_t> plan,
       return XXH3_64bits(data, length) == indexes_[shard].entry(local).checksum;
     };
   }
+  // Checking and decoding a record read its index entry: far apart in a shuffled plan.
+  RecordHint will_need = [this](uint64_t record) {
+    if (record >= size()) return;
+    const auto [shard, local] = locate(record);
+    indexes_[shard].prefetch(local);
+  };
   return std::make_unique<Prefetcher>(sources_, locations_, std::move(plan), options,
-                                      std::move(verifier));
+                                      std::move(verifier), std::move(will_need));
 }
 
 store::Record ShardSet::decode(const RecordView& view) const {

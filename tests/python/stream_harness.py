@@ -71,10 +71,13 @@ def nginx_binary() -> str:
 
 
 class Nginx:
-    """nginx serving `root` on 127.0.0.1 (range requests are nginx's default for static files)."""
+    """nginx serving `root` on 127.0.0.1 (range requests are nginx's default for static files), with
+    `workers` worker processes (more than one: each with a listening socket of its own, reuseport,
+    so the kernel spreads the connections evenly)."""
 
-    def __init__(self, root: str, workdir: str):
+    def __init__(self, root: str, workdir: str, workers: int = 1):
         self.root, self.workdir = os.path.abspath(root), workdir
+        self.workers = workers
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
 
@@ -87,7 +90,7 @@ class Nginx:
         conf = os.path.join(self.workdir, "nginx.conf")
         self.log = os.path.join(self.workdir, "error.log")
         with open(conf, "w") as f:
-            f.write(f"""{user}worker_processes 1;
+            f.write(f"""{user}worker_processes {self.workers};
 daemon off;
 pid {self.workdir}/nginx.pid;
 error_log {self.log} warn;
@@ -105,7 +108,7 @@ http {{
   uwsgi_temp_path {temp['uwsgi']};
   scgi_temp_path {temp['scgi']};
   server {{
-    listen 127.0.0.1:{self.port};
+    listen 127.0.0.1:{self.port}{" reuseport" if self.workers > 1 else ""};
     root {self.root};
   }}
 }}

@@ -239,6 +239,40 @@ def test_faults_are_survived(tmp_path, dataset, seed, action):
             assert ds.last_stats is not None
 
 
+def http_loop_threads() -> int:
+    """This process's HTTP event loops (threads named tpf-http)."""
+    names = []
+    for tid in os.listdir("/proc/self/task"):
+        try:
+            with open(f"/proc/self/task/{tid}/comm") as f:
+                names.append(f.read().strip())
+        except FileNotFoundError:
+            pass
+    return names.count("tpf-http")
+
+
+@pytest.mark.parametrize("max_connections,action", [(16, ("status", 503, 0)), (16, ("reset",)),
+                                                    (2, ("truncate",)), (16, ("corrupt",)),
+                                                    (5, ("part_elsewhere",))])
+def test_requests_spread_over_several_event_loops(tmp_path, dataset, seed, max_connections, action):
+    """A source's requests go to three event loops in turn (two when it has two connections), faults
+    and all: every record comes once and right, workers included."""
+    directory, reference = dataset
+    with h.FaultServer(directory) as server:
+        server.fault("/shard-00001.tpf", *([action] * 3))
+        ds = StreamingDataset(server.url + "/manifest.json", cache_bytes=256 << 10, seed=seed,
+                              http_threads=3, max_connections=max_connections, coalesce_gap=0,
+                              group_records=16, **FAST_RETRY)
+        ids = collect(ds, reference)
+        assert sorted(ids) == list(range(len(reference))), "a record was lost or duplicated"
+        assert server.served_faults[action[0]] == 3
+        assert http_loop_threads() >= min(3, max_connections)
+        ds.set_epoch(1)
+        assert sorted(collect(ds, reference, num_workers=2)) == list(range(len(reference)))
+        with pytest.raises(ValueError, match="http_threads"):
+            StreamingDataset(server.url + "/manifest.json", http_threads=-1)
+
+
 @pytest.mark.parametrize("action", [(a,) for a in h.MULTIPART_FAULTS])
 def test_broken_multipart_answers_are_retried(tmp_path, dataset, seed, action):
     """A server whose multipart/byteranges answers put parts elsewhere, leave out their
@@ -341,7 +375,8 @@ def rss_bytes() -> int:
         return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
 
 
-def test_memory_stays_under_the_budget_under_load(tmp_path, seed):
+@pytest.mark.parametrize("http_threads", [0, 4])
+def test_memory_stays_under_the_budget_under_load(tmp_path, seed, http_threads):
     rng = np.random.default_rng(seed)
     directory = str(tmp_path / "big")
     # ~24 MiB of records of up to ~24 KiB each, streamed through a 2 MiB budget.
@@ -350,7 +385,7 @@ def test_memory_stays_under_the_budget_under_load(tmp_path, seed):
     budget = 2 << 20
     with h.Nginx(directory, str(tmp_path / "nginx")) as server:
         ds = StreamingDataset(server.url + "/manifest.json", cache_bytes=budget, seed=seed,
-                              max_inflight=16)
+                              max_inflight=16, http_threads=http_threads)
         baseline = rss_bytes()
         peak = [baseline]
         done = threading.Event()

@@ -104,10 +104,11 @@ class StreamingDataset(torch.utils.data.IterableDataset):
                  shuffle: bool = True, seed: int = 0, rank: int | None = None,
                  world_size: int | None = None, *, block_size: int = 0, drop_last: bool = False,
                  batch_size: int = 1, transform: Callable[[dict], Any] | None = None,
-                 max_inflight: int = 256, group_records: int = 256, coalesce_gap: int = 4 << 10,
+                 max_inflight: int = 256, group_records: int = 0, coalesce_gap: int = 4 << 10,
                  max_request_bytes: int = 8 << 20, verify_checksums: bool = True,
                  disk_cache_dir: str | None = None, disk_cache_bytes: int = 0,
-                 max_connections: int = 16, connect_timeout_s: float = 10.0,
+                 max_connections: int = 16, http_threads: int = 0,
+                 connect_timeout_s: float = 10.0,
                  request_timeout_s: float = 60.0, stall_timeout_s: float = 15.0,
                  max_attempts: int = 8, backoff_base_s: float = 0.05, backoff_max_s: float = 2.0,
                  retry_deadline_s: float = 120.0):
@@ -131,7 +132,7 @@ class StreamingDataset(torch.utils.data.IterableDataset):
         if disk_cache_dir is not None and disk_cache_bytes <= 0:
             raise ValueError(f"disk_cache_bytes: expected > 0 with disk_cache_dir, got {disk_cache_bytes}")
         self.disk_cache_dir, self.disk_cache_bytes = disk_cache_dir, int(disk_cache_bytes)
-        self._source_options = dict(max_connections=max_connections,
+        self._source_options = dict(max_connections=max_connections, http_threads=http_threads,
                                     connect_timeout_s=connect_timeout_s,
                                     request_timeout_s=request_timeout_s,
                                     stall_timeout_s=stall_timeout_s, max_attempts=max_attempts,

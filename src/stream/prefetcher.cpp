@@ -490,18 +490,10 @@ bool Prefetcher::next(RecordView& out) {
     __builtin_prefetch(ahead);
     __builtin_prefetch(ahead + 64);
   }
-  if (!s.verify || g->verified[i]) {
-    // Checked already (or nothing to check): one trip through the lock per record.
-    ++s.next_entry;
-    out.data = data;
-    out.length = loc.length;
-    out.plan_index = entry;
-    out.record = record;
-    return true;
-  }
-  lock.unlock();
-
-  {
+  // Checked already on the fetching thread (or nothing to check): one trip through the lock per
+  // record. Otherwise checked here, outside the lock, refetched until it passes.
+  if (s.verify && !g->verified[i]) {
+    lock.unlock();
     int attempts = 1;
     while (!s.verify(record, data, loc.length)) {
       if (attempts >= s.options.verify_attempts)
@@ -518,8 +510,8 @@ bool Prefetcher::next(RecordView& out) {
       std::lock_guard<std::mutex> relock(s.mutex);
       ++s.stats.refetches;
     }
+    lock.lock();
   }
-  lock.lock();
   ++s.next_entry;
   out.data = data;
   out.length = loc.length;

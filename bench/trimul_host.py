@@ -1,0 +1,120 @@
+#!/usr/bin/env python3
+"""Is one triangle multiplicative update (forward+backward, bf16, B=1) bound by the GPU or by the host?
+
+Per shape, four numbers: the median forward+backward time by CUDA events (as bench/trimul.py times
+it), the host's time to issue that call (perf_counter around the call, no synchronization; the GPU
+is drained between calls), the same work replayed from a CUDA graph (no host work at all), and from
+one profiled call the kernels' busy time, the idle time between them, and the largest idle gaps
+with the kernels on either side. CUDA runtime calls that stall the host (synchronizations, copies,
+allocations) are counted, so a hidden synchronization shows up by name."""
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+
+import torch
+
+from turbopairformer.benchmarks.timing import kernel_name, median_ms
+from turbopairformer.benchmarks.trimul import make_inputs
+from turbopairformer.ops.trimul import WEIGHT_NAMES, triangle_multiplicative_update
+
+STALLING = ("Synchronize", "Memcpy", "Malloc", "Free", "HostAlloc", "Memset", "GetDeviceProperties",
+            "FuncSetAttribute", "FuncGetAttributes", "OccupancyMaxActive", "cublasCreate",
+            "cublasLtMatmulAlgoGetHeuristic", "EventQuery", "StreamQuery")
+
+
+def forward_backward_fn(inputs, direction):
+    x, mask, w, grad = inputs
+    leaves = {"x": x.detach().requires_grad_(True)}
+    leaves.update({k: w[k].detach().requires_grad_(True) for k in WEIGHT_NAMES})
+
+    def fb():
+        for t in leaves.values():
+            t.grad = None
+        triangle_multiplicative_update(leaves["x"], direction, mask,
+                                       **{k: leaves[k] for k in WEIGHT_NAMES}).backward(grad)
+    return fb
+
+
+def host_issue_ms(fn, repeats: int) -> float:
+    times = []
+    for _ in range(repeats):
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        fn()
+        times.append((time.perf_counter() - t0) * 1e3)
+    torch.cuda.synchronize()
+    return statistics.median(times)
+
+
+def graph_ms(fn, device, repeats: int):
+    try:
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            for _ in range(3):
+                fn()
+        torch.cuda.current_stream().wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            fn()
+    except Exception as e:  # report and go on: the other numbers still say where the time goes
+        return None, f"{type(e).__name__}: {str(e).splitlines()[0][:160]}"
+    return median_ms(graph.replay, device, repeats=repeats), ""
+
+
+def timeline(fn):
+    from torch.profiler import ProfilerActivity, profile
+    fn()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        fn()
+        torch.cuda.synchronize()
+    kernels, runtime = [], {}
+    for e in prof.events():
+        if e.device_type == torch.autograd.DeviceType.CUDA:
+            kernels.append((e.time_range.start, e.time_range.end, kernel_name(e.name)))
+        elif any(s in e.name for s in STALLING):
+            entry = runtime.setdefault(e.name, [0, 0.0])
+            entry[0] += 1
+            entry[1] += (e.time_range.end - e.time_range.start) / 1000
+    kernels.sort()
+    busy = sum(end - start for start, end, _ in kernels) / 1000
+    gaps = []
+    for (s0, e0, n0), (s1, e1, n1) in zip(kernels, kernels[1:]):
+        gaps.append(((s1 - e0) / 1000, n0, n1))
+    span = (kernels[-1][1] - kernels[0][0]) / 1000 if kernels else 0.0
+    return len(kernels), busy, span, sorted(gaps, reverse=True), runtime
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--shapes", nargs="+", default=["64x384", "128x384", "128x768"],
+                        help="DxS")
+    parser.add_argument("--direction", default="outgoing", choices=["outgoing", "incoming"])
+    parser.add_argument("--repeats", type=int, default=20)
+    args = parser.parse_args()
+    device = torch.device("cuda")
+    for shape in args.shapes:
+        D, S = (int(v) for v in shape.split("x"))
+        fb = forward_backward_fn(make_inputs(S, D, torch.bfloat16, device, seed=S + D),
+                                 args.direction)
+        event = median_ms(fb, device, repeats=args.repeats)
+        host = host_issue_ms(fb, args.repeats)
+        replay, why = graph_ms(fb, device, args.repeats)
+        n, busy, span, gaps, runtime = timeline(fb)
+        print(f"D={D} S={S} {args.direction}: events {event:.3f} ms, host issue {host:.3f} ms, "
+              f"graph replay {'-' if replay is None else f'{replay:.3f}'} ms {why}")
+        print(f"    {n} kernels: busy {busy:.3f} ms, first start to last end {span:.3f} ms, "
+              f"idle between kernels {sum(g for g, _, _ in gaps):.3f} ms")
+        for g, before, after in gaps[:6]:
+            print(f"    gap {g:7.3f} ms  after {before}  before {after}")
+        for name, (count, ms) in sorted(runtime.items(), key=lambda kv: -kv[1][1]):
+            print(f"    host {name}: {count}x, {ms:.3f} ms")
+        del fb
+        torch.cuda.empty_cache()
+
+
+if __name__ == "__main__":
+    main()

@@ -87,6 +87,7 @@ def trifast_impl():
 
 
 def cuequivariance_impl():
+    import cuequivariance_ops_torch  # noqa: F401  (the kernels: cuequivariance_torch imports without them)
     import cuequivariance_torch as cuet
 
     return Impl(prepare=lambda q, k, v, b, m: ((q, k, v, b), m),

@@ -88,6 +88,40 @@ def timeline(fn):
     return len(kernels), busy, span, sorted(gaps, reverse=True), runtime
 
 
+def python_profile(fn, calls: int = 30, top: int = 14) -> None:
+    """cProfile of `calls` calls: where the host's time goes, by function (own time)."""
+    import cProfile
+    import io
+    import pstats
+    prof = cProfile.Profile()
+    prof.enable()
+    for _ in range(calls):
+        fn()
+    prof.disable()
+    torch.cuda.synchronize()
+    out = io.StringIO()
+    pstats.Stats(prof, stream=out).sort_stats("tottime").print_stats(top)
+    lines = [l for l in out.getvalue().splitlines() if l.strip()]
+    start = next((i for i, l in enumerate(lines) if l.lstrip().startswith("ncalls")), 0)
+    print(f"    cProfile over {calls} calls (tottime, cumtime in s):")
+    for l in lines[start:start + top + 1]:
+        print("      " + l.strip()[:150])
+
+
+def calibration_us(device) -> float:
+    """Host time of one small CUDA torch.add, in us: how fast this host issues PyTorch ops."""
+    a = torch.ones(16, device=device)
+    for _ in range(100):
+        torch.add(a, 1.0)
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for _ in range(1000):
+        torch.add(a, 1.0)
+    us = (time.perf_counter() - t0) * 1e3
+    torch.cuda.synchronize()
+    return us
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--shapes", nargs="+", default=["64x384", "128x384", "128x768"],
@@ -96,6 +130,7 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=20)
     args = parser.parse_args()
     device = torch.device("cuda")
+    print(f"host calibration: one small CUDA torch.add issues in {calibration_us(device):.2f} us")
     for shape in args.shapes:
         D, S = (int(v) for v in shape.split("x"))
         fb = forward_backward_fn(make_inputs(S, D, torch.bfloat16, device, seed=S + D),
@@ -112,6 +147,7 @@ def main() -> None:
             print(f"    gap {g:7.3f} ms  after {before}  before {after}")
         for name, (count, ms) in sorted(runtime.items(), key=lambda kv: -kv[1][1]):
             print(f"    host {name}: {count}x, {ms:.3f} ms")
+        python_profile(fb)
         del fb
         torch.cuda.empty_cache()
 

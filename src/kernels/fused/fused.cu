@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <string>
 
+#include "kernels/column_sums.cuh"
 #include "kernels/device_guard.h"
 #include "kernels/fused/api.h"
 #include "tpf/error.h"
@@ -157,14 +158,15 @@ __global__ void __launch_bounds__(kThreads) layer_norm_backward_kernel(
   }
 }
 
-__global__ void layer_norm_finish_kernel(const float* __restrict__ partial, int blocks, int C,
-                                         float* __restrict__ dweight, float* __restrict__ dbias) {
-  const int k = blockIdx.x * blockDim.x + threadIdx.x;
-  if (k >= 2 * C) return;
-  // The blocks' partials summed in FP64 (in block order: deterministic): a float sum of 1000-odd
-  // partials lost up to 4x PyTorch's accuracy on dweight (tests/gpu/test_fused_gpu.py).
-  double s = 0.0;
-  for (int b = 0; b < blocks; ++b) s += double(partial[int64_t(b) * 2 * C + k]);
+// The blocks' partials summed in FP64 in a fixed order (deterministic): a float sum of 1000-odd
+// partials lost up to 4x PyTorch's accuracy on dweight (tests/gpu/test_fused_gpu.py).
+__global__ void __launch_bounds__(kColumnSumCols * kColumnSumRowGroups) layer_norm_finish_kernel(
+    const float* __restrict__ partial, int blocks, int C, float* __restrict__ dweight,
+    float* __restrict__ dbias) {
+  const int c0 = int(blockIdx.x) * kColumnSumCols;
+  double s;
+  if (!ordered_column_sum(partial, blocks, 2 * C, 2 * C, c0, s)) return;
+  const int k = c0 + int(threadIdx.x);
   if (k < C) dweight[k] = float(s);
   else dbias[k - C] = float(s);
 }
@@ -324,7 +326,8 @@ void layer_norm_backward(const LayerNormBackwardArgs& a, const Rows& rows, int64
     });
   });
   check_cuda_call(cudaGetLastError(), "layer_norm_backward_kernel");
-  layer_norm_finish_kernel<<<grid_for(2 * C, 128), 128, 0, s>>>(
+  layer_norm_finish_kernel<<<unsigned((2 * C + kColumnSumCols - 1) / kColumnSumCols),
+                             dim3(kColumnSumCols, kColumnSumRowGroups), 0, s>>>(
       partial, int(blocks), C, static_cast<float*>(a.dweight.data),
       static_cast<float*>(a.dbias.data));
   check_cuda_call(cudaGetLastError(), "layer_norm_finish_kernel");

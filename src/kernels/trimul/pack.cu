@@ -2,6 +2,7 @@
 // their own dtype) into the blocks the kernels load (T, zero padded) and the biases and LayerNorm
 // weights into float32, the ordered sum of the backward's per-CTA partials, and the gradients
 // assembled from those sums (in the weights' dtype).
+#include "kernels/column_sums.cuh"
 #include "kernels/trimul/device.cuh"
 #include "kernels/trimul/launch.h"
 
@@ -67,19 +68,24 @@ struct SumSegments {
   SumSegment s[kCount];
 };
 
-// blockIdx.y picks the segment. In double: hundreds of partials, each already a sum of many rows.
-__global__ void reduce_sums_kernel(const SumSegments segs, double* sums) {
+// blockIdx.y picks the segment, blockIdx.x a group of kColumnSumCols columns, summed in double
+// (hundreds of partials, each already a sum of many rows) in a fixed order.
+__global__ void __launch_bounds__(kColumnSumCols * kColumnSumRowGroups) reduce_sums_kernel(
+    const SumSegments segs, double* sums) {
   const SumSegment seg = segs.s[blockIdx.y];
-  const int c = blockIdx.x * blockDim.x + threadIdx.x;
-  if (c >= seg.cols) return;
-  double acc = 0.0;
-  for (int r = 0; r < seg.rows; ++r) acc += seg.partials[int64_t(r) * seg.cols + c];
-  sums[seg.offset + c] = acc;
+  const int c0 = int(blockIdx.x) * kColumnSumCols;
+  if (c0 >= seg.cols) return;  // the whole block, before the barrier inside
+  double sum;
+  if (ordered_column_sum(seg.partials, seg.rows, seg.cols, seg.cols, c0, sum))
+    sums[seg.offset + c0 + threadIdx.x] = sum;
 }
 
 // Thread g of the grid: element g of dw_in | dw_out (split into the four weight gradients); the
-// first D threads also give channel g's LayerNorm gradients and the first 2D the projection bias
-// ones. Everything is computed as in float32 and rounded once to W at the store.
+// first D threads also give channel g's LayerNorm weight gradients and the first 2D the projection
+// bias ones; warp c < D gives channel c's LayerNorm bias gradients, which are dot products over
+// the D or 2D rows of a weight's column (lane l takes rows l, l + 32, ... in order, then a fixed
+// butterfly over the lanes: deterministic; one thread walking all 3D rows was latency-bound at
+// ~0.09-0.17 ms). Everything is computed as in float32 and rounded once to W at the store.
 template <typename W>
 __global__ void finish_backward_kernel(const FinishArgs a) {
   using C = SumColumns;
@@ -107,16 +113,32 @@ __global__ void finish_backward_kernel(const FinishArgs a) {
     if (a.d_g_out_bias) store(a.d_g_out_bias, c, float(sums[C::kGOutBias * D + c]));
     store(a.d_norm_out_weight, c, float(sums[C::kNormOutWeight * D + c]));
     store(a.d_norm_in_weight, c, float(sums[C::kNormInWeight * D + c]));
+  }
+  // The launch has max(6 D^2, 256) >= 32 D threads in whole blocks: warps 0 .. D-1 are all full.
+  const int64_t warp = g / 32;
+  if (warp < D) {  // warp-uniform
+    const int c = int(warp), lane = int(threadIdx.x % 32);
     double out_bias = 0.0, in_bias = 0.0;
-    for (int o = 0; o < D; ++o) {
-      out_bias += weight(a.p_out_weight, o * D + c) * sums[C::kPOutBias * D + o];
-      in_bias += weight(a.g_out_weight, o * D + c) * sums[C::kGOutBias * D + o];
+#pragma unroll 4
+    for (int o = lane; o < D; o += 32) {
+      out_bias += weight(a.p_out_weight, int64_t(o) * D + c) * sums[C::kPOutBias * D + o];
+      in_bias += weight(a.g_out_weight, int64_t(o) * D + c) * sums[C::kGOutBias * D + o];
     }
-    for (int k = 0; k < 2 * D; ++k)
-      in_bias += weight(a.p_in_weight, k * D + c) * sums[C::kPInBias * D + k] +
-                 weight(a.g_in_weight, k * D + c) * sums[C::kGInBias * D + k];
-    store(a.d_norm_out_bias, c, float(out_bias));
-    store(a.d_norm_in_bias, c, float(in_bias));
+#pragma unroll 4
+    for (int k = lane; k < 2 * D; k += 32)
+      in_bias += weight(a.p_in_weight, int64_t(k) * D + c) * sums[C::kPInBias * D + k] +
+                 weight(a.g_in_weight, int64_t(k) * D + c) * sums[C::kGInBias * D + k];
+    // Butterfly: each step adds two values in either order (the same bits), so every lane ends
+    // with the same sum.
+#pragma unroll
+    for (int s = 16; s > 0; s /= 2) {
+      out_bias += __shfl_xor_sync(0xffffffffu, out_bias, s);
+      in_bias += __shfl_xor_sync(0xffffffffu, in_bias, s);
+    }
+    if (lane == 0) {
+      store(a.d_norm_out_bias, c, float(out_bias));
+      store(a.d_norm_in_bias, c, float(in_bias));
+    }
   }
 }
 
@@ -153,9 +175,8 @@ void launch_reduce_sums(const Params& p, cudaStream_t stream) {
                           {p.partials_bias_in, 2 * grid_in, 4 * D, C::kPInBias * D}}};
   static_assert(C::kGOutBias == C::kPOutBias + 1 && C::kGInBias == C::kPInBias + 2,
                 "each bias segment holds its P and G halves back to back");
-  constexpr int kBlock = 128;
-  reduce_sums_kernel<<<dim3(unsigned((4 * D + kBlock - 1) / kBlock), SumSegments::kCount), kBlock,
-                       0, stream>>>(segs, p.sums);
+  reduce_sums_kernel<<<dim3(unsigned(ceil_div(4 * D, kColumnSumCols)), SumSegments::kCount),
+                       dim3(kColumnSumCols, kColumnSumRowGroups), 0, stream>>>(segs, p.sums);
   check_launch("trimul reduce_sums");
 }
 

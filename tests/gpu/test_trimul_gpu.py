@@ -222,7 +222,7 @@ def test_cuda_errors_name_the_argument():
 
 
 # The kernel variants that TPF_TRIMUL_VARIANT selects (src/kernels/trimul/launch.h; every other
-# test runs the default, variant 3, or whatever the variable says): 0, the fused kernels' GEMMs
+# test runs the default, variant 4, or whatever the variable says): 0, the fused kernels' GEMMs
 # through WMMA and the IEEE sigmoid; 1, through mma.sync with ldmatrix fragments; 2, also
 # input_backward's epilogue changes. The default's forward epilogues (from the MMA registers) fall
 # back from 16-byte stores of a and b to scalar ones where S is not a multiple of 8: S = 136 takes
@@ -232,7 +232,7 @@ def test_cuda_errors_name_the_argument():
 # output_backward at 3 CTAs per SM (epilogues from the MMA registers, grid 396): the same shapes
 # cover its stmatrix / ldmatrix epilogues past D and past the tile, and the scalar dz stores
 # where S is not a multiple of 8.
-VARIANTS = ["0", "1", "2", "3", "4"]  # 3 also runs unset: the shapes above are for its epilogues
+VARIANTS = ["0", "1", "2", "3", "4"]  # 4 also runs unset: the shapes above are for its epilogues
 
 
 @pytest.mark.parametrize("variant", VARIANTS)

@@ -22,8 +22,8 @@ inline void check_cuda(cudaError_t e, const char* what) {
 }
 
 // Kernel variants, chosen at each launch by TPF_TRIMUL_VARIANT so that one GPU run can test and
-// time them side by side (unset: variant 3, the fastest measured on the H200, bench/notes-trimul.md
-// section 11):
+// time them side by side (unset: variant 4, the fastest measured on the H200, bench/notes-trimul.md
+// sections 11, 14 and 15):
 //   0  the fused kernels' GEMMs through WMMA (fragments by 32-bit generic loads), IEEE sigmoid;
 //   1  the same GEMMs through mma.sync m16n8k16 with ldmatrix fragments, and for 16-bit types the
 //      sigmoid through the approximate exponential and division (device.cuh);
@@ -34,14 +34,14 @@ inline void check_cuda(cudaError_t e, const char* what) {
 //      under launch bounds of 3 CTAs per SM (same arithmetic as variant 1); input_backward is
 //      split in two kernels of kSplitBackwardCtas persistent CTAs, three per SM
 //      (input_backward_split.cu); output_backward runs variant 1's code;
-//   4  (fails one FP64 GPU test, notes section 14: not for use) variant 3, and output_backward at 3 CTAs per SM as well: epilogues from the MMA registers,
+//   4  (the default) variant 3, and output_backward at 3 CTAs per SM as well: epilogues from the MMA registers,
 //      kOccupancyBackwardCtas persistent CTAs (output_backward.cu, bench/notes-trimul.md
 //      section 13).
 // The workspace is the same under all of them (the partials are sized for the larger grids).
 constexpr int kVariants = 5;
 inline int variant() {
   const char* env = std::getenv("TPF_TRIMUL_VARIANT");
-  if (env == nullptr || env[0] == '\0') return 3;
+  if (env == nullptr || env[0] == '\0') return 4;
   if (env[1] != '\0' || env[0] < '0' || env[0] >= char('0' + kVariants))
     throw Error(std::string("TPF_TRIMUL_VARIANT: expected 0, 1, 2, 3 or 4 (or unset), got '") + env + "'");
   return env[0] - '0';

@@ -228,15 +228,16 @@ def _weights(given: dict, x: torch.Tensor, D: int) -> list[torch.Tensor]:
             else:
                 fill = 1.0 if name.endswith("weight") else 0.0
                 w = torch.full((D,), fill, device=x.device, dtype=dtype)
-        out.append(w.to(dtype).contiguous())  # no-ops where it has the dtype and is contiguous
+        if w.dtype != dtype:
+            w = w.to(dtype)
+        out.append(w if w.is_contiguous() else w.contiguous())  # host time: no call when not needed
     return out
 
 
 def _flatten_leading(x: torch.Tensor, mask: Optional[torch.Tensor]):
     if x.dim() < 3:
         raise ValueError(f"x must have shape [B, S, S, D] (or [S, S, D]), got {list(x.shape)}")
-    lead = x.shape[:-3]
-    x4 = x.reshape(-1, *x.shape[-3:]) if x.dim() != 3 else x.unsqueeze(0)
+    x4 = x if x.dim() == 4 else x.unsqueeze(0) if x.dim() == 3 else x.reshape(-1, *x.shape[-3:])
     if mask is None:
         return x4, None
     require_tensor(mask, "mask")
@@ -249,10 +250,10 @@ def _flatten_leading(x: torch.Tensor, mask: Optional[torch.Tensor]):
         raise ValueError("mask must not require grad: the op treats it as a constant")
     if mask.is_complex():
         raise TypeError(f"mask must be a bool, integer or floating-point tensor, got {mask.dtype}")
-    mask3 = mask.reshape(-1, *mask.shape[-2:])
+    mask3 = mask if mask.dim() == 3 else mask.reshape(-1, *mask.shape[-2:])
     if not (x.is_cuda and mask.dtype in _KERNEL_MASK_DTYPES):
         mask3 = mask3.to(x.dtype)
-    return x4, mask3.contiguous()
+    return x4, mask3 if mask3.is_contiguous() else mask3.contiguous()
 
 
 def triangle_multiplicative_update(
@@ -300,6 +301,7 @@ def triangle_multiplicative_update(
         norm_out_weight=norm_out_weight, norm_out_bias=norm_out_bias, p_out_weight=p_out_weight,
         p_out_bias=p_out_bias, g_out_weight=g_out_weight, g_out_bias=g_out_bias)
     weights = _weights(given, x4, D)
-    y, _, _, _, _ = _trimul_call(x4.contiguous(), mask3, weights, direction == "outgoing",
-                                 float(eps))
-    return y.reshape(x.shape)
+    if not x4.is_contiguous():
+        x4 = x4.contiguous()
+    y, _, _, _, _ = _trimul_call(x4, mask3, weights, direction == "outgoing", float(eps))
+    return y if y.dim() == x.dim() else y.reshape(x.shape)

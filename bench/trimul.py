@@ -29,9 +29,9 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
-from turbopairformer.benchmarks.trimul import make_inputs, metadata, time_impl
+from turbopairformer.benchmarks.trimul import forward_backward_call, make_inputs, metadata, time_impl
 from turbopairformer.ops.torch_reference import triangle_multiplicative_update_torch
-from turbopairformer.ops.trimul import WEIGHT_NAMES, triangle_multiplicative_update
+from turbopairformer.ops.trimul import triangle_multiplicative_update
 
 HBM_BYTES_PER_S = 4.2e12    # the issue's floor: bytes over ~4.2 TB/s
 MMA_FLOP_PER_S = 760e12     # and contraction FLOP over ~760 TFLOP/s
@@ -53,16 +53,14 @@ def peers(use_compile: bool) -> dict:
 
 def peak_extra_gib(fn, inputs, direction: str, device) -> float:
     """Peak allocated memory above what was allocated before one forward+backward, in GiB."""
-    x, mask, w, grad = inputs
-    leaves = {"x": x.detach().requires_grad_(True)}
-    leaves.update({k: w[k].detach().requires_grad_(True) for k in WEIGHT_NAMES})
+    call = forward_backward_call(fn, inputs, direction)
     torch.cuda.synchronize(device)
     base = torch.cuda.memory_allocated(device)
     torch.cuda.reset_peak_memory_stats(device)
-    fn(leaves["x"], direction, mask, **{k: leaves[k] for k in WEIGHT_NAMES}).backward(grad)
+    call()
     torch.cuda.synchronize(device)
     peak = torch.cuda.max_memory_allocated(device) - base
-    del leaves
+    del call
     return peak / 2**30
 
 

@@ -9,8 +9,8 @@ import time
 
 import torch
 
-from turbopairformer.benchmarks.trimul import make_inputs
-from turbopairformer.ops.trimul import WEIGHT_NAMES, triangle_multiplicative_update as op
+from turbopairformer.benchmarks.trimul import forward_backward_call, make_inputs
+from turbopairformer.ops.trimul import triangle_multiplicative_update as op
 
 
 def main() -> None:
@@ -18,20 +18,15 @@ def main() -> None:
     parser.add_argument("--calls", type=int, default=500)
     parser.add_argument("--runs", type=int, default=3)
     args = parser.parse_args()
-    x, mask, w, grad = make_inputs(2, 8, torch.float32, "cpu", 0)
-    leaves = {"x": x.requires_grad_(True)}
-    leaves.update({k: w[k].requires_grad_(True) for k in WEIGHT_NAMES})
+    inputs = make_inputs(2, 8, torch.float32, "cpu", 0)
+    x, mask, w, _ = inputs
 
     def forward():
         with torch.no_grad():
             op(x, "outgoing", mask, **w)
 
-    def forward_backward():
-        for t in leaves.values():
-            t.grad = None
-        op(leaves["x"], "outgoing", mask, **{k: leaves[k] for k in WEIGHT_NAMES}).backward(grad)
-
-    for fn in (forward, forward_backward):
+    forward_backward = forward_backward_call(op, inputs, "outgoing")
+    for name, fn in (("forward", forward), ("forward_backward", forward_backward)):
         for _ in range(50):
             fn()
         times = []
@@ -40,7 +35,7 @@ def main() -> None:
             for _ in range(args.calls):
                 fn()
             times.append((time.perf_counter() - t0) / args.calls * 1e3)
-        print(f"{fn.__name__}: " + ", ".join(f"{t:.3f}" for t in times) + " ms per call")
+        print(f"{name}: " + ", ".join(f"{t:.3f}" for t in times) + " ms per call")
 
 
 if __name__ == "__main__":

@@ -9,8 +9,8 @@ import argparse
 import torch
 
 from turbopairformer.benchmarks.timing import kernel_times, print_kernel_times
-from turbopairformer.benchmarks.trimul import make_inputs, time_impl
-from turbopairformer.ops.trimul import WEIGHT_NAMES, triangle_multiplicative_update
+from turbopairformer.benchmarks.trimul import forward_backward_call, make_inputs, time_impl
+from turbopairformer.ops.trimul import triangle_multiplicative_update
 
 
 def main() -> None:
@@ -26,16 +26,13 @@ def main() -> None:
             inputs = make_inputs(S, D, torch.bfloat16, device, seed=S + D)
             fwd_ms, fwd_bwd_ms = time_impl(triangle_multiplicative_update, [inputs], args.direction,
                                            device, repeats=10)
-            x, mask, w, grad = inputs
-            leaves = {"x": x.detach().requires_grad_(True)}
-            leaves.update({k: w[k].detach().requires_grad_(True) for k in WEIGHT_NAMES})
-            per, _ = kernel_times(lambda: triangle_multiplicative_update(
-                leaves["x"], args.direction, mask, **{k: leaves[k] for k in WEIGHT_NAMES}).backward(grad))
+            per, _ = kernel_times(forward_backward_call(triangle_multiplicative_update, inputs,
+                                                        args.direction))
             total = sum(v[0] for v in per.values())
             print(f"D={D} S={S} {args.direction}: fwd {fwd_ms:.3f} ms, fwd+bwd {fwd_bwd_ms:.3f} ms, "
                   f"kernels {total:.3f} ms in {sum(v[1] for v in per.values())} launches")
             print_kernel_times(per, args.top)
-            del inputs, leaves
+            del inputs
             torch.cuda.empty_cache()
 
 

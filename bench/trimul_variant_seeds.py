@@ -6,6 +6,7 @@ variants point at the test's margin. Prints one line per failure and a count per
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import os
 import sys
 from pathlib import Path
@@ -17,10 +18,15 @@ sys.path.insert(0, str(ROOT / "tests/python"))
 from trimul_cases import check_against_reference  # noqa: E402
 
 
-def poison_allocator(nbytes: int = 1 << 30) -> None:
-    """As tests/gpu/conftest.py: free allocator memory filled with NaN, so unwritten output shows."""
-    block = torch.full((nbytes // 4,), float("nan"), device="cuda")
-    del block
+def _gpu_conftest():
+    """tests/gpu/conftest.py as a module (its name clashes with tests/python/conftest.py)."""
+    spec = importlib.util.spec_from_file_location("gpu_conftest", ROOT / "tests/gpu/conftest.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+poison_allocator = _gpu_conftest().poison_allocator
 
 
 def main() -> None:

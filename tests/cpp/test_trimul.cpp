@@ -95,8 +95,10 @@ struct Outputs {
   }
 };
 
+// p's forward arguments over out's buffers: x, the mask (where p has one), the weights, y and the
+// saved tensors.
 template <typename T>
-void run(Problem& p, Outputs<T>& out, bool reference) {
+TrimulForwardArgs forward_args(Problem& p, Outputs<T>& out) {
   TrimulForwardArgs f;
   f.x = p.x_like(p.x.data(), DType::f32);
   if (p.with_mask) f.mask = {true, make_view(p.mask.data(), DType::f32, {p.B, p.S, p.S})};
@@ -107,6 +109,12 @@ void run(Problem& p, Outputs<T>& out, bool reference) {
   f.saved.b = make_view(out.b.data(), DType::f32, {p.B, p.D, p.S, p.S});
   f.saved.z = make_view(out.z.data(), DType::f32, {p.B, p.D, p.S, p.S});
   f.saved.go = p.x_like(out.go.data(), DType::f32);
+  return f;
+}
+
+template <typename T>
+void run(Problem& p, Outputs<T>& out, bool reference) {
+  const TrimulForwardArgs f = forward_args(p, out);
   TrimulBackwardArgs b;
   b.x = f.x;
   b.mask = f.mask;
@@ -214,15 +222,7 @@ INSTANTIATE_TEST_SUITE_P(Directions, TrimulReferenceGradients, ::testing::Bool()
 TEST(TrimulErrors, NameTheArgument) {
   Problem p(1, 5, 8, true, true, false, 3);
   Outputs<float> out(p);
-  TrimulForwardArgs f;
-  f.x = p.x_like(p.x.data(), DType::f32);
-  f.mask = {true, make_view(p.mask.data(), DType::f32, {p.B, p.S, p.S})};
-  f.w = p.weights();
-  f.y = p.x_like(out.y.data(), DType::f32);
-  f.saved.a = make_view(out.a.data(), DType::f32, {p.B, p.D, p.S, p.S});
-  f.saved.b = make_view(out.b.data(), DType::f32, {p.B, p.D, p.S, p.S});
-  f.saved.z = make_view(out.z.data(), DType::f32, {p.B, p.D, p.S, p.S});
-  f.saved.go = p.x_like(out.go.data(), DType::f32);
+  const TrimulForwardArgs f = forward_args(p, out);
   auto expect_error = [&](TrimulForwardArgs a, const char* fragment) {
     try {
       trimul_forward(a);
@@ -273,14 +273,13 @@ std::vector<TensorView*> views_of(TrimulWeights& w) {
 TEST(TrimulErrors, CudaChecksNameTheArgument) {
   Problem p(1, 5, 8, true, true, true, 4);
   Outputs<float> out(p);
+  const TrimulForwardArgs f = forward_args(p, out);
   TrimulBackwardArgs b;
-  b.x = p.x_like(p.x.data(), DType::f32);
-  b.mask = {true, make_view(p.mask.data(), DType::f32, {p.B, p.S, p.S})};
-  b.w = p.weights();
-  b.saved.a = make_view(out.a.data(), DType::f32, {p.B, p.D, p.S, p.S});
-  b.saved.b = make_view(out.b.data(), DType::f32, {p.B, p.D, p.S, p.S});
-  b.saved.z = make_view(out.z.data(), DType::f32, {p.B, p.D, p.S, p.S});
-  b.saved.go = p.x_like(out.go.data(), DType::f32);
+  b.x = f.x;
+  b.mask = f.mask;
+  b.w = f.w;
+  b.outgoing = f.outgoing;
+  b.saved = f.saved;
   b.dy = p.x_like(p.dy.data(), DType::f32);
   b.dx = p.x_like(out.dx.data(), DType::f32);
   b.dw = b.w;  // present where the biases are

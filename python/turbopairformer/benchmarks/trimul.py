@@ -43,15 +43,25 @@ def make_inputs(S: int, D: int, dtype: torch.dtype, device, seed: int, B: int = 
     return x, mask, w, randn(B, S, S, D)
 
 
+def forward_backward_call(fn: TrimulFn, inputs, direction: str) -> Callable[[], None]:
+    """A call of fn's forward+backward on `inputs` (x, mask, weights, grad_out) with gradients for
+    x and every weight (fresh leaves, their .grad cleared before each call)."""
+    x, mask, w, grad = inputs
+    leaves = {"x": x.detach().requires_grad_(True)}
+    leaves.update({k: w[k].detach().requires_grad_(True) for k in WEIGHT_NAMES})
+
+    def call() -> None:
+        for t in leaves.values():
+            t.grad = None
+        fn(leaves["x"], direction, mask, **{k: leaves[k] for k in WEIGHT_NAMES}).backward(grad)
+    return call
+
+
 def time_impl(fn: TrimulFn, input_sets, direction: str, device: torch.device,
               repeats: int) -> tuple[float, float]:
     """(forward ms, forward+backward ms), medians; gradients for x and every weight. Calls rotate
     over the input sets (two on a GPU, so that one call's inputs are not in L2 for the next)."""
-    leaves_sets = []
-    for x, mask, w, grad in input_sets:
-        leaves = {"x": x.detach().requires_grad_(True)}
-        leaves.update({k: w[k].detach().requires_grad_(True) for k in WEIGHT_NAMES})
-        leaves_sets.append(leaves)
+    backward_calls = [forward_backward_call(fn, inputs, direction) for inputs in input_sets]
     calls = [0]
 
     def next_set() -> int:
@@ -64,11 +74,7 @@ def time_impl(fn: TrimulFn, input_sets, direction: str, device: torch.device,
             return fn(x, direction, mask, **w)
 
     def forward_backward():
-        i = next_set()
-        leaves, mask, grad = leaves_sets[i], input_sets[i][1], input_sets[i][3]
-        for t in leaves.values():
-            t.grad = None
-        fn(leaves["x"], direction, mask, **{k: leaves[k] for k in WEIGHT_NAMES}).backward(grad)
+        backward_calls[next_set()]()
 
     return (median_ms(forward, device, repeats=repeats),
             median_ms(forward_backward, device, repeats=repeats))

@@ -34,9 +34,9 @@ inline void check_cuda(cudaError_t e, const char* what) {
 //      under launch bounds of 3 CTAs per SM (same arithmetic as variant 1); input_backward is
 //      split in two kernels of kSplitBackwardCtas persistent CTAs, three per SM
 //      (input_backward_split.cu); output_backward runs variant 1's code;
-//   4  (the default) variant 3, and output_backward at 3 CTAs per SM as well: epilogues from the MMA registers,
-//      kOccupancyBackwardCtas persistent CTAs (output_backward.cu, bench/notes-trimul.md
-//      section 13).
+//   4  (the default) variant 3, and output_backward at 3 CTAs per SM as well: epilogues from
+//      the MMA registers, kOccupancyBackwardCtas persistent CTAs (output_backward.cu,
+//      bench/notes-trimul.md section 13).
 // The workspace is the same under all of them (the partials are sized for the larger grids).
 constexpr int kVariants = 5;
 inline int variant() {

@@ -7,7 +7,9 @@ and a check records its failures instead of raising, so one failing rank cannot 
 waiting) and writes DIR/rank<r>.json: {check: {"ok": bool, "detail": str}}.
 
 Each sharded result is compared with FlashAttention-3's rule against an FP64 reference:
-|sharded - ref| <= 2 |single-process same precision - ref| + 2 x the rounding noise at ref's values.
+|sharded - ref| <= 2 |single-process same precision - ref| + 2 x the rounding noise at ref's values,
+plus one more rounding noise for each extra partial result the sharded version adds up in working
+precision (a gradient summed over P ranks' blocks rounds P - 1 more times than a single kernel's).
 """
 from __future__ import annotations
 
@@ -48,18 +50,21 @@ class Checker:
         self.seed = seed
         self.failures: list[str] = []
 
-    def fa3(self, name: str, out: torch.Tensor, baseline, ref: torch.Tensor) -> None:
+    def fa3(self, name: str, out: torch.Tensor, baseline, ref: torch.Tensor,
+            terms: int = 1) -> None:
         """baseline: the single-process result, or several equally valid ones (the largest
-        error counts)."""
+        error counts); terms: how many partial results (one per rank's block) `out` is the
+        working-precision sum of, each sum rounding once more."""
         ref = ref.double()
         err = (out.double() - ref).abs().max().item()
         baselines = baseline if isinstance(baseline, (list, tuple)) else [baseline]
         base = max((b.double() - ref).abs().max().item() for b in baselines)
         r = ref.to(out.dtype)
         noise = ((r + 0.3 - 0.3) - r).abs().max().item()
-        if not err <= 2 * base + 2 * noise:
+        allowed_noise = 2 + (terms - 1)
+        if not err <= 2 * base + allowed_noise * noise:
             self.failures.append(f"{name}: max error {err:.3e} > 2 x baseline {base:.3e} + "
-                                 f"2 x noise {noise:.3e} (seed {self.seed})")
+                                 f"{allowed_noise} x noise {noise:.3e} (seed {self.seed})")
 
     def equal(self, name: str, a: torch.Tensor, b: torch.Tensor) -> None:
         if a.shape != b.shape or not torch.equal(a, b):
@@ -219,9 +224,12 @@ def check_ring_attention(c: Checker, env) -> None:
                 c.equal(f"{name} deterministic ({['o', 'dq', 'dk', 'dv', 'dbias'][i]})", a, b)
             out, dq, dk, dv, dbias = runs[0]
             c.fa3(f"{name} o", gather_heads(out, sh), base, ref)
-            for label, g, bg, rg in zip(("dq", "dk", "dv"), (dq, dk, dv), base_grads, ref_grads):
-                c.fa3(f"{name} {label}", gather_heads(g, sh), bg, rg)
-            c.fa3(f"{name} dbias", gather_bias(dbias, sh), base_grads[3], ref_grads[3])
+            c.fa3(f"{name} dq", gather_heads(dq, sh), base_grads[0], ref_grads[0])
+            # dk, dv: one partial per bias block (query rows) of the ring; dbias: one per rank
+            for label, g, bg, rg in zip(("dk", "dv"), (dk, dv), base_grads[1:3], ref_grads[1:3]):
+                c.fa3(f"{name} {label}", gather_heads(g, sh), bg, rg, terms=env.world)
+            c.fa3(f"{name} dbias", gather_bias(dbias, sh), base_grads[3], ref_grads[3],
+                  terms=env.world)
 
 
 def check_subgroup(c: Checker, env) -> None:
@@ -366,7 +374,8 @@ def check_pairformer(c: Checker, env) -> None:
             flat = [torch.cat([m[0].reshape(-1) for m in members]),
                     [torch.cat([m[1][i].reshape(-1) for m in members]) for i in range(2)],
                     torch.cat([m[2].reshape(-1) for m in members])]
-            c.fa3(f"{label} {group} parameter gradients", *flat)
+            # each rank's partial parameter gradient, summed over the ranks
+            c.fa3(f"{label} {group} parameter gradients", *flat, terms=env.world)
 
 
 def check_errors(c: Checker, env) -> None:

@@ -30,6 +30,51 @@ def test_matches_fp64_reference(S, D, dtype, seed):
         assert (ours[name][-1, N - 1] == 0).all(), f"{name} of the fully masked slice is not zero"
 
 
+def mixed_tile_mask(B, N, S, g):
+    """Key masks [B, N, 1, 1, S] whose 64-key tiles are whole in some slices and not in others:
+    every key (all tiles whole but a short tail), the tail 10% masked, one key of the second tile
+    masked, 80% kept at random (no tile whole), none (a fully masked slice), in turn."""
+    mask = torch.ones(B, N, 1, 1, S, dtype=torch.bool)
+    for i in range(B * N):
+        b, n = divmod(i, N)
+        kind = i % 5
+        if kind == 1:
+            mask[b, n, ..., S - max(1, S // 10):] = False
+        elif kind == 2:
+            mask[b, n, ..., min(S - 1, 70)] = False
+        elif kind == 3:
+            mask[b, n] = torch.rand(1, 1, S, generator=g) < 0.8
+        elif kind == 4:
+            mask[b, n] = False
+    return mask
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("D", [16, 32, 64])
+@pytest.mark.parametrize("S", [64, 200, 257])
+@pytest.mark.parametrize("masked", [True, False])
+def test_whole_and_masked_key_tiles(S, D, dtype, masked, seed):
+    """The random masks of make_case leave no 64-key tile whole (0.8^64); here whole tiles (which
+    may take a path without the key flags) meet masked ones in the same launch, and mask=None
+    makes every tile whole but the tail. FP64 rule, fully masked slices zero, and bitwise
+    reproducible."""
+    g = torch.Generator().manual_seed(seed)
+    B, N = 2, 5
+    q, k, v, bias, _, grad = make_case(B, N, 4, S, D, dtype, "cuda", g)
+    mask = mixed_tile_mask(B, N, S, g).to("cuda") if masked else None
+    ref = reference_fp64(q, k, v, bias, mask, grad, 1 / math.sqrt(D))
+    poison_allocator()
+    ours = run_with_grads(tpf.triangle_attention, q, k, v, bias, mask, grad)
+    base = run_with_grads(triangle_attention_torch, q, k, v, bias, mask, grad)
+    check_fa3_rule(ours, base, ref, dtype, f"(S={S}, D={D}, {dtype}, masked={masked}, seed {seed})")
+    if masked:  # slice 4 of batch 0 (kind 4) attends to nothing
+        for name in ("o", "dq", "dk", "dv"):
+            assert (ours[name][0, 4] == 0).all(), f"{name} of the fully masked slice is not zero"
+    again = run_with_grads(tpf.triangle_attention, q, k, v, bias, mask, grad)
+    for name in ("o",) + tuple(GRADS):
+        assert torch.equal(ours[name], again[name]), f"{name} differs between calls"
+
+
 @pytest.mark.parametrize("D", [16, 32, 64])
 @pytest.mark.parametrize("S,N", [(100, 12), (257, 9)])
 def test_bitwise_deterministic(S, N, D, seed):

@@ -51,8 +51,8 @@ def hot_instructions(report: str, top: int) -> None:
         return
     keys = list(rows[0])
     total_key = next((k for k in keys if k.startswith("Warp Stall Sampling (All")), None)
-    reason_keys = [k for k in keys if k.startswith("stall_") or "Stall" in k and k != total_key
-                   and "Not-issued" not in k]
+    reason_keys = [k for k in keys if k.startswith("stall_")
+                   or ("Stall" in k and k != total_key and "Not-issued" not in k)]
 
     def num(x):
         try:

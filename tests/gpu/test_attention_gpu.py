@@ -62,17 +62,11 @@ def test_whole_and_masked_key_tiles(S, D, dtype, masked, seed):
     B, N = 2, 5
     q, k, v, bias, _, grad = make_case(B, N, 4, S, D, dtype, "cuda", g)
     mask = mixed_tile_mask(B, N, S, g).to("cuda") if masked else None
-    ref = reference_fp64(q, k, v, bias, mask, grad, 1 / math.sqrt(D))
-    poison_allocator()
-    ours = run_with_grads(tpf.triangle_attention, q, k, v, bias, mask, grad)
-    base = run_with_grads(triangle_attention_torch, q, k, v, bias, mask, grad)
-    check_fa3_rule(ours, base, ref, dtype, f"(S={S}, D={D}, {dtype}, masked={masked}, seed {seed})")
+    ours = check_fp64_and_repeatable(q, k, v, bias, mask, grad, dtype,
+                                     f"(S={S}, D={D}, {dtype}, masked={masked}, seed {seed})")
     if masked:  # slice 4 of batch 0 (kind 4) attends to nothing
         for name in ("o", "dq", "dk", "dv"):
             assert (ours[name][0, 4] == 0).all(), f"{name} of the fully masked slice is not zero"
-    again = run_with_grads(tpf.triangle_attention, q, k, v, bias, mask, grad)
-    for name in ("o",) + tuple(GRADS):
-        assert torch.equal(ours[name], again[name]), f"{name} differs between calls"
 
 
 @pytest.mark.parametrize("D", [16, 32, 64])
@@ -101,21 +95,29 @@ def test_chunked_backward_matches_single_chunk(monkeypatch, seed):
     check_fa3_rule(ours, base, ref, torch.bfloat16, "(chunked)")
 
 
+def check_fp64_and_repeatable(q, k, v, bias, mask, grad, dtype, context):
+    """Within the FP64 rule (a poisoned allocator first) and bitwise reproducible (O and the
+    gradients); returns our outputs."""
+    D = q.shape[-1]
+    ref = reference_fp64(q, k, v, bias, mask, grad, 1 / math.sqrt(D))
+    poison_allocator()
+    ours = run_with_grads(tpf.triangle_attention, q, k, v, bias, mask, grad)
+    base = run_with_grads(triangle_attention_torch, q, k, v, bias, mask, grad)
+    check_fa3_rule(ours, base, ref, dtype, context)
+    again = run_with_grads(tpf.triangle_attention, q, k, v, bias, mask, grad)
+    for name in ("o",) + tuple(GRADS):
+        assert torch.equal(ours[name], again[name]), f"{name} differs between calls {context}"
+    return ours
+
+
 def check_kernel_variant(monkeypatch, variable, value, S, N, D, seed, label, dtype=torch.bfloat16):
     """Under variable=value: within the FP64 rule with an odd slice count (a half-empty last group),
     B = 2, masked keys and rows, a poisoned allocator, and bitwise reproducible (gradients and O)."""
     monkeypatch.setenv(variable, value)
     g = torch.Generator().manual_seed(seed)
-    q, k, v, bias, mask, grad = make_case(2, N, 4, S, D, dtype, "cuda", g)
-    ref = reference_fp64(q, k, v, bias, mask, grad, 1 / math.sqrt(D))
-    poison_allocator()
-    ours = run_with_grads(tpf.triangle_attention, q, k, v, bias, mask, grad)
-    base = run_with_grads(triangle_attention_torch, q, k, v, bias, mask, grad)
-    check_fa3_rule(ours, base, ref, dtype, f"({label}, S={S}, N={N}, D={D}, {dtype}, seed {seed})")
-    again = run_with_grads(tpf.triangle_attention, q, k, v, bias, mask, grad)
-    for name in ("o",) + tuple(GRADS):
-        assert torch.equal(ours[name], again[name]), f"{name} differs between calls ({label})"
-    return ours
+    inputs = make_case(2, N, 4, S, D, dtype, "cuda", g)
+    return check_fp64_and_repeatable(*inputs, dtype,
+                                     f"({label}, S={S}, N={N}, D={D}, {dtype}, seed {seed})")
 
 
 @pytest.mark.parametrize("D", [16, 32])

@@ -100,10 +100,13 @@ void attention_forward_cpu(const AttentionForwardArgs& a) {
           row_max = std::max(row_max, si[j]);
         }
         const float m_new = std::max(m[i], row_max);
-        const double correction = std::exp(double(m[i]) - m_new);  // m[i] = -inf: 0, acc, l are 0
+        // A row with no finite score yet (masked keys, or a bias of -inf) subtracts 0, not -inf,
+        // so its p and correction are exp(-inf) = 0 rather than exp(NaN), as in the CUDA kernels.
+        const float m_use = m_new == -kInf ? 0.f : m_new;
+        const double correction = std::exp(double(m[i]) - m_use);  // m[i] = -inf: 0, acc, l are 0
         double row_sum = 0.0;
         for (int64_t j = 0; j < kn; ++j) {
-          si[j] = std::exp(si[j] - m_new);
+          si[j] = std::exp(si[j] - m_use);
           row_sum += si[j];
         }
         l[i] = l[i] * correction + row_sum;

@@ -8,7 +8,8 @@ import torch
 import turbopairformer as tpf
 from turbopairformer.ops.torch_reference import triangle_attention_torch
 
-from attention_cases import GRADS, check_fa3_rule, make_case, reference_fp64, run_with_grads
+from attention_cases import (GRADS, attention_finite_rows_torch, check_fa3_rule, make_case,
+                             reference_fp64, run_with_grads, with_minus_inf_bias)
 from conftest import poison_allocator
 
 DTYPES = [torch.bfloat16, torch.float16]
@@ -69,6 +70,27 @@ def test_whole_and_masked_key_tiles(S, D, dtype, masked, seed):
             assert (ours[name][0, 4] == 0).all(), f"{name} of the fully masked slice is not zero"
 
 
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("D", [16, 32, 64])
+@pytest.mark.parametrize("masked", [True, False])
+@pytest.mark.parametrize("kind", ["first-key-tile", "every-key"])
+def test_minus_infinity_in_the_bias(kind, masked, D, dtype, seed):
+    """A bias of -inf (an additive mask): rows with no finite score in the first key tile but one
+    later, and rows with none at all (zeros and zero gradients, like fully masked rows). FP64
+    rule against a PyTorch baseline that zeroes such rows, no NaN, bitwise reproducible."""
+    g = torch.Generator().manual_seed(seed)
+    S = 150
+    q, k, v, bias, mask, grad = make_case(2, 3, 4, S, D, dtype, "cuda", g)
+    mask = mask if masked else None
+    bias = with_minus_inf_bias(bias, kind)
+    ours = check_fp64_and_repeatable(q, k, v, bias, mask, grad, dtype,
+                                     f"({kind}, masked={masked}, D={D}, {dtype}, seed {seed})",
+                                     baseline=attention_finite_rows_torch)
+    if kind == "every-key":
+        for name in ("o", "dq", "dbias"):
+            assert (ours[name][..., 3::7, :] == 0).all(), f"{name} of rows with no finite score"
+
+
 @pytest.mark.parametrize("D", [16, 32, 64])
 @pytest.mark.parametrize("S,N", [(100, 12), (257, 9)])
 def test_bitwise_deterministic(S, N, D, seed):
@@ -95,14 +117,15 @@ def test_chunked_backward_matches_single_chunk(monkeypatch, seed):
     check_fa3_rule(ours, base, ref, torch.bfloat16, "(chunked)")
 
 
-def check_fp64_and_repeatable(q, k, v, bias, mask, grad, dtype, context):
-    """Within the FP64 rule (a poisoned allocator first) and bitwise reproducible (O and the
-    gradients); returns our outputs."""
+def check_fp64_and_repeatable(q, k, v, bias, mask, grad, dtype, context,
+                              baseline=triangle_attention_torch):
+    """Within the FP64 rule against `baseline` (a poisoned allocator first) and bitwise
+    reproducible (O and the gradients); returns our outputs."""
     D = q.shape[-1]
     ref = reference_fp64(q, k, v, bias, mask, grad, 1 / math.sqrt(D))
     poison_allocator()
     ours = run_with_grads(tpf.triangle_attention, q, k, v, bias, mask, grad)
-    base = run_with_grads(triangle_attention_torch, q, k, v, bias, mask, grad)
+    base = run_with_grads(baseline, q, k, v, bias, mask, grad)
     check_fa3_rule(ours, base, ref, dtype, context)
     again = run_with_grads(tpf.triangle_attention, q, k, v, bias, mask, grad)
     for name in ("o",) + tuple(GRADS):

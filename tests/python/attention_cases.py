@@ -50,6 +50,33 @@ def run_with_grads(fn, q, k, v, bias, mask, grad, **kwargs):
     return {"o": o.detach(), **{name: t.grad for name, t in zip(GRADS, leaves)}}
 
 
+def with_minus_inf_bias(bias, kind):
+    """bias with -inf entries: "first-key-tile": keys 0..63 for half of each 16 query rows (those
+    rows have no finite score in the first 64-key tile, a finite one later when S > 64);
+    "every-key": every key for query rows 3, 10, 17, ... (no finite score at all: the op defines
+    such a row like a fully masked one, zeros and zero gradients)."""
+    S = bias.shape[-1]
+    bias = bias.clone()
+    queries = torch.arange(S, device=bias.device)
+    if kind == "first-key-tile":
+        bias[..., queries % 16 < 8, :64] = float("-inf")
+    else:
+        bias[..., queries % 7 == 3, :] = float("-inf")
+    return bias
+
+
+def attention_finite_rows_torch(q, k, v, bias, mask=None):
+    """triangle_attention_torch's einsum + softmax for inputs whose bias may hold -inf: a row with
+    no finite score gets zeros (PyTorch's softmax would give NaN there), as the op defines it."""
+    B, N, H, S, D = q.shape
+    s = torch.einsum("bnhqd,bnhkd->bnhqk", q, k) / math.sqrt(D) + bias.reshape(B, 1, H, S, S)
+    if mask is not None:
+        s = s.masked_fill(~mask.reshape(B, N, 1, 1, S), float("-inf"))
+    alive = (s > float("-inf")).any(dim=-1, keepdim=True)
+    p = torch.softmax(torch.where(alive, s, torch.zeros_like(s)), dim=-1) * alive.to(s.dtype)
+    return torch.einsum("bnhqk,bnhkd->bnhqd", p, v)
+
+
 def max_err(x, ref):
     return (x.detach().double().cpu() - ref).abs().max().item()
 

@@ -9,7 +9,8 @@ import turbopairformer as tpf
 from turbopairformer.ops.attention import _attention_bwd, _attention_fwd
 from turbopairformer.ops.torch_reference import triangle_attention_torch
 
-from attention_cases import GRADS, check_fa3_rule, make_case, max_err, reference_fp64, run_with_grads
+from attention_cases import (GRADS, attention_finite_rows_torch, check_fa3_rule, make_case, max_err,
+                             reference_fp64, run_with_grads, with_minus_inf_bias)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
@@ -28,6 +29,28 @@ def test_matches_fp64_reference(S, H, D, dtype, seed):
     # The slice with no key: zeros and zero gradients, never NaN.
     for name in ("o", "dq", "dk", "dv"):
         assert (ours[name][-1, N - 1] == 0).all(), name
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("masked", [True, False])
+@pytest.mark.parametrize("kind", ["first-key-tile", "every-key"])
+def test_minus_infinity_in_the_bias(kind, masked, dtype, seed):
+    """A bias of -inf (an additive mask): rows with no finite score in the first key tile but one
+    later (the CPU path's online softmax gave NaN there, exp(-inf - -inf)), and rows with none at
+    all (zeros and zero gradients, like fully masked rows). FP64 rule, no NaN."""
+    g = torch.Generator().manual_seed(seed)
+    S, D = 150, 16
+    q, k, v, bias, mask, grad = make_case(2, 3, 2, S, D, dtype, "cpu", g)
+    mask = mask if masked else None
+    bias = with_minus_inf_bias(bias, kind)
+    ref = reference_fp64(q, k, v, bias, mask, grad, 1 / math.sqrt(D))
+    ours = run_with_grads(tpf.triangle_attention, q, k, v, bias, mask, grad)
+    base = run_with_grads(attention_finite_rows_torch, q, k, v, bias, mask, grad)
+    check_fa3_rule(ours, base, ref, dtype, f"({kind}, masked={masked}, {dtype}, seed {seed})")
+    if kind == "every-key":
+        for name in ("o", "dq"):
+            assert (ours[name][..., 3::7, :] == 0).all(), f"{name} of rows with no finite score"
+        assert (ours["dbias"][..., 3::7, :] == 0).all()
 
 
 def test_compact_and_cuequivariance_shapes_agree(seed):

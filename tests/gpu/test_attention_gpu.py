@@ -1,6 +1,9 @@
 """Triangle attention CUDA kernels against the FP64 reference (FlashAttention-3's rule),
 bitwise determinism, the residual's effect, chunked backward, strided inputs, CUDA graphs."""
 import math
+import os
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -50,24 +53,29 @@ def mixed_tile_mask(B, N, S, g):
     return mask
 
 
+def check_whole_and_masked_tiles(S, D, dtype, masked, seed, label="default"):
+    """Whole 64-key tiles (which may take a path without the key flags) meeting masked ones in one
+    launch (mixed_tile_mask), or mask=None (every tile whole but the tail): FP64 rule, fully
+    masked slices zero, bitwise reproducible."""
+    g = torch.Generator().manual_seed(seed)
+    B, N = 2, 5
+    q, k, v, bias, _, grad = make_case(B, N, 4, S, D, dtype, "cuda", g)
+    mask = mixed_tile_mask(B, N, S, g).to("cuda") if masked else None
+    ours = check_fp64_and_repeatable(
+        q, k, v, bias, mask, grad, dtype,
+        f"({label}, S={S}, D={D}, {dtype}, masked={masked}, seed {seed})")
+    if masked:  # slice 4 of batch 0 (kind 4) attends to nothing
+        for name in ("o", "dq", "dk", "dv"):
+            assert (ours[name][0, 4] == 0).all(), f"{name} of the fully masked slice is not zero"
+
+
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("D", [16, 32, 64])
 @pytest.mark.parametrize("S", [64, 200, 257])
 @pytest.mark.parametrize("masked", [True, False])
 def test_whole_and_masked_key_tiles(S, D, dtype, masked, seed):
-    """The random masks of make_case leave no 64-key tile whole (0.8^64); here whole tiles (which
-    may take a path without the key flags) meet masked ones in the same launch, and mask=None
-    makes every tile whole but the tail. FP64 rule, fully masked slices zero, and bitwise
-    reproducible."""
-    g = torch.Generator().manual_seed(seed)
-    B, N = 2, 5
-    q, k, v, bias, _, grad = make_case(B, N, 4, S, D, dtype, "cuda", g)
-    mask = mixed_tile_mask(B, N, S, g).to("cuda") if masked else None
-    ours = check_fp64_and_repeatable(q, k, v, bias, mask, grad, dtype,
-                                     f"(S={S}, D={D}, {dtype}, masked={masked}, seed {seed})")
-    if masked:  # slice 4 of batch 0 (kind 4) attends to nothing
-        for name in ("o", "dq", "dk", "dv"):
-            assert (ours[name][0, 4] == 0).all(), f"{name} of the fully masked slice is not zero"
+    """The random masks of make_case leave no 64-key tile whole (0.8^64); these do."""
+    check_whole_and_masked_tiles(S, D, dtype, masked, seed)
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -157,6 +165,26 @@ def test_uncapped_forward_matches_fp64_reference(monkeypatch, S, N, D, seed):
     """The forward without the 5-blocks-per-SM register cap (TPF_ATTENTION_FWD_BLOCKS=4; the
     default at head dims 16 and 32 is the capped one that every other test runs)."""
     check_kernel_variant(monkeypatch, "TPF_ATTENTION_FWD_BLOCKS", "4", S, N, D, seed, "uncapped forward")
+
+
+@pytest.mark.parametrize("D", [16, 32])
+@pytest.mark.parametrize("masked", [True, False])
+def test_four_block_forward_whole_tiles(monkeypatch, D, masked, seed):
+    """The 4-block forward on whole key tiles (make_case's masks leave none whole)."""
+    monkeypatch.setenv("TPF_ATTENTION_FWD_BLOCKS", "4")
+    check_whole_and_masked_tiles(257, D, torch.bfloat16, masked, seed, "4-block forward")
+
+
+def test_two_row_tile_forward_in_a_subprocess(seed):
+    """TPF_ATTENTION_FWD_ROW_TILES=2 (two 64-query row tiles per warp) is read once per process,
+    so its tests run in a fresh one: the FP64 rule at S = 257 and the whole/masked tile cases."""
+    env = dict(os.environ, TPF_ATTENTION_FWD_ROW_TILES="2", TPF_SEED=str(seed))
+    run = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", __file__,
+         "-k", "test_matches_fp64_reference and 257 or test_whole_and_masked_key_tiles and 257"],
+        env=env, cwd=os.path.dirname(__file__), capture_output=True, text=True, timeout=900)
+    assert run.returncode == 0, f"MT = 2 forward (seed {seed}):\n{run.stdout[-4000:]}{run.stderr[-2000:]}"
+    assert " passed" in run.stdout and "skipped" not in run.stdout.splitlines()[-1], run.stdout[-2000:]
 
 
 # TPF_ATTENTION_FWD_WGMMA=1: the warpgroup-MMA forward (forward_wgmma.cu).

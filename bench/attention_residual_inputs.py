@@ -42,9 +42,9 @@ from turbopairformer.train.loop import TrainConfig  # noqa: E402
 from turbopairformer.train.model import DistogramModel  # noqa: E402
 
 
-def capture_attention_calls(run: Path, batches: int) -> list[dict]:
+def capture_attention_calls(run: Path, batches: int) -> tuple[list[dict], int]:
     """q, k, v, bias, mask and dO (float32, CPU) of every attention call of the trunk in one
-    forward and backward of the first `batches` validation batches."""
+    forward and backward of the first `batches` validation batches, and the checkpoint's step."""
     state = load_checkpoint(str(run))
     cfg = TrainConfig.from_dict(state["config"])
     model = DistogramModel(cfg.model, "reference")

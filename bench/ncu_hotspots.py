@@ -3,6 +3,8 @@ kernel (cycles per issued instruction, by reason) and the SASS instructions wher
 stalled most, with each one's leading reasons.
 
 Runs on the GPU machine (it calls `ncu -i`): `python bench/ncu_hotspots.py REPORT.ncu-rep [--top N]`.
+Not yet run on a real report (no device time since it was written): the metric and column names
+it reads are from ncu's documentation, unverified against the device's ncu output.
 """
 from __future__ import annotations
 

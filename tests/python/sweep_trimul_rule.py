@@ -12,9 +12,8 @@ import numpy as np
 import torch
 
 from attention_cases import max_err, rounding_noise
-from trimul_cases import GRAD_NAMES, make_inputs, ours, reference, torch_same_precision
-
-NOISE_HALF_ULPS = 4  # as trimul_cases.assert_fa3_rule
+from trimul_cases import (GRAD_NAMES, NOISE_HALF_ULPS, make_inputs, ours, reference,
+                          torch_same_precision)
 
 
 def main() -> None:

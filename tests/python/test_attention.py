@@ -48,9 +48,8 @@ def test_minus_infinity_in_the_bias(kind, masked, dtype, seed):
     base = run_with_grads(attention_finite_rows_torch, q, k, v, bias, mask, grad)
     check_fa3_rule(ours, base, ref, dtype, f"({kind}, masked={masked}, {dtype}, seed {seed})")
     if kind == "every-key":
-        for name in ("o", "dq"):
+        for name in ("o", "dq", "dbias"):
             assert (ours[name][..., 3::7, :] == 0).all(), f"{name} of rows with no finite score"
-        assert (ours["dbias"][..., 3::7, :] == 0).all()
 
 
 def test_compact_and_cuequivariance_shapes_agree(seed):

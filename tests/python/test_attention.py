@@ -105,11 +105,11 @@ def test_residual_lowers_gradient_error(seed):
 
 
 BAD_INPUTS = [
-    ("q must have 5 dimensions", lambda q, k, v, b, m: (q[0], k, v, b, m)),
+    ("q must have 5 dimensions", lambda q, k, v, b, m: (q[0, 0], k[0, 0], v[0, 0], b, m)),
+    ("k must have q's shape", lambda q, k, v, b, m: (q[:, 0], k, v, b, m)),
     ("k must have q's shape", lambda q, k, v, b, m: (q, k[:, :, :, :-1], v, b, m)),
     ("bias must have shape", lambda q, k, v, b, m: (q, k, v, b[..., :-1], m)),
     ("mask must have shape", lambda q, k, v, b, m: (q, k, v, b, m[..., :-1])),
-    ("mask must be a bool tensor", lambda q, k, v, b, m: (q, k, v, b, m.float())),
     ("q must be float32, bfloat16 or float16", lambda q, k, v, b, m: (q.double(), k, v, b, m)),
     ("k must have q's dtype", lambda q, k, v, b, m: (q, k.half(), v, b, m)),
     ("q must have S >= 1 and D >= 1", lambda q, k, v, b, m: (q[..., :0], k[..., :0], v[..., :0], b, m)),

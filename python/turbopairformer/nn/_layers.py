@@ -3,12 +3,12 @@ from __future__ import annotations
 
 import math
 import os
-from typing import Optional
 
 import torch
 from torch import nn
 
 from turbopairformer.ops import fused as fused_ops
+from turbopairformer.ops._common import autocast_dtype  # noqa: F401  (the nn modules import it here)
 
 BACKENDS = ("reference", "turbo")
 
@@ -46,12 +46,6 @@ def linear(c_in: int, c_out: int, bias: bool = False, init: str = "default") -> 
         if bias:
             layer.bias.fill_(1.0 if init == "gating" else 0.0)
     return layer
-
-
-def autocast_dtype(x: torch.Tensor) -> Optional[torch.dtype]:
-    """The dtype autocast gives matmuls on x's device, or None when autocast is off there."""
-    kind = x.device.type
-    return torch.get_autocast_dtype(kind) if torch.is_autocast_enabled(kind) else None
 
 
 def fused_glue(backend: str) -> bool:

@@ -58,6 +58,12 @@ def eager_autograd(op, impl, setup_context, backward):
     return call
 
 
+def autocast_dtype(x: torch.Tensor) -> Optional[torch.dtype]:
+    """The dtype autocast gives matmuls on x's device, or None when autocast is off there."""
+    kind = x.device.type
+    return torch.get_autocast_dtype(kind) if torch.is_autocast_enabled(kind) else None
+
+
 def stream_of(t: torch.Tensor) -> int:
     """The current CUDA stream of t's device as an integer, 0 for CPU tensors."""
     return torch.cuda.current_stream(t.device).cuda_stream if t.is_cuda else 0

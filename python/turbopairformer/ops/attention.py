@@ -2,7 +2,9 @@
 
 Layout (cuEquivariance's): q, k, v [B, N, H, S, D]; bias [B, 1, H, S, S] or [B, H, S, S], shared by
 the N slices; mask bool [B, N, 1, 1, S] or [B, N, S], True = attend. A query row whose keys are all
-masked gives zeros and zero gradients.
+masked gives zeros and zero gradients. cuEquivariance's other forms are taken as it takes them
+(_cueq_forms): the B = 1 form without the batch dimension, a mask of any dtype, a float32 bias
+with 16-bit q, k, v, and q, k, v under autocast in the autocast dtype.
 """
 from __future__ import annotations
 
@@ -14,6 +16,7 @@ import torch
 from turbopairformer import _C
 from turbopairformer.ops.torch_reference import triangle_attention_torch
 from turbopairformer.ops._common import (
+    autocast_dtype,
     eager_autograd,
     inner_contiguous,
     load_named,
@@ -157,10 +160,15 @@ def _check_common(q, k, v, bias):
     for name, x in (("q", q), ("k", k), ("v", v), ("bias", bias)):
         require_tensor(x, name)
     require_float(q, "q")
-    for name, x in (("k", k), ("v", v), ("bias", bias)):
+    for name, x in (("k", k), ("v", v)):
         require_same(x, q, name, "q")
+    if bias.device != q.device:
+        raise ValueError(f"bias must be on q's device {q.device}, got {bias.device}")
+    if bias.dtype not in (q.dtype, torch.float32):
+        raise TypeError(f"bias must have q's dtype {q.dtype} or float32, got {bias.dtype}")
     if q.dim() != 5:
-        raise ValueError(f"q must have 5 dimensions [B, N, H, S, D], got {list(q.shape)}")
+        raise ValueError(f"q must have 5 dimensions [B, N, H, S, D] (or 4, [N, H, S, D], for B = 1), "
+                         f"got {list(q.shape)}")
     if q.shape[3] == 0 or q.shape[4] == 0:
         raise ValueError(f"q must have S >= 1 and D >= 1, got {list(q.shape)}")
 
@@ -173,7 +181,39 @@ def _check_scale(scale: Optional[float], D: int) -> float:
     return float(scale)
 
 
+def _cueq_forms(q, k, v, bias, mask):
+    """cuEquivariance's forms of the arguments in ours, as its triangle_attention reads them:
+    q, k, v [N, H, S, D] (B = 1; the output keeps B: [1, N, H, S, D], as cuEquivariance's does),
+    bias [1, H, S, S] or [H, S, S], mask [N, 1, 1, S]; a mask of any dtype is cast to bool
+    (nonzero = attend); under autocast on q's device, floating q, k, v are cast to its dtype
+    (the bias is not); a bias whose dtype is not q's is taken in float32 (exact from 16 bits)."""
+    for name, x in (("q", q), ("k", k), ("v", v), ("bias", bias)):
+        require_tensor(x, name)
+    if mask is not None:
+        require_tensor(mask, "mask")
+    if q.dim() == 4:
+        q, k, v = (t.unsqueeze(0) if t.dim() == 4 else t for t in (q, k, v))
+    if bias.dim() == 3:
+        bias = bias.unsqueeze(0)
+    if mask is not None:
+        if mask.dim() == 4 and mask.shape[1] == 1 and mask.shape[2] == 1:
+            mask = mask.unsqueeze(0)
+        if mask.dtype != torch.bool:
+            mask = mask.to(torch.bool)
+    dtype = autocast_dtype(q)
+    if dtype is not None:
+        q, k, v = (t.to(dtype) if t.is_floating_point() else t for t in (q, k, v))
+    if bias.dtype != q.dtype:
+        bias = bias.float()
+    return q, k, v, bias, mask
+
+
 def _run(q, k, v, bias, mask, scale, residual):
+    if bias.dtype == torch.float32 and q.dtype != torch.float32:
+        # A float32 bias with 16-bit q, k, v (as cuEquivariance's kernels take it): the op runs in
+        # float32, q, k, v widened exactly, o rounded to their dtype. The bias keeps every bit; the
+        # CUDA kernels read 16-bit inputs only, so on CUDA this call takes PyTorch's float32 math.
+        return _run(q.float(), k.float(), v.float(), bias, mask, scale, residual).to(q.dtype)
     if q.is_cuda and q.dtype == torch.float32:
         # The CUDA kernels are BF16/FP16 (tensor cores); float32 CUDA tensors take PyTorch's math.
         return triangle_attention_torch(q, k, v, bias, mask, scale)
@@ -197,9 +237,13 @@ def triangle_attention(
 
     q, k, v: [B, N, H, S, D]; bias: [B, 1, H, S, S] or [B, H, S, S]; mask: bool [B, N, 1, 1, S] or
     [B, N, S] (True = attend); scale defaults to 1/sqrt(D). Returns o [B, N, H, S, D].
+    Also cuEquivariance's forms (see _cueq_forms): [N, H, S, D] for B = 1 (o is then
+    [1, N, H, S, D], as cuEquivariance returns it), a mask of any dtype, a bias of another dtype
+    (taken in float32: a float32 bias with 16-bit q, k, v runs in float32), autocast.
     residual: keep the BF16 residual of O's rounding for the backward's softmax correction
     ("output-residual compensation", 16-bit inputs only); False gives the uncompensated backward.
     """
+    q, k, v, bias, mask = _cueq_forms(q, k, v, bias, mask)
     _check_common(q, k, v, bias)
     B, N, H, S, D = q.shape
     for name, x in (("k", k), ("v", v)):

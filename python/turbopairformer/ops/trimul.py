@@ -2,7 +2,9 @@
 
 Signature, weight layouts and semantics are cuequivariance_torch.triangle_multiplicative_update's, so
 switching is one import. x [B, S, S, D] (or [S, S, D], or more leading dimensions, flattened into B);
-mask [B, S, S] of any dtype (multiplies the gated projections a and b; it receives no gradient);
+mask [B, S, S] of any dtype (multiplies the gated projections a and b; it receives no gradient;
+cuEquivariance's [S, S] for B = 1 too); under autocast x is taken in the autocast dtype, as
+cuEquivariance runs it;
 weights in nn.Linear's [out, in] layout: p_in_weight, g_in_weight [2D, D], p_out_weight,
 g_out_weight [D, D]; the projection biases are optional.
 
@@ -27,6 +29,7 @@ import torch
 from turbopairformer import _C
 from turbopairformer.ops._common import (
     FLOAT_DTYPES,
+    autocast_dtype,
     load_named,
     native,
     require_float,
@@ -234,6 +237,19 @@ def _weights(given: dict, x: torch.Tensor, D: int) -> list[torch.Tensor]:
     return out
 
 
+def _cueq_forms(x: torch.Tensor, mask: Optional[torch.Tensor]):
+    """cuEquivariance's forms of x and the mask in ours, as its triangle_multiplicative_update reads
+    them: a mask with fewer leading dimensions than x (e.g. [S, S] with x [1, S, S, D]) gets
+    leading ones; under autocast on x's device a floating x is cast to its dtype, so the
+    projections and the contraction run in it (the weights are read as they are)."""
+    if isinstance(mask, torch.Tensor) and 2 <= mask.dim() < x.dim() - 1:
+        mask = mask.reshape((1,) * (x.dim() - 1 - mask.dim()) + tuple(mask.shape))
+    dtype = autocast_dtype(x)
+    if dtype is not None and x.is_floating_point() and x.dtype != dtype:
+        x = x.to(dtype)
+    return x, mask
+
+
 def _flatten_leading(x: torch.Tensor, mask: Optional[torch.Tensor]):
     if x.dim() < 3:
         raise ValueError(f"x must have shape [B, S, S, D] (or [S, S, D]), got {list(x.shape)}")
@@ -286,6 +302,7 @@ def triangle_multiplicative_update(
     accepted for compatibility: None or "ieee" (float32 inputs always use IEEE float32 math).
     """
     require_tensor(x, "x")
+    x, mask = _cueq_forms(x, mask)
     require_float(x, "x")
     if direction not in ("outgoing", "incoming"):
         raise ValueError(f"direction must be 'outgoing' or 'incoming', got {direction!r}")

@@ -1,0 +1,68 @@
+"""Our triangle attention and triangle multiplication inside Boltz's models (boltz 2.2.1 and
+boltz-community 2.12.0, which install the same `boltz` package).
+
+    from turbopairformer.integrations import boltz as tpf_boltz
+    tpf_boltz.enable()               # every Boltz model, built before or after, runs our ops
+    with tpf_boltz.enabled(): ...    # or for a block only
+
+Boltz calls cuEquivariance from `kernel_triangular_attn` and `kernel_triangular_mult`, on its
+layers' `use_kernels=True` path; enable() puts ours in their place and makes the triangle layers take
+that path whatever `use_kernels` says (Boltz 1 and 2, the PairFormer, the MSA and template modules).
+Boltz hands q, k, v as strided [B, I, H, J, D] views, a bool mask [B, I, 1, 1, J] and, under bf16
+autocast, the triangle multiplication a float32 pair with float32 weights: our ops take all of these
+as cuEquivariance does (that last one in the autocast dtype). boltz-community remembers a failed
+kernel call and then stays on PyTorch; enable() starts it with a clean record (disable() restores
+the old one). The single track (AttentionPairBias, transitions) runs as Boltz runs it.
+"""
+from __future__ import annotations
+
+from turbopairformer.integrations._patching import Integration, replace
+from turbopairformer.ops.attention import triangle_attention
+from turbopairformer.ops.trimul import triangle_multiplicative_update
+
+__all__ = ["enable", "disable", "enabled", "is_enabled"]
+
+
+def _kernel_triangular_attn(q, k, v, tri_bias, mask, scale):
+    """Boltz's kernel_triangular_attn, on our op."""
+    return triangle_attention(q, k, v, tri_bias, mask=mask, scale=scale)
+
+
+def _calls_kernel(it: Integration, module, function, kernel: str) -> None:
+    """function calls kernel, or (boltz-community) the module's _kernel_or_none, which does."""
+    wrapper = vars(module).get("_kernel_or_none")
+    if wrapper is not None and "_kernel_or_none" in function.__code__.co_names:
+        it.calls(wrapper, kernel)
+    else:
+        it.calls(function, kernel)
+
+
+def _plan(it: Integration):
+    primitives = it.module("boltz.model.layers.triangular_attention.primitives")
+    attention = it.module("boltz.model.layers.triangular_attention.attention")
+    trimul = it.module("boltz.model.layers.triangular_mult")
+    it.attribute(primitives, "kernel_triangular_attn")
+    it.attribute(trimul, "kernel_triangular_mult")
+    _calls_kernel(it, primitives, it.attribute(primitives.Attention, "forward"),
+                  "kernel_triangular_attn")
+    changes = [
+        replace(primitives, "kernel_triangular_attn", _kernel_triangular_attn),
+        replace(trimul, "kernel_triangular_mult", triangle_multiplicative_update),
+        it.forcing(attention.TriangleAttention, "forward", use_kernels=True),
+    ]
+    for name in ("TriangleMultiplicationOutgoing", "TriangleMultiplicationIncoming"):
+        layer = it.attribute(trimul, name)
+        _calls_kernel(it, trimul, it.attribute(layer, "forward"), "kernel_triangular_mult")
+        changes.append(it.forcing(layer, "forward", use_kernels=True))
+    for module in (primitives, trimul):
+        if isinstance(vars(module).get("_kernel_failure"), dict):
+            changes.append(replace(module, "_kernel_failure", {"reason": None}))
+    return changes
+
+
+_integration = Integration("boltz", ("boltz", "boltz-community"),
+                           "boltz 2.2.1 and boltz-community 2.12.0", _plan)
+enable = _integration.enable
+disable = _integration.disable
+enabled = _integration.enabled
+is_enabled = _integration.is_enabled

@@ -1,0 +1,243 @@
+"""turbopairformer.integrations inside the client packages' own PairFormer stacks (CPU).
+
+Each client's stack (small widths, 2 blocks, N = 24 with the last tokens padded) runs forward and
+backward on its own PyTorch path and on ours (the integration enabled), and both are held against
+an FP64 run of its PyTorch path by FlashAttention-3's rule: |ours - fp64| <= 2 |pytorch - fp64| +
+rounding noise, for s, z, their input gradients and every parameter gradient. Also: ours really run
+(counted), gradients are bitwise identical over repeated steps, enable/disable restore the client's
+modules exactly, and a missing call site is an error naming the installed version.
+
+boltz-community 2.12.0 installs the same `boltz` package as boltz 2.2.1: scripts/setup puts it in
+a folder of its own, and test_boltz_community runs the boltz tests again with it first on the path.
+"""
+from __future__ import annotations
+
+import contextlib
+import copy
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from torch.overrides import TorchFunctionMode
+
+from attention_cases import max_err, rounding_noise
+from test_nn import randomize
+from trimul_cases import NOISE_HALF_ULPS
+from turbopairformer.benchmarks.clients import CLIENTS, widths, with_dropout
+from turbopairformer.integrations import IntegrationError
+
+NAMES = list(CLIENTS)
+N, PADDED = 24, int(os.environ.get("DBG_PADDED", 5))
+BOLTZ_DISTRIBUTION = os.environ.get("TPF_TEST_BOLTZ_DISTRIBUTION", "boltz 2.2.1")
+# A parameter's gradient sums, over every position, products with gradients our ops give; their
+# rounding differs from PyTorch's in a way that need not cancel over those positions (measured on
+# these stacks: up to 3.9x PyTorch's error at fp32 over 10 seeds each, where outputs and input
+# gradients stayed within the rule). A wrong gradient is off by orders of magnitude more.
+PARAMETER_FACTOR = 8.0
+VERSIONS = {"openfold3": "openfold3 0.5.0", "boltz": BOLTZ_DISTRIBUTION,
+            "protenix": "protenix 2.0.0"}
+
+
+@pytest.fixture(scope="module", autouse=True)
+def protenix_layer_norm():
+    # Protenix compiles a CUDA LayerNorm at import unless told to use PyTorch's.
+    os.environ.setdefault("LAYERNORM_TYPE", "torch")
+
+
+@pytest.fixture
+def counted(monkeypatch):
+    """Counts the calls of our two ops made through the integrations."""
+    counts = {"attention": 0, "trimul": 0}
+    import turbopairformer.integrations.boltz as boltz
+    import turbopairformer.integrations.openfold3 as openfold3
+    import turbopairformer.integrations.protenix as protenix
+
+    for module in (openfold3, boltz, protenix):
+        for name, key in (("triangle_attention", "attention"),
+                          ("triangle_multiplicative_update", "trimul")):
+            op = getattr(module, name)
+
+            def spy(*args, _op=op, _key=key, **kwargs):
+                counts[_key] += 1
+                return _op(*args, **kwargs)
+            monkeypatch.setattr(module, name, spy)
+    return counts
+
+
+def build(client, seed: int, dropout=None) -> torch.nn.Module:
+    torch.manual_seed(seed)
+    config = client.small if dropout is None else with_dropout(client, client.small, dropout)
+    return randomize(client.build(**config).double(), torch.Generator().manual_seed(seed))
+
+
+class WidenToFloat64(TorchFunctionMode):
+    """A client's PyTorch path in float64 throughout: the casts to float32 it makes for precision
+    (Boltz's trimul contraction, Protenix's single-track attention) become casts to float64."""
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = dict(kwargs or {})
+        if func is torch.Tensor.float:
+            func, args = torch.Tensor.double, args[:1]
+        if kwargs.get("dtype") is torch.float32:
+            kwargs["dtype"] = torch.float64
+        args = tuple(torch.float64 if a is torch.float32 else a for a in args)
+        return func(*args, **kwargs)
+
+
+def step(client, model, inputs, path, dtype, grad_out, autocast=None):
+    """One forward and backward on a copy of model in dtype: outputs and gradients by name."""
+    model = copy.deepcopy(model).to(dtype)
+    x = {k: v.detach().to(dtype) for k, v in inputs.items()}
+    x["s"].requires_grad_(True)
+    x["z"].requires_grad_(True)
+    widen = WidenToFloat64() if dtype == torch.float64 else contextlib.nullcontext()
+    with widen, torch.autocast("cpu", dtype=autocast, enabled=autocast is not None):
+        s, z = client.run(model, x, path)
+    torch.autograd.backward([s, z], [grad_out["s"].to(s.dtype), grad_out["z"].to(z.dtype)])
+    grads = {"ds": x["s"].grad, "dz": x["z"].grad}
+    grads.update({f"d[{n}]": p.grad for n, p in model.named_parameters()})
+    return {"s": s.detach(), "z": z.detach()}, grads
+
+
+def case(client, seed):
+    gen = torch.Generator().manual_seed(seed)
+    c_s, c_z = widths(client, client.small)
+    # Protenix pads no tokens (its single track takes no mask: a padded token would reach the
+    # real ones there); its pair mask gets holes instead, none on the diagonal.
+    inputs = client.inputs(N, c_s, c_z, batch=2 if client.batched else 1,
+                           padded=PADDED if client.batched else 0, generator=gen,
+                           dtype=torch.float64)
+    if not client.batched:
+        holes = (torch.rand(N, N, generator=gen) < 0.1) & ~torch.eye(N, dtype=torch.bool)
+        inputs["pair_mask"] = inputs["pair_mask"].masked_fill(holes, 0)
+    # A loss over real tokens only, as training computes it: what the clients compute at padded
+    # tokens differs by path (a query row with every key masked gets a uniform softmax over
+    # -1e9-shifted scores in PyTorch, zeros in our op) and reaches no real token.
+    valid = {"s": inputs["token_mask"][..., None], "z": inputs["pair_mask"][..., None]}
+    grad_out = {k: torch.randn(inputs[k].shape, generator=gen, dtype=torch.float64) * valid[k]
+                for k in ("s", "z")}
+    return inputs, grad_out, valid
+
+
+def check_rule(name, got, base, ref, noise, factor=2.0):
+    assert torch.isfinite(got).all(), f"{name} has non-finite values"
+    err, base_err = max_err(got, ref), max_err(base, ref)
+    assert err <= factor * base_err + noise, (
+        f"{name}: error {err:.3e} > {factor:g} x PyTorch's {base_err:.3e} + noise {noise:.3e}")
+
+
+def compare(out, grads, out_pt, grads_pt, out64, grads64, valid, precision, context):
+    """s, z (real tokens) and the input gradients by FlashAttention-3's rule; every parameter
+    gradient within PARAMETER_FACTOR times PyTorch's error (see there)."""
+    # bf16: half a unit per rounding on the longest chain of stored bf16 values, as trimul's rule.
+    noise_dtype, units = ((torch.bfloat16, NOISE_HALF_ULPS) if precision == "bf16-autocast"
+                          else (torch.float32, 1))
+    for key in ("s", "z"):
+        ref = out64[key] * valid[key]
+        check_rule(f"{key} ({context})", out[key] * valid[key], out_pt[key] * valid[key], ref,
+                   units * rounding_noise(ref, noise_dtype))
+    assert set(grads) == set(grads64)
+    largest = max((t for t in grads64.values() if t is not None), key=lambda t: t.abs().max())
+    for key, ref in grads64.items():
+        if ref is None:
+            assert grads[key] is None and grads_pt[key] is None, key
+            continue
+        # Zero in exact arithmetic (e.g. a LayerNorm bias feeding only a softmax): both paths sum
+        # cancelling terms, whose rounding is at the scale of the largest gradient.
+        exact_zero = ref.abs().max() <= 1e-9 * largest.abs().max()
+        noise = units * (largest.numel() ** 0.5 * rounding_noise(largest, noise_dtype)
+                         if exact_zero else rounding_noise(ref, noise_dtype))
+        factor = 2.0 if key in ("ds", "dz") else PARAMETER_FACTOR
+        check_rule(f"{key} ({context})", grads[key], grads_pt[key], ref, noise, factor)
+
+
+@pytest.mark.parametrize("precision", ["float32", "bf16-autocast"])
+@pytest.mark.parametrize("name", NAMES)
+def test_matches_fp64_by_fa3_rule(name, precision, seed, counted):
+    client = CLIENTS[name]
+    model = build(client, seed)
+    inputs, grad_out, valid = case(client, seed)
+    autocast = torch.bfloat16 if precision == "bf16-autocast" else None
+    out64, g64 = step(client, model, inputs, "pytorch", torch.float64, grad_out)
+    out_pt, g_pt = step(client, model, inputs, "pytorch", torch.float32, grad_out, autocast)
+    assert counted == {"attention": 0, "trimul": 0}
+    out, g = step(client, model, inputs, "ours", torch.float32, grad_out, autocast)
+    calls = 2 * client.small.get("no_blocks", client.small.get("num_blocks",
+                                                               client.small.get("n_blocks")))
+    assert counted == {"attention": calls, "trimul": calls}, counted
+    compare(out, g, out_pt, g_pt, out64, g64, valid, precision, f"{name} {precision} seed {seed}")
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_gradients_bitwise_identical_over_steps(name, seed, counted):
+    """Training mode with the client's default dropout (the same masks each step: reseeded)."""
+    client = CLIENTS[name]
+    model = build(client, seed, dropout=0.25).float()
+    inputs, grad_out, _ = case(client, seed)
+    results = []
+    for _ in range(3):
+        torch.manual_seed(seed)
+        results.append(step(client, model, inputs, "ours", torch.float32, grad_out))
+    assert counted["attention"] > 0 and counted["trimul"] > 0
+    for out, grads in results[1:]:
+        for key in ("s", "z"):
+            assert torch.equal(out[key], results[0][0][key]), key
+        for key, grad in grads.items():
+            ref = results[0][1][key]
+            assert (grad is None and ref is None) or torch.equal(grad, ref), key
+
+
+def _seams(name):
+    """The client attributes an integration replaces (module or class, attribute name)."""
+    integration = CLIENTS[name].integration_module()._integration
+    return [(owner, attr) for owner, attr, _ in integration._plan(integration)]
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_enable_disable_restore_the_client(name, counted):
+    module = CLIENTS[name].integration_module()
+    seams = _seams(name)
+    before = [vars(owner).get(attr, "absent") for owner, attr in seams]
+    with module.enabled():
+        assert module.is_enabled()
+        assert all(vars(owner).get(attr, "absent") is not b for (owner, attr), b in
+                   zip(seams, before))
+        with module.enabled():  # nested: the inner block leaves it on
+            pass
+        assert module.is_enabled()
+        module.enable()  # idempotent
+    assert not module.is_enabled()
+    assert [vars(owner).get(attr, "absent") for owner, attr in seams] == before
+    module.disable()  # idempotent
+    assert [vars(owner).get(attr, "absent") for owner, attr in seams] == before
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_missing_call_site_names_the_version(name, monkeypatch):
+    module = CLIENTS[name].integration_module()
+    owner, attr = _seams(name)[0]
+    monkeypatch.delattr(owner, attr)
+    with pytest.raises(IntegrationError, match=VERSIONS[name]):
+        module.enable()
+    assert not module.is_enabled()
+
+
+def test_boltz_community():
+    """The boltz tests again, with boltz-community 2.12.0 first on the path."""
+    where = Path(sys.prefix) / "clients" / "boltz-community"
+    assert (where / "boltz").is_dir(), f"{where} is missing: scripts/setup installs it there"
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(
+        [str(where)] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]),
+        TPF_TEST_BOLTZ_DISTRIBUTION="boltz-community 2.12.0")
+    run = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", __file__,
+         "-k", "boltz and not community"], env=env, capture_output=True, text=True,
+        cwd=Path(__file__).parent)
+    assert run.returncode == 0, run.stdout[-4000:] + run.stderr[-2000:]
+    assert " passed" in run.stdout and "skipped" not in run.stdout, run.stdout[-2000:]
+    probe = subprocess.run([sys.executable, "-c", "import boltz; print(boltz.__file__)"],
+                           env=env, capture_output=True, text=True)
+    assert str(where) in probe.stdout, probe.stdout + probe.stderr

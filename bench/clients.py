@@ -15,8 +15,9 @@ recorded as such; what the time budget leaves unrun is recorded as not run.
 Protenix runs with LAYERNORM_TYPE=torch (PyTorch's LayerNorm on every path: its default, a CUDA
 extension compiled at import, is not built on the benchmark machine). Where biotite or rdkit is
 absent (the GPU machine), placeholders of the names the PairFormer modules import stand in for
-them (OpenFold3 imports biotite's AtomArray for type hints, Protenix rdkit's GetPeriodicTable for
-its data tables; neither runs in a PairFormer step, and a placeholder raises if called).
+them (OpenFold3 imports biotite's AtomArray for type hints; Protenix names its element features
+by rdkit's element symbols at import, which the placeholder numbers instead; neither runs in a
+PairFormer step, and anything else of a placeholder raises if called).
 
     python bench/clients.py --json OUT/clients.json --plot OUT/clients.png
 """
@@ -51,8 +52,15 @@ def placeholder_modules() -> list[str]:
             raise RuntimeError(f"{name} is a placeholder (bench/clients.py): not installed here")
         return call
 
+    class PeriodicTable:  # Protenix names its element features by symbol at import
+        def GetElementSymbol(self, number):
+            return f"placeholder-element-{number}"
+
+        def __getattr__(self, name):
+            return unavailable(f"GetPeriodicTable().{name}")
+
     names = {"biotite": {"biotite.structure": {"AtomArray": type("AtomArray", (), {})}},
-             "rdkit": {"rdkit.Chem": {"GetPeriodicTable": unavailable("GetPeriodicTable")}}}
+             "rdkit": {"rdkit.Chem": {"GetPeriodicTable": PeriodicTable}}}
     made = []
     for package, modules in names.items():
         if importlib.util.find_spec(package) is not None:

@@ -208,6 +208,10 @@ def test_enable_disable_restore_the_client(name, counted):
         with module.enabled():  # nested: the inner block leaves it on
             pass
         assert module.is_enabled()
+        with module.disabled():
+            assert not module.is_enabled()
+            assert [vars(owner).get(attr, "absent") for owner, attr in seams] == before
+        assert module.is_enabled()
         module.enable()  # idempotent
     assert not module.is_enabled()
     assert [vars(owner).get(attr, "absent") for owner, attr in seams] == before
@@ -229,13 +233,13 @@ def test_boltz_community():
     """The boltz tests again, with boltz-community 2.12.0 first on the path."""
     where = Path(sys.prefix) / "clients" / "boltz-community"
     assert (where / "boltz").is_dir(), f"{where} is missing: scripts/setup installs it there"
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(
-        [str(where)] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]),
-        TPF_TEST_BOLTZ_DISTRIBUTION="boltz-community 2.12.0")
+    path = [str(where)] + [str(Path(p).resolve())
+                           for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(path),
+               TPF_TEST_BOLTZ_DISTRIBUTION="boltz-community 2.12.0")
     run = subprocess.run(
         [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", __file__,
-         "-k", "boltz and not community"], env=env, capture_output=True, text=True,
-        cwd=Path(__file__).parent)
+         "-k", "boltz and not community"], env=env, capture_output=True, text=True)
     assert run.returncode == 0, run.stdout[-4000:] + run.stderr[-2000:]
     assert " passed" in run.stdout and "skipped" not in run.stdout, run.stdout[-2000:]
     probe = subprocess.run([sys.executable, "-c", "import boltz; print(boltz.__file__)"],

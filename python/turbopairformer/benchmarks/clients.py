@@ -10,10 +10,9 @@ forward on that path and returns (s, z).
 """
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import importlib
-from typing import Any, Callable, Iterator
+from typing import Any, Callable
 
 import torch
 
@@ -58,19 +57,8 @@ class Client:
         if path == "ours":
             with integration.enabled():
                 return self.forward(model, inputs, kernels=False)
-        with _disabled(integration):
+        with integration.disabled():
             return self.forward(model, inputs, kernels=path == "cuequivariance")
-
-
-@contextlib.contextmanager
-def _disabled(integration) -> Iterator[None]:
-    was = integration.is_enabled()
-    integration.disable()
-    try:
-        yield
-    finally:
-        if was:
-            integration.enable()
 
 
 def _openfold3_build(**config: Any) -> torch.nn.Module:

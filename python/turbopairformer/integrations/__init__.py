@@ -1,7 +1,7 @@
 """Our ops inside the models of OpenFold3, Boltz and Protenix, their packages unchanged on disk.
 
 Each client module (`turbopairformer.integrations.openfold3`, `.boltz`, `.protenix`) has enable(),
-disable(), enabled() (a context manager) and is_enabled(). enable() puts turbopairformer's
+disable(), enabled() and disabled() (context managers) and is_enabled(). enable() puts turbopairformer's
 triangle attention and triangle multiplicative update where the client calls cuEquivariance's, and
 makes its triangle layers take that path whatever its kernel switch says; models built before or
 after are affected alike. It raises IntegrationError, naming the installed version, when a call

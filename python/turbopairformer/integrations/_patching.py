@@ -59,16 +59,28 @@ class Integration:
                 setattr(owner, name, original)
         self._saved = None
 
-    @contextlib.contextmanager
-    def enabled(self) -> Iterator[None]:
+    def enabled(self) -> contextlib.AbstractContextManager:
         """Our ops inside the block; what was there before (on or off) after it."""
-        was_enabled = self.is_enabled()
-        self.enable()
+        return self._switched(True)
+
+    def disabled(self) -> contextlib.AbstractContextManager:
+        """The client's own code inside the block; what was there before after it."""
+        return self._switched(False)
+
+    @contextlib.contextmanager
+    def _switched(self, on: bool) -> Iterator[None]:
+        was = self.is_enabled()
+        self._set(on)
         try:
             yield
         finally:
-            if not was_enabled:
-                self.disable()
+            self._set(was)
+
+    def _set(self, on: bool) -> None:
+        if on:
+            self.enable()
+        else:
+            self.disable()
 
     def installed(self) -> str:
         """'<distribution> <version>' of the package as imported, e.g. 'boltz-community 2.12.0'."""

@@ -20,7 +20,7 @@ from turbopairformer.integrations._patching import Integration, replace
 from turbopairformer.ops.attention import triangle_attention
 from turbopairformer.ops.trimul import triangle_multiplicative_update
 
-__all__ = ["enable", "disable", "enabled", "is_enabled"]
+__all__ = ["enable", "disable", "enabled", "disabled", "is_enabled"]
 
 
 def _kernel_triangular_attn(q, k, v, tri_bias, mask, scale):
@@ -65,4 +65,5 @@ _integration = Integration("boltz", ("boltz", "boltz-community"),
 enable = _integration.enable
 disable = _integration.disable
 enabled = _integration.enabled
+disabled = _integration.disabled
 is_enabled = _integration.is_enabled

@@ -23,7 +23,7 @@ from turbopairformer.integrations._patching import Integration, replace
 from turbopairformer.ops.attention import triangle_attention
 from turbopairformer.ops.trimul import triangle_multiplicative_update
 
-__all__ = ["enable", "disable", "enabled", "is_enabled"]
+__all__ = ["enable", "disable", "enabled", "disabled", "is_enabled"]
 
 
 def _would_fall_back(n_token: int, hidden_dim: int, dtype: torch.dtype) -> bool:
@@ -62,4 +62,5 @@ _integration = Integration("openfold3", ("openfold3",), "openfold3 0.5.0", _plan
 enable = _integration.enable
 disable = _integration.disable
 enabled = _integration.enabled
+disabled = _integration.disabled
 is_enabled = _integration.is_enabled

@@ -67,6 +67,9 @@ struct SourceStats {
   uint64_t single_range_spells = 0;  // times the source went to one range per request after
                                      // several multi-range requests in a row were refused
   uint64_t multi_range_probes = 0;   // multi-range requests sent to try again after such a spell
+
+  SourceStats& operator+=(const SourceStats& o);
+  SourceStats operator-(const SourceStats& o) const;
 };
 
 // Set once to abandon work: whoever waits through wait_for() (a retry's backoff) wakes at once,
@@ -272,7 +275,7 @@ struct RecordView {
 // thread-safe. `what` names what check compares, for the error that ends the retries.
 struct RecordVerifier {
   std::function<bool(uint64_t record, const uint8_t* data, uint64_t length)> check;
-  std::string what = "its checksum";
+  std::string what = "the checksum";
   explicit operator bool() const { return bool(check); }
 };
 // Told of records a few plan entries before the consumer reaches them (on the consumer's thread)
@@ -414,8 +417,12 @@ class ShardSet {
   // The same over one worker's plan for an epoch (worker_plan(size(), plan)).
   std::unique_ptr<Prefetcher> stream(const PlanOptions& plan, const PrefetchOptions& options,
                                      bool verify = true) const;
+  // Its sources' counters since they were opened (opening included), all shards together.
+  SourceStats source_stats() const;
   // The manifests it was opened from (open_dataset), in order.
   const std::vector<Manifest>& manifests() const { return manifests_; }
+  // True when a record is stored compressed: decode() then gives it a buffer of its own.
+  bool compressed(uint64_t record) const;
   // Decodes a record the prefetcher handed out (its checksum was already checked). The Record may
   // point into view.data: valid as long as the view is.
   store::Record decode(const RecordView& view) const;

@@ -263,6 +263,7 @@ struct HttpRequest final : Request {
   uint64_t* size_out = nullptr;  // head: where the size goes
   // Several ranges answered with 200 and a body not worth reading that far: fetch them one by one.
   bool split = false;
+  uint64_t seq = 0;  // the source's count of range requests started before this one
   Transfer t;
   curl_slist* headers = nullptr;
 };
@@ -352,11 +353,12 @@ class HttpSource final : public CancellableSource {
     if (ranges.size() == 1 || ranges_per_request() == 1)
       return start_each(std::move(ranges), cancel, std::move(done));
     if (probe_next_.exchange(false)) multi_range_probes_.fetch_add(1);
-    started_.fetch_add(1, std::memory_order_relaxed);
+    const uint64_t seq = started_.fetch_add(1, std::memory_order_relaxed);
     Lane& lane = next_lane();
     auto req = new_request(HttpRequest::Kind::ranges,
                            std::to_string(ranges.size()) + "-range GET", cancel, lane);
     req->ranges = std::move(ranges);
+    req->seq = seq;
     HttpRequest* raw = req.get();
     req->done = [this, raw, cancel, done = std::move(done)](std::exception_ptr error) mutable {
       if (error || !raw->split) return done(error);
@@ -443,7 +445,7 @@ class HttpSource final : public CancellableSource {
                       " bytes, neither the range asked for nor the whole object (" +
                       std::to_string(size_) + " bytes)";
         if (several) {
-          note_multi_refused();
+          note_multi_refused(req.seq);
           req.split = true;  // asked again one range at a time
           return {Outcome::ok, ""};
         }
@@ -473,9 +475,10 @@ class HttpSource final : public CancellableSource {
                                     std::to_string(req.ranges[i].length)};
     if (t.answer == Answer::full_body) {
       full_body_answers_.fetch_add(1, std::memory_order_relaxed);
-      if (several) note_multi_refused();
+      if (several) note_multi_refused(req.seq);
     } else if (several) {
       refused_in_row_.store(0, std::memory_order_relaxed);
+      spells_since_ok_.store(0, std::memory_order_relaxed);
       spell_.store(kFirstSpell, std::memory_order_relaxed);
     }
     return o;
@@ -507,11 +510,15 @@ class HttpSource final : public CancellableSource {
   }
 
   // A multi-range request answered with 200: after kRefusalsInRow of them in a row, a spell of
-  // single-range requests.
-  void note_multi_refused() const {
+  // single-range requests; once a spell was needed, the probe after it alone decides.
+  void note_multi_refused(uint64_t seq) const {
     multi_range_refused_.fetch_add(1, std::memory_order_relaxed);
-    if (refused_in_row_.fetch_add(1) + 1 < kRefusalsInRow) return;
+    // A request started before the spell ended was not its probe.
+    if (seq < single_until_.load()) return;
+    const int needed = spells_since_ok_.load() > 0 ? 1 : kRefusalsInRow;
+    if (refused_in_row_.fetch_add(1) + 1 < needed) return;
     refused_in_row_.store(0);
+    spells_since_ok_.fetch_add(1);
     const uint64_t spell = spell_.load();
     spell_.store(std::min(spell * 2, kMaxSpell));
     single_until_.store(started_.load() + spell);
@@ -569,7 +576,7 @@ class HttpSource final : public CancellableSource {
   mutable std::atomic<uint64_t> next_lane_{0};
   // Range requests started, and the count below which requests carry one range each.
   mutable std::atomic<uint64_t> started_{0}, single_until_{0};
-  mutable std::atomic<int> refused_in_row_{0};
+  mutable std::atomic<int> refused_in_row_{0}, spells_since_ok_{0};
   mutable std::atomic<uint64_t> spell_{kFirstSpell};
   mutable std::atomic<bool> probe_next_{false};
   mutable std::atomic<uint64_t> retries_{0}, full_body_answers_{0}, multi_range_refused_{0},

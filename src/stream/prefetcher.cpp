@@ -43,14 +43,7 @@ uint64_t page_round(uint64_t n) { return (n + kPage - 1) / kPage * kPage; }
 
 SourceStats sum_stats(const std::vector<std::shared_ptr<CancellableSource>>& sources) {
   SourceStats sum;
-  for (const auto& src : sources) {
-    const SourceStats s = src->stats();
-    sum.retries += s.retries;
-    sum.full_body_answers += s.full_body_answers;
-    sum.multi_range_refused += s.multi_range_refused;
-    sum.single_range_spells += s.single_range_spells;
-    sum.multi_range_probes += s.multi_range_probes;
-  }
+  for (const auto& src : sources) sum += src->stats();
   return sum;
 }
 
@@ -411,7 +404,7 @@ struct Prefetcher::State {
       fail(*job.group, bad, std::make_exception_ptr(RuntimeError(
           "record " + std::to_string(record) + " of '" + sources[loc.shard]->name() + "' (bytes " +
           std::to_string(loc.offset) + "-" + std::to_string(loc.offset + loc.length - 1) +
-          ") failed " + verify.what + " on each of " + std::to_string(job.fetch) +
+          ") did not match " + verify.what + " on each of " + std::to_string(job.fetch) +
           " fetches over " + seconds + " s (verify_attempts = " +
           std::to_string(options.verify_attempts) + ")" +
           (bad.size() > 1 ? ", as did " + std::to_string(bad.size() - 1) + " more of its request"
@@ -642,6 +635,25 @@ bool Prefetcher::next(RecordView& out) {
   return true;
 }
 
+SourceStats& SourceStats::operator+=(const SourceStats& o) {
+  retries += o.retries;
+  full_body_answers += o.full_body_answers;
+  multi_range_refused += o.multi_range_refused;
+  single_range_spells += o.single_range_spells;
+  multi_range_probes += o.multi_range_probes;
+  return *this;
+}
+
+SourceStats SourceStats::operator-(const SourceStats& o) const {
+  SourceStats d = *this;
+  d.retries -= o.retries;
+  d.full_body_answers -= o.full_body_answers;
+  d.multi_range_refused -= o.multi_range_refused;
+  d.single_range_spells -= o.single_range_spells;
+  d.multi_range_probes -= o.multi_range_probes;
+  return d;
+}
+
 uint64_t Prefetcher::size() const { return state_->plan.size(); }
 
 uint64_t Prefetcher::reserved_bytes() const {
@@ -653,12 +665,7 @@ PrefetchStats Prefetcher::stats() const {
   std::lock_guard<std::mutex> lock(state_->mutex);
   PrefetchStats s = state_->stats;
   s.inflight = uint64_t(std::max(state_->inflight, 0));
-  const SourceStats now = sum_stats(state_->sources), &then = state_->sources_at_start;
-  s.sources.retries = now.retries - then.retries;
-  s.sources.full_body_answers = now.full_body_answers - then.full_body_answers;
-  s.sources.multi_range_refused = now.multi_range_refused - then.multi_range_refused;
-  s.sources.single_range_spells = now.single_range_spells - then.single_range_spells;
-  s.sources.multi_range_probes = now.multi_range_probes - then.multi_range_probes;
+  s.sources = sum_stats(state_->sources) - state_->sources_at_start;
   return s;
 }
 

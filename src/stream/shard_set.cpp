@@ -140,7 +140,7 @@ std::unique_ptr<Prefetcher> ShardSet::stream(std::vector<uint64_t> plan,
       const auto [shard, local] = locate(record);
       return XXH3_64bits(data, length) == indexes_[shard].entry(local).checksum;
     };
-    verifier.what = "its XXH3-64 checksum, from the shard's index";
+    verifier.what = "the XXH3-64 checksum in the shard's index";
   }
   // Checking and decoding a record read its index entry: far apart in a shuffled plan.
   RecordHint will_need = [this](uint64_t record) {
@@ -155,6 +155,17 @@ std::unique_ptr<Prefetcher> ShardSet::stream(std::vector<uint64_t> plan,
 std::unique_ptr<Prefetcher> ShardSet::stream(const PlanOptions& plan,
                                              const PrefetchOptions& options, bool verify) const {
   return stream(worker_plan(size(), plan), options, verify);
+}
+
+SourceStats ShardSet::source_stats() const {
+  SourceStats sum;
+  for (const auto& source : sources_) sum += source->stats();
+  return sum;
+}
+
+bool ShardSet::compressed(uint64_t record) const {
+  const auto [shard, local] = locate(record);
+  return indexes_[shard].entry(local).codec != store::Codec::none;
 }
 
 store::Record ShardSet::decode(const RecordView& view) const {

@@ -367,7 +367,7 @@ RecordVerifier verifier_for(const Layout& l) {
             for (uint64_t i = 0; i < length; ++i) sum = sum * 131 + data[i];
             return sum == l.checksums[record];
           },
-          "its test checksum"};
+          "the test checksum"};
 }
 
 void expect_stream_matches(Prefetcher& p, const Layout& l, const std::vector<uint64_t>& plan,
@@ -509,7 +509,7 @@ TEST(StreamPrefetcher, RefetchesCorruptRecordsAndReportsPersistentCorruption) {
   } catch (const RuntimeError& e) {
     const std::string what = e.what();
     EXPECT_NE(what.find("memory://shard-0"), std::string::npos) << what;
-    EXPECT_NE(what.find("failed its test checksum on each of 8 fetches"), std::string::npos)
+    EXPECT_NE(what.find("did not match the test checksum on each of 8 fetches"), std::string::npos)
         << what;
     EXPECT_NE(what.find("record " + std::to_string(bad)), std::string::npos) << what;
   }

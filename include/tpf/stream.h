@@ -3,10 +3,15 @@
 //
 // Pieces, each usable alone:
 //   open_source()   a tpf::ByteSource for a path, file://, http(s):// or s3:// location
+//   read_manifest() a dataset manifest, checked (manifest_sha256) and read again when damaged
 //   epoch_order()   the deterministic order of all records for (seed, epoch), then rank_slice() and
-//                   worker_slice() cut it for one rank and one DataLoader worker
+//                   worker_slice() cut it for one rank and one DataLoader worker (worker_plan():
+//                   all three in one call)
 //   Prefetcher      fetches the byte ranges of a plan of records ahead of the consumer, never
-//                   holding more than its byte budget, and hands records out in plan order
+//                   holding more than its byte budget, and hands records out in plan order,
+//                   each verified (a corrupt one is fetched again, with backoff)
+//   ShardSet        store shards behind sources; open_dataset() opens manifests or shards in one
+//                   call, stream() streams one worker's plan of an epoch
 //
 // Failure model: every call can throw tpf::Error (bad arguments: the message names the argument)
 // or tpf::RuntimeError (I/O that failed after the retries the options allow: the message names the

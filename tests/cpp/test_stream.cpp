@@ -81,6 +81,29 @@ TEST(StreamSources, SchemesAndErrors) {
   EXPECT_THROW(open_source(path, wrong), RuntimeError);
 }
 
+TEST(StreamSources, RemoteLocationsAndNamesRelativeToAManifest) {
+  EXPECT_TRUE(is_remote("http://h/x") && is_remote("https://h/x") && is_remote("s3://b/k"));
+  EXPECT_FALSE(is_remote("/a/b") || is_remote("file:///a/b") || is_remote("rel/path"));
+  EXPECT_EQ(resolve_location("/a/b/manifest.json", "s.tpf"), "/a/b/s.tpf");
+  EXPECT_EQ(resolve_location("manifest.json", "s.tpf"), "s.tpf");
+  EXPECT_EQ(resolve_location("d/manifest.json", "s.tpf"), "d/s.tpf");
+  EXPECT_EQ(resolve_location("file:///a/m.json", "s.tpf"), "/a/s.tpf");
+  EXPECT_EQ(resolve_location("http://h:8/x/m.json", "s.tpf"), "http://h:8/x/s.tpf");
+  EXPECT_EQ(resolve_location("http://h:8/m.json", "s.tpf"), "http://h:8/s.tpf");
+  EXPECT_EQ(resolve_location("s3://b/p/m.json", "s.tpf"), "s3://b/p/s.tpf");
+  EXPECT_EQ(resolve_location("http://h/x/m.json", "/abs.tpf"), "/abs.tpf");
+  EXPECT_EQ(resolve_location("/a/m.json", "https://o/s.tpf"), "https://o/s.tpf");
+  // The digest ignores its own value, whatever it holds, and nothing else.
+  const std::string a = R"({"manifest_sha256": ")" + std::string(64, 'f') + R"(", "x": 1})";
+  std::string b = a;
+  b.replace(b.find(std::string(64, 'f')), 64, std::string(64, '0'));
+  EXPECT_EQ(manifest_digest(a), manifest_digest(b));
+  std::string c = a;
+  c[c.size() - 2] = '2';
+  EXPECT_NE(manifest_digest(a), manifest_digest(c));
+  EXPECT_THROW(manifest_digest(R"({"x": 1})"), Error);
+}
+
 TEST(StreamSources, CancelTokenWakesEachListenerOnce) {
   CancelToken token;
   int a = 0, b = 0;

@@ -68,5 +68,10 @@ def _stream(args: argparse.Namespace) -> int:
           f"({ds.num_records} records, budget {args.cache_mib:g} MiB)")
     # The sources' counters include the faults met while opening the shards.
     faults.update({k: v for k, v in ds.source_stats.items() if k in faults})
+    for m in ds.manifests:
+        print(f"manifest {m['location']}: " + ("manifest_sha256 verified" if m["verified"] else
+                                               "no manifest_sha256 (version 1), not verified")
+              + (f", read {m['downloads']} times (a download failed its checks)"
+                 if m["downloads"] > 1 else ""))
     print("faults met: " + ", ".join(f"{label} {faults[key]}" for key, label in FAULT_COUNTERS.items()))
     return 0

@@ -255,3 +255,12 @@ def test_chains_round_trip_through_npz(tmp_path):
     for a, b in zip(chains, again):
         for field in ("aatype", "residue_index", "positions", "position_mask"):
             assert np.array_equal(getattr(a, field), getattr(b, field)), (a.name, field)
+    # Trained from memory (as on a build without the record store), resumed the same way.
+    full, resumed = tmp_path / "full", tmp_path / "resumed"
+    train(tiny_config(tmp_path / "chains.npz", full, steps=4, checkpoint_every=2,
+                      schedule="constant"), progress=False)
+    copy_checkpoint(full, resumed, 2)
+    train(tiny_config(tmp_path / "chains.npz", resumed, steps=4, checkpoint_every=2,
+                      schedule="constant"), resume=str(resumed), progress=False)
+    assert {k: v for k, v in losses(resumed).items() if k > 2} == \
+        {k: v for k, v in losses(full).items() if k > 2}

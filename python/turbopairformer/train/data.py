@@ -139,9 +139,12 @@ def split_by_entry(chains: Sequence[ProteinChain], val_fraction: float):
 def record_store_location(source: str) -> str | None:
     """The location to stream when `source` is a record store (a URL, a manifest, a directory
     holding manifest.json, or one shard file), else None (a directory of structure files, .npz)."""
-    from turbopairformer.data.streaming import is_remote
+    from turbopairformer import _C
 
-    if is_remote(source):
+    # A build without the record store (the GPU machine's) trains from chains in memory only.
+    if source.endswith(".npz") or not _C.with_data:
+        return None
+    if _C.stream_is_remote(source):
         return source
     path = Path(source.removeprefix("file://"))
     if path.is_dir() and (path / "manifest.json").is_file():

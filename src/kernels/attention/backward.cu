@@ -25,9 +25,9 @@
 
 #include "kernels/attention/backward_workspace.h"
 #include "kernels/attention/forward.h"
-#include "kernels/attention/mma.cuh"
+#include "kernels/common/mma.cuh"
 #include "kernels/attention/tile_config.h"
-#include "kernels/attention/tile_io.cuh"
+#include "kernels/common/tile_io.cuh"
 
 namespace tpf::cuda {
 namespace {

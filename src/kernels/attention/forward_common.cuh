@@ -12,10 +12,10 @@
 #include <cmath>
 #include <cstdint>
 
-#include "kernels/attention/mma.cuh"
+#include "kernels/common/mma.cuh"
 #include "kernels/attention/params.h"
 #include "kernels/attention/tile_config.h"
-#include "kernels/attention/tile_io.cuh"
+#include "kernels/common/tile_io.cuh"
 
 namespace tpf::cuda {
 

@@ -10,8 +10,8 @@
 #include <cstdint>
 #include <string>
 
-#include "kernels/column_sums.cuh"
-#include "kernels/device_guard.h"
+#include "kernels/common/column_sums.cuh"
+#include "kernels/common/device_guard.h"
 #include "kernels/fused/api.h"
 #include "tpf/error.h"
 

@@ -11,7 +11,7 @@
 // The mask is read in its own dtype (bool, uint8, float32, bfloat16 or float16).
 #include <cuda_runtime.h>
 
-#include "kernels/device_guard.h"
+#include "kernels/common/device_guard.h"
 #include "kernels/trimul/api.h"
 #include "kernels/trimul/blas.h"
 #include "kernels/trimul/launch.h"

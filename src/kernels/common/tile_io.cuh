@@ -1,9 +1,9 @@
-// Global -> shared tile copies for the attention kernels.
+// Global -> shared tile copies (attention's tiles, trimul's split input backward).
 #pragma once
 #include <cstdint>
 
-#include "kernels/attention/mma.cuh"
-#include "kernels/attention/tile_config.h"
+#include "kernels/common/mma.cuh"
+#include "kernels/common/shared_layout.h"
 
 namespace tpf::cuda {
 

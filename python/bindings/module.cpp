@@ -1,7 +1,7 @@
 // turbopairformer._C: the library's entry points over DLPack arrays. No libtorch here.
 #include <nanobind/nanobind.h>
 
-#include "core/parallel.h"
+#include "tpf/parallel.h"
 #include "tpf/attention.h"
 #include "tpf/error.h"
 

@@ -18,7 +18,7 @@
 #include <string>
 #include <vector>
 
-#include "core/parallel.h"
+#include "tpf/parallel.h"
 #include "store_records.h"
 #include "tpf/error.h"
 #include "tpf/store.h"

@@ -14,6 +14,7 @@
 #include <random>
 #include <vector>
 
+#include "device_workspace.h"
 #include "tpf/attention.h"
 
 namespace {
@@ -91,9 +92,8 @@ int main() {
   a.dv = view5(dv);
   a.dbias = tpf::make_view(dbias, DType::bf16, {B, H, S, S}, Device::cuda);
   a.scale = f.scale;
-  const tpf::AttentionDims dims{B, N, H, S, S, D};
-  a.workspace_bytes = tpf::attention_backward_workspace_bytes(dims, Device::cuda);
-  check(cudaMalloc(&a.workspace, a.workspace_bytes), "workspace");
+  DeviceWorkspace workspace;
+  a.workspace = workspace.allocator();
   tpf::attention_backward(a);
   check(cudaDeviceSynchronize(), "sync");
 
@@ -142,7 +142,7 @@ int main() {
     std::fprintf(stderr, "wgmma forward differs from the default forward by %g\n", worst);
     return 1;
   }
-  // The cluster dQ backward (read at each call; its workspace is sized under the same switch),
+  // The cluster dQ backward (read at each call, like the workspace's size),
   // into fresh gradient buffers.
   std::vector<__nv_bfloat16> dq_default(qn);
   check(cudaMemcpy(dq_default.data(), dq, qn * 2, cudaMemcpyDeviceToHost), "copy back");
@@ -157,8 +157,6 @@ int main() {
   a2.dk = view5(dk2);
   a2.dv = view5(dv2);
   a2.dbias = tpf::make_view(dbias2, DType::bf16, {B, H, S, S}, Device::cuda);
-  a2.workspace_bytes = tpf::attention_backward_workspace_bytes(dims, Device::cuda);
-  check(cudaMalloc(&a2.workspace, a2.workspace_bytes), "workspace (cluster dQ)");
   tpf::attention_backward(a2);
   check(cudaDeviceSynchronize(), "sync (cluster dQ backward)");
   unsetenv("TPF_ATTENTION_BWD_DQ");

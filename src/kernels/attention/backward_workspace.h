@@ -26,7 +26,7 @@ inline bool backward_lean(int head_dim) {
 // TPF_ATTENTION_BWD_DQ=cluster: the lean backward sums dQ over the key tiles of a slice inside a
 // thread-block cluster (distributed shared memory, rank order) instead of writing one partial per
 // key tile for attention_dq_reduce_kernel. Read at each call, like TPF_ATTENTION_BWD_LEAN; only
-// where the lean backward runs (head dims 16 and 32), else today's path.
+// where the lean backward runs (head dims 16 and 32), else the dQ partials.
 inline bool backward_dq_cluster(int head_dim) {
   const char* env = std::getenv("TPF_ATTENTION_BWD_DQ");
   return env != nullptr && std::strcmp(env, "cluster") == 0 && backward_lean(head_dim);

@@ -161,7 +161,7 @@ struct BackwardSmem {
 
 // Cluster dQ of one query tile: the CTAs' dQ tiles (sm.ds reused, rows of Smem::LDQ floats) summed
 // in rank order, which is key-tile order, from 0: at one cluster per slice the same additions in
-// the same order as attention_dq_reduce_kernel, so dQ is bitwise today's. Rank r of C takes the
+// the same order as attention_dq_reduce_kernel, so dQ is bitwise the reduce kernel's. Rank r of C takes the
 // r-th C-th of the block's 2 x 64 x D / 4 float4s. Writes dQ (dq_parts == 1) or the fp32 partial
 // of cluster `part`.
 template <typename T, int D, typename Smem, int THREADS>

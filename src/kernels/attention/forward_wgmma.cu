@@ -15,12 +15,11 @@
 // cp.async fills with 16-byte copies; the bias tile and key flags are loaded as in the other kernel.
 // The tiles of key tile kt + 1 load (cp.async) while tile kt computes; one barrier per key tile.
 //
-// Measured on the H200 (commit 24a3224, bench/notes-attention.md section "Session 4"): slower than
-// the mma.sync forward at every shape, kernel time D=16 S=384 0.276 against 0.256 ms, D=32 S=768
-// 2.75 against 2.38 ms; so it stays behind the switch. A pipelined version (the next key tile's
-// score MMA in flight during this tile's softmax: 3 stages, 168 registers) was slower still (3.12
-// ms at D=32 S=768) and failed the FP64 test at S=384 when forced for every call: removed (commit
-// 24a3224 has it).
+// Measured on the H200 (bench/notes-attention.md): slower than the mma.sync forward at every
+// shape, kernel time D=16 S=384 0.276 against 0.256 ms, D=32 S=768 2.75 against 2.38 ms; so it
+// stays behind the switch. A pipelined version (the next key tile's score MMA in flight during
+// this tile's softmax: 3 stages, 168 registers) was slower still (3.12 ms at D=32 S=768) and failed
+// the FP64 test at S=384 when forced for every call: removed (the notes' table has its commit).
 // What this version does not do yet (the next optimizations, in the order we expect them to pay):
 //  1. Two consumer warpgroups per block (128 queries) ping-ponging on named barriers, so one's
 //     softmax runs under the other's MMAs; with a producer warp issuing TMA loads (mbarriers)

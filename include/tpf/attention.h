@@ -41,7 +41,7 @@ struct AttentionDims {
 };
 
 // Validate (throwing tpf::Error that names the argument and what was expected), then run on the
-// tensors' device: the CPU path (FP32 math, blocked like the GPU kernels, multithreaded,
+// tensors' device: the CPU path (FP64 sums, blocked like the GPU kernels, multithreaded,
 // deterministic) for CPU tensors, the CUDA kernels for CUDA tensors on `stream` (a cudaStream_t;
 // nullptr is the default stream). Never synchronize. q, k, v, bias: float32, bfloat16 or float16
 // (bfloat16 or float16 on CUDA).

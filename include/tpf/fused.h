@@ -15,8 +15,8 @@
 //                 attention's heads [BN, H, S, D] back to rows [BN*S, H*D] and gated in one pass;
 //                 g may be a column slice of a wider GEMM output (any row stride, stride 1 over
 //                 columns). Backward: dg [R, H*D] and do [BN, H, S, D].
-// Storage float32, bfloat16 or float16; math in float32 whatever the storage dtype; the CPU path
-// is the same arithmetic, in loops. Each call validates its arguments (tpf::Error naming the
+// Storage float32, bfloat16 or float16; the kernels' math in float32 whatever the storage dtype,
+// the CPU path's the same in FP64 loops (one rounding per output). Each call validates its arguments (tpf::Error naming the
 // argument and what was expected), then runs on their device, on `stream` for CUDA tensors.
 #pragma once
 #include <cstddef>

@@ -1,4 +1,4 @@
-// The CPU paths (FP32 math, blocked like the GPU kernels) and the FP64 references of every op, on
+// The CPU paths (blocked like the GPU kernels, sums in FP64) and the FP64 references of every op, on
 // arguments that src/ops has validated, with the sizes its validation found: nothing here checks
 // them again.
 #pragma once

@@ -195,7 +195,6 @@ void on_cuda(AttentionBackwardArgs& a) {
 TEST(Errors, NameTheArgument) {
   Problem p(1, 2, 1, 5, 16, 3);
   Outputs<float> out(p);
-  std::vector<uint16_t> resid(out.o.size());
   AttentionBackwardArgs g;
   g.q = p.qkv(p.q);
   g.k = p.qkv(p.k);

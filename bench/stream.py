@@ -553,7 +553,8 @@ def main() -> int:
     quality = {}
     for shuffle in args.shuffles:
         block = 0 if shuffle == "full" else int(shuffle.removeprefix("block"))
-        quality[shuffle] = shuffle_quality(_C.stream_epoch_order(args.records, args.seed, 1, True, block))
+        quality[shuffle] = shuffle_quality(_C.stream_plan(
+            args.records, dict(seed=args.seed, epoch=1, shuffle=True, block_size=block)))
         print(f"shuffle quality {shuffle}: {quality[shuffle]}")
 
     rows, series, procs = [], {}, []

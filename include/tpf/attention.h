@@ -29,7 +29,8 @@ struct AttentionBackwardArgs {
   TensorView q, k, v, bias;
   OptionalTensor mask;
   TensorView o, lse, dout;
-  OptionalTensor residual;  // when present, delta = rowsum(dO * (O + r)) ("output-residual compensation")
+  OptionalTensor
+      residual;  // when present, delta = rowsum(dO * (O + r)) ("output-residual compensation")
   TensorView dq, dk, dv, dbias;  // dbias has bias's shape
   double scale = 0.0;
   Allocator workspace;  // required for CUDA tensors

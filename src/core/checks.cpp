@@ -49,9 +49,10 @@ std::string device_name(const TensorView& t) {
 
 void check_same_device(const TensorView& t, const TensorView& ref, const char* name,
                        const char* ref_name) {
-  TPF_CHECK(t.device == ref.device && (t.device == Device::cpu || t.device_index == ref.device_index),
-            std::string(name) + " must be on " + ref_name + "'s device " + device_name(ref) +
-                ", got " + device_name(t));
+  TPF_CHECK(
+      t.device == ref.device && (t.device == Device::cpu || t.device_index == ref.device_index),
+      std::string(name) + " must be on " + ref_name + "'s device " + device_name(ref) + ", got " +
+          device_name(t));
 }
 
 void check_same_dtype(const TensorView& t, const TensorView& ref, const char* name,

@@ -112,7 +112,8 @@ void check_residual(const OptionalTensor& r, const TensorView& q) {
 void check_cuda(const TensorView& q, const AttentionDims& d) {
   TPF_CHECK(q.dtype == DType::bf16 || q.dtype == DType::f16,
             std::string("q must be bfloat16 or float16 for the CUDA kernels (float32 CUDA inputs "
-                        "take PyTorch's math in the torch layer), got ") + dtype_name(q.dtype));
+                        "take PyTorch's math in the torch layer), got ") +
+                dtype_name(q.dtype));
   TPF_CHECK(cuda::attention_head_dim_supported(d.D),
             std::string("q must have one of the CUDA kernels' head dims D = ") +
                 cuda::kAttentionHeadDims + ", got D = " + std::to_string(d.D));
@@ -134,8 +135,8 @@ AttentionForwardArgs validated(const AttentionForwardArgs& a, Path path, Attenti
   if (path == Path::op && n.q.device == Device::cuda) {
     check_cuda(n.q, d);
     check_same_dtype(n.o, n.q, "o", "q");
-    TPF_CHECK(n.lse.dtype == DType::f32, std::string("lse must be float32 for CUDA tensors, got ") +
-                                             dtype_name(n.lse.dtype));
+    TPF_CHECK(n.lse.dtype == DType::f32,
+              std::string("lse must be float32 for CUDA tensors, got ") + dtype_name(n.lse.dtype));
   }
   *dims = d;
   return n;
@@ -161,8 +162,11 @@ AttentionBackwardArgs validated(const AttentionBackwardArgs& a, Path path, Atten
   check_inner_contiguous(n.dbias, "dbias");
   if (path == Path::op && n.q.device == Device::cuda) {
     check_cuda(n.q, d);
-    for (const auto& [t, name] : {std::pair{&n.dout, "grad_out"}, {&n.dq, "dq"}, {&n.dk, "dk"},
-                                  {&n.dv, "dv"}, {&n.dbias, "dbias"}})
+    for (const auto& [t, name] : {std::pair{&n.dout, "grad_out"},
+                                  {&n.dq, "dq"},
+                                  {&n.dk, "dk"},
+                                  {&n.dv, "dv"},
+                                  {&n.dbias, "dbias"}})
       check_same_dtype(*t, n.q, name, "q");
     TPF_CHECK(static_cast<bool>(n.workspace),
               "workspace (an allocator) is required for CUDA tensors");

@@ -21,9 +21,9 @@ std::string str(const char* name, const char* what) { return std::string(name) +
 void check_contiguous_like(const TensorView& t, const char* name, const TensorView& ref,
                            const char* ref_name) {
   check_same_device(t, ref, name, ref_name);
-  TPF_CHECK(t.ndim == ref.ndim && t.shape == ref.shape,
-            str(name, " must have ") + ref_name + "'s shape " + ref.shape_string() + ", got " +
-                t.shape_string());
+  TPF_CHECK(t.ndim == ref.ndim && t.shape == ref.shape, str(name, " must have ") + ref_name +
+                                                            "'s shape " + ref.shape_string() +
+                                                            ", got " + t.shape_string());
   check_contiguous(t, name);
 }
 
@@ -37,8 +37,7 @@ void check_f32_vector(const TensorView& t, const char* name, int64_t n, const ch
 }
 
 void check_workspace(const Allocator& w, const TensorView& x) {
-  TPF_CHECK(x.device == Device::cpu || w,
-            "workspace (an allocator) is required for CUDA tensors");
+  TPF_CHECK(x.device == Device::cpu || w, "workspace (an allocator) is required for CUDA tensors");
 }
 
 // x [..., C] with at most three leading dims: the rows, and their count.

@@ -43,8 +43,8 @@ TrimulDims check_inputs(const TensorView& x, const OptionalTensor& mask, const T
   const TrimulDims d{x.shape[0], x.shape[1], x.shape[3]};
   TPF_CHECK(d.B >= 1 && d.S >= 1 && d.D >= 1,
             "x must have B, S and D of at least 1, got " + x.shape_string());
-  TPF_CHECK(x.shape[2] == d.S, "x must be square in its two middle dimensions [B, S, S, D], got " +
-                                   x.shape_string());
+  TPF_CHECK(x.shape[2] == d.S,
+            "x must be square in its two middle dimensions [B, S, S, D], got " + x.shape_string());
   check_float_tensor(x, "x", path == Path::reference);
   check_inner_contiguous(x, "x");
   TPF_CHECK(path == Path::op || x.device == Device::cpu,
@@ -68,8 +68,7 @@ TrimulDims check_inputs(const TensorView& x, const OptionalTensor& mask, const T
   check_param(w.g_out_weight, "g_out_weight", {d.D, d.D}, "[D, D]", x);
   check_optional_param(w.p_out_bias, "p_out_bias", d.D, "[D]", x);
   check_optional_param(w.g_out_bias, "g_out_bias", d.D, "[D]", x);
-  TPF_CHECK(std::isfinite(eps) && eps > 0, "eps must be a positive number, got " +
-                                               number(eps));
+  TPF_CHECK(std::isfinite(eps) && eps > 0, "eps must be a positive number, got " + number(eps));
   return d;
 }
 
@@ -95,7 +94,6 @@ void check_bias_grad(const OptionalTensor& bias, const OptionalTensor& grad, con
   check_optional_param(grad, name, n, layout, x);
 }
 
-
 void require_contiguous(const TensorView& t, const char* name) {
   TPF_CHECK(t.is_contiguous(), std::string(name) + " must be contiguous for the CUDA kernels");
 }
@@ -110,12 +108,12 @@ void require_x_dtype(const TensorView& t, const char* name, const TensorView& x)
 // and is contiguous; absent biases are skipped.
 void require_weights(const TrimulWeights& w, const char* prefix, DType dtype) {
   const std::pair<const char*, OptionalTensor> all[] = {
-      {"norm_in_weight", {true, w.norm_in_weight}}, {"norm_in_bias", {true, w.norm_in_bias}},
-      {"p_in_weight", {true, w.p_in_weight}},       {"p_in_bias", w.p_in_bias},
-      {"g_in_weight", {true, w.g_in_weight}},       {"g_in_bias", w.g_in_bias},
+      {"norm_in_weight", {true, w.norm_in_weight}},   {"norm_in_bias", {true, w.norm_in_bias}},
+      {"p_in_weight", {true, w.p_in_weight}},         {"p_in_bias", w.p_in_bias},
+      {"g_in_weight", {true, w.g_in_weight}},         {"g_in_bias", w.g_in_bias},
       {"norm_out_weight", {true, w.norm_out_weight}}, {"norm_out_bias", {true, w.norm_out_bias}},
-      {"p_out_weight", {true, w.p_out_weight}},     {"p_out_bias", w.p_out_bias},
-      {"g_out_weight", {true, w.g_out_weight}},     {"g_out_bias", w.g_out_bias}};
+      {"p_out_weight", {true, w.p_out_weight}},       {"p_out_bias", w.p_out_bias},
+      {"g_out_weight", {true, w.g_out_weight}},       {"g_out_bias", w.g_out_bias}};
   for (const auto& [weight, t] : all) {
     if (!t.present) continue;
     const std::string name = std::string(prefix) + weight;
@@ -139,13 +137,15 @@ DType check_cuda(const TrimulDims& d, const TensorView& x, const OptionalTensor&
     const DType m = mask.view.dtype;
     TPF_CHECK(m == DType::boolean || m == DType::u8 || is_float16_or_32(m),
               std::string("mask must be bool, uint8, float32, bfloat16 or float16 for the CUDA "
-                          "kernels, got ") + dtype_name(m));
+                          "kernels, got ") +
+                  dtype_name(m));
     require_contiguous(mask.view, "mask");
   }
   const DType dtype = w.norm_in_weight.dtype;
   TPF_CHECK(is_float16_or_32(dtype),
             std::string("norm_in_weight (and every other weight) must be float32, bfloat16 or "
-                        "float16 for the CUDA kernels, got ") + dtype_name(dtype));
+                        "float16 for the CUDA kernels, got ") +
+                dtype_name(dtype));
   require_weights(w, "", dtype);
   return dtype;
 }

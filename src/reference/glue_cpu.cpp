@@ -52,7 +52,8 @@ void layer_norm_backward(const LayerNormBackwardArgs& a, const fused::Rows& rows
   // FP64 throughout (the saved float32 mean and rstd as given), one rounding per output.
   std::vector<double> partial(size_t(chunks * 2 * C), 0.0);
   parallel_for(chunks, [&](int64_t chunk) {
-    std::vector<double> x(static_cast<size_t>(C)), dy(static_cast<size_t>(C)), dx(static_cast<size_t>(C));
+    std::vector<double> x(static_cast<size_t>(C)), dy(static_cast<size_t>(C)),
+        dx(static_cast<size_t>(C));
     double* dw = &partial[size_t(chunk * 2 * C)];
     double* db = dw + C;
     const int64_t end = std::min(n_rows, (chunk + 1) * kCpuRowsPerChunk);
@@ -103,8 +104,10 @@ void swiglu(const SwigluArgs& a, bool backward, int64_t M, int64_t H) {
         h[j] = x * s * b;
       }
     }
-    if (backward) store_row(a.dab, m * 2 * H, 2 * H, ab.data());
-    else store_row(a.h, m * H, H, h.data());
+    if (backward)
+      store_row(a.dab, m * 2 * H, 2 * H, ab.data());
+    else
+      store_row(a.h, m * H, H, h.data());
   });
 }
 
@@ -122,7 +125,7 @@ void gated_output(const GatedOutputArgs& a, const fused::Heads& heads, bool back
       const double s = 1.0 / (1.0 + std::exp(-g[c]));
       if (backward) {
         out1[c] = dy[c] * o[c] * s * (1.0 - s);  // dg
-        out2[c] = dy[c] * s;                      // do
+        out2[c] = dy[c] * s;                     // do
       } else {
         out1[c] = s * o[c];
       }

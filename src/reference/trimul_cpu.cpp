@@ -17,9 +17,9 @@
 
 #include "core/indexing.h"
 #include "core/numeric.h"
-#include "tpf/parallel.h"
 #include "reference/cpu.h"
 #include "reference/trimul_math.h"
+#include "tpf/parallel.h"
 
 namespace tpf {
 namespace {
@@ -266,11 +266,15 @@ void cpu::trimul_backward(const TrimulBackwardArgs& a, const TrimulDims& d) {
   linear_weight_grad(dp, xln, R, 2 * D, D, g.p_in_weight);
   linear_weight_grad(dg, xln, R, 2 * D, D, g.g_in_weight);
   reduce_tile_sums(out_sums, tiles.count, 4 * D,
-                   {{&g.norm_out_weight, D}, {&g.norm_out_bias, D},
-                    {optional_ptr(g.p_out_bias), D}, {optional_ptr(g.g_out_bias), D}});
+                   {{&g.norm_out_weight, D},
+                    {&g.norm_out_bias, D},
+                    {optional_ptr(g.p_out_bias), D},
+                    {optional_ptr(g.g_out_bias), D}});
   reduce_tile_sums(in_sums, tiles.count, 6 * D,
-                   {{&g.norm_in_weight, D}, {&g.norm_in_bias, D},
-                    {optional_ptr(g.p_in_bias), 2 * D}, {optional_ptr(g.g_in_bias), 2 * D}});
+                   {{&g.norm_in_weight, D},
+                    {&g.norm_in_bias, D},
+                    {optional_ptr(g.p_in_bias), 2 * D},
+                    {optional_ptr(g.g_in_bias), 2 * D}});
 }
 
 }  // namespace tpf

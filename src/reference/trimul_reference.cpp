@@ -5,9 +5,9 @@
 
 #include "core/indexing.h"
 #include "core/numeric.h"
-#include "tpf/parallel.h"
 #include "reference/cpu.h"
 #include "reference/trimul_math.h"
+#include "tpf/parallel.h"
 
 namespace tpf::cpu {
 namespace {
@@ -54,9 +54,8 @@ void run_forward(const TensorView& x, const OptionalTensor& mask, const Params<d
     }
   });
   f.z.resize(D * SS);
-  parallel_for(D, [&](int64_t c) {
-    contract(&f.a[c * SS], &f.b[c * SS], S, outgoing, &f.z[c * SS]);
-  });
+  parallel_for(D,
+               [&](int64_t c) { contract(&f.a[c * SS], &f.b[c * SS], S, outgoing, &f.z[c * SS]); });
   f.zhat.resize(SS * D);
   f.zln.resize(SS * D);
   f.rstd_out.resize(SS);
@@ -128,7 +127,8 @@ void trimul_backward_f64(const TrimulBackwardArgs& a, const TrimulDims& d) {
         double* dzl = &dzln[r * D];
         std::fill(dzl, dzl + D, 0.0);
         linear_backward(&dpo[r * D], w.wp_out, D, D, dzl);
-        trimul_math::layer_norm_backward(dzl, &f.zhat[r * D], w.ln_out_w, f.rstd_out[r], D, dzr.data());
+        trimul_math::layer_norm_backward(dzl, &f.zhat[r * D], w.ln_out_w, f.rstd_out[r], D,
+                                         dzr.data());
         for (int64_t c = 0; c < D; ++c) dz[c * SS + r] = dzr[c];
       }
     });
@@ -152,7 +152,8 @@ void trimul_backward_f64(const TrimulBackwardArgs& a, const TrimulDims& d) {
         linear_backward(&dp[r * 2 * D], w.wp_in, 2 * D, D, dxl);
         linear_backward(&dg[r * 2 * D], w.wg_in, 2 * D, D, dxl);
         linear_backward(&dgo[r * D], w.wg_out, D, D, dxl);
-        trimul_math::layer_norm_backward(dxl, &f.xhat[r * D], w.ln_in_w, f.rstd_in[r], D, dx.data());
+        trimul_math::layer_norm_backward(dxl, &f.xhat[r * D], w.ln_in_w, f.rstd_in[r], D,
+                                         dx.data());
         store_row(a.dx, offset_of(a.dx, bidx, i, j, 0), D, dx.data());
       }
     });

@@ -39,17 +39,18 @@ struct Problem {
     for (int64_t s = 0; s < S; ++s) mask[(B * N - 1) * S + s] = 0;  // one fully masked slice
   }
   TensorView qkv(std::vector<float>& x) { return make_view(x.data(), DType::f32, {B, N, H, S, D}); }
-  OptionalTensor mask_view() {
-    return {true, make_view(mask.data(), DType::boolean, {B, N, S})};
-  }
+  OptionalTensor mask_view() { return {true, make_view(mask.data(), DType::boolean, {B, N, S})}; }
 };
 
 template <typename T>
 struct Outputs {
   std::vector<T> o, lse, dq, dk, dv, dbias;
   explicit Outputs(const Problem& p)
-      : o(p.B * p.N * p.H * p.S * p.D, T(NAN)), lse(p.B * p.N * p.H * p.S, T(NAN)),
-        dq(o.size(), T(NAN)), dk(o.size(), T(NAN)), dv(o.size(), T(NAN)),
+      : o(p.B * p.N * p.H * p.S * p.D, T(NAN)),
+        lse(p.B * p.N * p.H * p.S, T(NAN)),
+        dq(o.size(), T(NAN)),
+        dk(o.size(), T(NAN)),
+        dv(o.size(), T(NAN)),
         dbias(p.B * p.H * p.S * p.S, T(NAN)) {}
 };
 
@@ -232,7 +233,9 @@ TEST(Errors, NameTheArgument) {
       {"bias must have shape [B, H, S, S] (or [B, 1, H, S, S]) = [1, 1, 5, 5], got [1, 1, 5, 4]",
        [](auto& a) { a.bias.shape[3] = 4; }},
       {"bias must have shape [B, H, S, S] (or [B, 1, H, S, S]) = [1, 1, 5, 5], got [1, 2, 1, 5, 5]",
-       [](auto& a) { a.bias = make_view(a.bias.data, DType::f32, {1, 2, 1, 5, 5}); }},
+       [](auto& a) {
+         a.bias = make_view(a.bias.data, DType::f32, {1, 2, 1, 5, 5});
+       }},
       {"q must be float32, bfloat16 or float16, got float64",
        [](auto& a) { a.q.dtype = DType::f64; }},
       {"k must have q's dtype float32, got float16", [](auto& a) { a.k.dtype = DType::f16; }},
@@ -242,11 +245,14 @@ TEST(Errors, NameTheArgument) {
       {"v must be on q's device cpu, got cuda:1",
        [](auto& a) { a.v.device = Device::cuda, a.v.device_index = 1; }},
       {"bias must be on q's device cpu", [](auto& a) { a.bias.device = Device::cuda; }},
-      {"q must have stride 1 in its last dimension, got stride 2", [](auto& a) { a.q.stride[4] = 2; }},
+      {"q must have stride 1 in its last dimension, got stride 2",
+       [](auto& a) { a.q.stride[4] = 2; }},
       {"v must have stride 1", [](auto& a) { a.v.stride[4] = 2; }},
       {"bias must have stride 1", [](auto& a) { a.bias.stride[3] = 3; }},
       {"mask must have shape [B, N, S] (or [B, N, 1, 1, S]) = [1, 2, 5], got [1, 5]",
-       [](auto& a) { a.mask.view = make_view(a.mask.view.data, DType::boolean, {1, 5}); }},
+       [](auto& a) {
+         a.mask.view = make_view(a.mask.view.data, DType::boolean, {1, 5});
+       }},
       {"mask must be bool (True = attend), got float32",
        [](auto& a) { a.mask.view.dtype = DType::f32; }},
       {"mask must be on q's device", [](auto& a) { a.mask.view.device = Device::cuda; }},
@@ -257,7 +263,9 @@ TEST(Errors, NameTheArgument) {
       {"lse must have shape [B, N, H, S] = [1, 2, 1, 5]", [](auto& a) { a.lse.ndim = 3; }},
       {"lse must be float32 or float64, got bfloat16", [](auto& a) { a.lse.dtype = DType::bf16; }},
       {"residual must be bfloat16, got float32",
-       [&](auto& a) { a.residual = {true, p.qkv(out.dq)}; }},
+       [&](auto& a) {
+         a.residual = {true, p.qkv(out.dq)};
+       }},
   };
   expect_errors(g, inputs, forward);
   expect_errors(g, inputs, backward);
@@ -310,8 +318,9 @@ TEST(Errors, NameTheArgument) {
                   [](auto& a) { on_cuda(a), a.workspace = nullptr; }}},
                 backward);
   // Past the checks, a build without the kernels says so; with them, the workspace is asked for.
-  expect_errors(g, {{cuda_available() ? "no workspace in this test" : "has no CUDA kernels",
-                     [](auto& a) { on_cuda(a); }}},
+  expect_errors(g,
+                {{cuda_available() ? "no workspace in this test" : "has no CUDA kernels",
+                  [](auto& a) { on_cuda(a); }}},
                 backward);
   expect_errors(g,
                 {{"the FP64 reference runs on CPU tensors only, got q on cuda:0",

@@ -62,9 +62,11 @@ int main() {
   check(cudaMalloc(&dbias, B * H * S * S * 2), "dbias");
   check(cudaMalloc(&lse, B * N * H * S * 4), "lse");
 
-  using tpf::DType;
   using tpf::Device;
-  auto view5 = [&](void* p) { return tpf::make_view(p, DType::bf16, {B, N, H, S, D}, Device::cuda); };
+  using tpf::DType;
+  auto view5 = [&](void* p) {
+    return tpf::make_view(p, DType::bf16, {B, N, H, S, D}, Device::cuda);
+  };
   tpf::AttentionForwardArgs f;
   f.q = view5(q);
   f.k = view5(k);
@@ -174,14 +176,16 @@ int main() {
     }
   }
   std::vector<__nv_bfloat16> dbias_host(B * H * S * S);
-  check(cudaMemcpy(dbias_host.data(), dbias2, dbias_host.size() * 2, cudaMemcpyDeviceToHost), "copy back");
+  check(cudaMemcpy(dbias_host.data(), dbias2, dbias_host.size() * 2, cudaMemcpyDeviceToHost),
+        "copy back");
   for (auto x : dbias_host)
     if (!std::isfinite(__bfloat162float(x))) {
       std::fprintf(stderr, "non-finite dbias of the cluster dQ backward\n");
       return 1;
     }
-  std::printf("sanitize_attention: ok (wgmma forward within %g of the default; cluster dQ "
-              "equal)\n",
-              worst);
+  std::printf(
+      "sanitize_attention: ok (wgmma forward within %g of the default; cluster dQ "
+      "equal)\n",
+      worst);
   return 0;
 }

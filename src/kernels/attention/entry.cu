@@ -17,7 +17,9 @@
 namespace tpf::cuda {
 namespace {
 
-Strides4 strides4(const TensorView& t) { return {t.stride[0], t.stride[1], t.stride[2], t.stride[3]}; }
+Strides4 strides4(const TensorView& t) {
+  return {t.stride[0], t.stride[1], t.stride[2], t.stride[3]};
+}
 
 bool rows_aligned(const TensorView& t, int row_dim) {
   const int64_t elem = dtype_size(t.dtype);

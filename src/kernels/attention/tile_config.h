@@ -10,7 +10,7 @@ namespace tpf::cuda {
 // for several blocks per SM, and make the padded shared-memory rows conflict-free for ldmatrix.
 constexpr int kTileQ = 64;
 constexpr int kTileK = 64;
-constexpr int kWarpRows = 16;           // rows of one warp's MMA tile
+constexpr int kWarpRows = 16;  // rows of one warp's MMA tile
 constexpr int kForwardWarps = kTileQ / kWarpRows;
 
 // Forward: each of a block's four warps owns MT row tiles of 16 queries. Measured on an H200 with

@@ -643,7 +643,7 @@ def main() -> int:
         print(f"{line['source']} {line['shuffle']} {line['budget_mib']} MiB: "
               f"{100 * line['fraction_of_local']:.0f}% of local")
     os.makedirs(args.out_dir, exist_ok=True)
-    name = f"stream-{args.machine}-{date}" + (f"-{args.suffix}" if args.suffix else "")
+    name = f"stream-{args.machine}" + (f"-{args.suffix}" if args.suffix else "")
     stem = os.path.join(args.out_dir, name)
     setup = {"nginx": f"Debian's nginx, {args.nginx_workers} worker(s), sendfile and tcp_nopush on "
                       "(tests/python/stream_harness.py)",

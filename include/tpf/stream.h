@@ -67,7 +67,7 @@ struct SourceOptions {
 struct SourceStats {
   uint64_t retries = 0;  // attempts asked again after a retryable failure (5xx, 429, resets,
                          // timeouts, short or malformed answers, 200s taken too far in)
-  uint64_t full_body_answers = 0;   // 200 answers to range requests whose bytes were used
+  uint64_t full_body_answers = 0;    // 200 answers to range requests whose bytes were used
   uint64_t multi_range_refused = 0;  // multi-range requests answered 200 (not multipart)
   uint64_t single_range_spells = 0;  // times the source went to one range per request after
                                      // several multi-range requests in a row were refused
@@ -290,17 +290,17 @@ struct RecordVerifier {
 using RecordHint = std::function<void(uint64_t record)>;
 
 struct PrefetchStats {
-  uint64_t requests = 0;         // range requests issued
-  uint64_t bytes_fetched = 0;    // bytes those requests returned
-  uint64_t refetches = 0;        // records fetched again after failing verification
+  uint64_t requests = 0;          // range requests issued
+  uint64_t bytes_fetched = 0;     // bytes those requests returned
+  uint64_t refetches = 0;         // records fetched again after failing verification
   uint64_t refetch_requests = 0;  // the reads that fetched them (one per shard per round)
-  uint64_t peak_reserved = 0;    // most bytes held at once (never above memory_budget)
-  uint64_t consumer_waits = 0;   // next() calls that found their record not yet fetched
+  uint64_t peak_reserved = 0;     // most bytes held at once (never above memory_budget)
+  uint64_t consumer_waits = 0;    // next() calls that found their record not yet fetched
   uint64_t consumer_wait_ns = 0;  // time those calls waited, in all
-  uint64_t ranges = 0;           // byte ranges those requests carried (after coalescing)
-  uint64_t request_ns = 0;       // time from each request's start to its end, summed
-  uint64_t inflight = 0;         // requests running now
-  uint64_t peak_inflight = 0;    // most requests running at once (at most max_inflight)
+  uint64_t ranges = 0;            // byte ranges those requests carried (after coalescing)
+  uint64_t request_ns = 0;        // time from each request's start to its end, summed
+  uint64_t inflight = 0;          // requests running now
+  uint64_t peak_inflight = 0;     // most requests running at once (at most max_inflight)
   // The sources' own counters (SourceStats) over the prefetcher's life: sources shared with other
   // prefetchers running at the same time count their reads too.
   SourceStats sources;
@@ -313,8 +313,8 @@ class Prefetcher {
   // shard without a source, a record larger than the budget or options out of range.
   Prefetcher(std::vector<std::shared_ptr<CancellableSource>> sources,
              std::shared_ptr<const std::vector<RecordLocation>> locations,
-             std::vector<uint64_t> plan, PrefetchOptions options = {},
-             RecordVerifier verify = {}, RecordHint will_need = nullptr);
+             std::vector<uint64_t> plan, PrefetchOptions options = {}, RecordVerifier verify = {},
+             RecordHint will_need = nullptr);
   // Stops fetching (in-flight requests are abandoned) and joins the threads.
   ~Prefetcher();
   Prefetcher(const Prefetcher&) = delete;
@@ -361,9 +361,9 @@ class DiskCache {
 // A dataset: record-store shards read through sources
 
 struct ShardSpec {
-  std::string location;    // path or URL, as open_source takes it
-  uint64_t records = 0;    // from the manifest; 0: not known (not checked)
-  uint64_t bytes = 0;      // from the manifest; 0: not known (the server is asked)
+  std::string location;     // path or URL, as open_source takes it
+  uint64_t records = 0;     // from the manifest; 0: not known (not checked)
+  uint64_t bytes = 0;       // from the manifest; 0: not known (the server is asked)
   uint64_t generation = 0;  // from the manifest; 0: not known (not checked)
 };
 

@@ -34,9 +34,8 @@ U64Array to_numpy(std::vector<uint64_t>&& v) {
 // Keeps `bytes` alive for as long as numpy arrays view them.
 nb::object keep_alive(std::shared_ptr<const std::byte[]> bytes) {
   auto* held = new std::shared_ptr<const std::byte[]>(std::move(bytes));
-  return nb::capsule(held, [](void* p) noexcept {
-    delete static_cast<std::shared_ptr<const std::byte[]>*>(p);
-  });
+  return nb::capsule(
+      held, [](void* p) noexcept { delete static_cast<std::shared_ptr<const std::byte[]>*>(p); });
 }
 
 // The options each struct takes from Python, by name: f(name, field) for each.
@@ -99,15 +98,18 @@ Options options_from(const nb::kwargs& kwargs) {
       using T = std::remove_reference_t<decltype(field)>;
       if (!nb::try_cast<T>(value, field))
         throw Error(name + ": expected a " +
-                    (std::is_floating_point_v<T> ? "number" : std::is_same_v<T, bool> ? "bool"
-                                                                                        : "int") +
+                    (std::is_floating_point_v<T> ? "number"
+                     : std::is_same_v<T, bool>   ? "bool"
+                                                 : "int") +
                     " (>= 0 where unsigned), got " + nb::cast<std::string>(nb::repr(value)));
     };
     source_fields(o.source, set);
     prefetch_fields(o.prefetch, set);
     if (!found) {
       std::string known;
-      auto list = [&](const char* field_name, auto&) { known += std::string(known.empty() ? "" : ", ") + field_name; };
+      auto list = [&](const char* field_name, auto&) {
+        known += std::string(known.empty() ? "" : ", ") + field_name;
+      };
       source_fields(o.source, list);
       prefetch_fields(o.prefetch, list);
       throw Error("unknown option '" + name + "': expected one of " + known);
@@ -274,7 +276,8 @@ void bind_stream(nb::module_& m) {
              const nb::kwargs& kwargs) {
             const Options o = options_from(kwargs);
             std::shared_ptr<DiskCache> cache;
-            if (!disk_cache_dir.empty()) cache = DiskCache::create(disk_cache_dir, disk_cache_bytes);
+            if (!disk_cache_dir.empty())
+              cache = DiskCache::create(disk_cache_dir, disk_cache_bytes);
             std::shared_ptr<const ShardSet> set;
             {
               nb::gil_scoped_release release;

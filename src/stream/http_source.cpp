@@ -192,8 +192,7 @@ size_t on_body(char* data, size_t size, size_t n, void* user) {
       if (t->error_body.size() < 1024)
         t->error_body.append(data, std::min(len, 1024 - t->error_body.size()));
       return t->body_bytes > (64u << 10) ? 0 : len;  // an error page is short; stop a long one
-    default:
-      return 0;  // stops the transfer: nothing in it is used
+    default: return 0;                               // stops the transfer: nothing in it is used
   }
 }
 
@@ -214,10 +213,8 @@ bool retryable_curl_error(CURLcode code) {
     case CURLE_SSL_CONNECT_ERROR:
     case CURLE_HTTP2:
     case CURLE_HTTP2_STREAM:
-    case CURLE_WEIRD_SERVER_REPLY:
-      return true;
-    default:
-      return false;
+    case CURLE_WEIRD_SERVER_REPLY: return true;
+    default: return false;
   }
 }
 
@@ -272,18 +269,19 @@ class HttpSource final : public CancellableSource {
  public:
   HttpSource(std::string url, std::string display_name, const SourceOptions& options,
              std::optional<S3Target> s3)
-      : url_(std::move(url)), name_(std::move(display_name)), options_(options),
+      : url_(std::move(url)),
+        name_(std::move(display_name)),
+        options_(options),
         s3_(std::move(s3)) {
-    TPF_CHECK(options.max_connections >= 1, "max_connections: expected >= 1, got " +
-                                                std::to_string(options.max_connections));
+    TPF_CHECK(options.max_connections >= 1,
+              "max_connections: expected >= 1, got " + std::to_string(options.max_connections));
     TPF_CHECK(options.max_attempts >= 1,
               "max_attempts: expected >= 1, got " + std::to_string(options.max_attempts));
-    TPF_CHECK(options.http_threads >= 0,
-              "http_threads: expected >= 0 (0: automatic), got " +
-                  std::to_string(options.http_threads));
+    TPF_CHECK(options.http_threads >= 0, "http_threads: expected >= 0 (0: automatic), got " +
+                                             std::to_string(options.http_threads));
     // One lane per event loop, the connections split between them (none of them without one).
-    const size_t loops = std::min<size_t>(http_threads(options.http_threads),
-                                          size_t(options.max_connections));
+    const size_t loops =
+        std::min<size_t>(http_threads(options.http_threads), size_t(options.max_connections));
     const auto engines = CurlEngine::pool(loops);
     lanes_ = std::make_unique<Lane[]>(loops);
     num_lanes_ = loops;
@@ -355,8 +353,8 @@ class HttpSource final : public CancellableSource {
     if (probe_next_.exchange(false)) multi_range_probes_.fetch_add(1);
     const uint64_t seq = started_.fetch_add(1, std::memory_order_relaxed);
     Lane& lane = next_lane();
-    auto req = new_request(HttpRequest::Kind::ranges,
-                           std::to_string(ranges.size()) + "-range GET", cancel, lane);
+    auto req = new_request(HttpRequest::Kind::ranges, std::to_string(ranges.size()) + "-range GET",
+                           cancel, lane);
     req->ranges = std::move(ranges);
     req->seq = seq;
     HttpRequest* raw = req.get();
@@ -453,14 +451,13 @@ class HttpSource final : public CancellableSource {
       }
       case Answer::wrong_range:
         return {Outcome::retry, "a 206 answer whose Content-Range is not the range asked for"};
-      default:
-        break;
+      default: break;
     }
     if (t.overflow) return {Outcome::retry, "the server sent more than the range asked for"};
     if (t.body.malformed()) return {Outcome::retry, "a malformed multipart/byteranges answer"};
-    Outcome o = classify(code, status, t,
-                         t.body_bytes ? " after " + std::to_string(t.body_bytes) + " bytes of body"
-                                      : std::string());
+    Outcome o = classify(
+        code, status, t,
+        t.body_bytes ? " after " + std::to_string(t.body_bytes) + " bytes of body" : std::string());
     if (o.kind != Outcome::ok) return o;
     if (status != 206 && status != 200)
       return {Outcome::fatal, "HTTP " + std::to_string(status) + " (expected 206 Partial Content)" +
@@ -469,10 +466,11 @@ class HttpSource final : public CancellableSource {
       return {Outcome::retry, "HTTP 200 without a body"};
     for (size_t i = 0; i < req.ranges.size(); ++i)
       if (t.scatter.filled(i) < req.ranges[i].length)
-        return {Outcome::retry, "short read: bytes " + std::to_string(req.ranges[i].offset) + "-" +
-                                    std::to_string(req.ranges[i].offset + req.ranges[i].length - 1) +
-                                    " got " + std::to_string(t.scatter.filled(i)) + " of " +
-                                    std::to_string(req.ranges[i].length)};
+        return {Outcome::retry,
+                "short read: bytes " + std::to_string(req.ranges[i].offset) + "-" +
+                    std::to_string(req.ranges[i].offset + req.ranges[i].length - 1) + " got " +
+                    std::to_string(t.scatter.filled(i)) + " of " +
+                    std::to_string(req.ranges[i].length)};
     if (t.answer == Answer::full_body) {
       full_body_answers_.fetch_add(1, std::memory_order_relaxed);
       if (several) note_multi_refused(req.seq);
@@ -541,10 +539,10 @@ class HttpSource final : public CancellableSource {
     started_.fetch_add(ranges.size(), std::memory_order_relaxed);
     for (const ByteRange& r : ranges) {
       Lane& lane = next_lane();
-      auto req = new_request(HttpRequest::Kind::ranges,
-                             "GET bytes " + std::to_string(r.offset) + "-" +
-                                 std::to_string(r.offset + r.length - 1),
-                             cancel, lane);
+      auto req = new_request(
+          HttpRequest::Kind::ranges,
+          "GET bytes " + std::to_string(r.offset) + "-" + std::to_string(r.offset + r.length - 1),
+          cancel, lane);
       req->ranges = {r};
       req->done = [join](std::exception_ptr error) {
         bool last;
@@ -585,7 +583,9 @@ class HttpSource final : public CancellableSource {
 
 void HttpRequest::prepare(CURL* handle) { source->prepare(*this, handle); }
 
-Outcome HttpRequest::judge(CURL* handle, CURLcode code) { return source->judge(*this, handle, code); }
+Outcome HttpRequest::judge(CURL* handle, CURLcode code) {
+  return source->judge(*this, handle, code);
+}
 
 // "http://host:port/path" -> "host:port"
 std::string authority_of(const std::string& url) {

@@ -29,8 +29,8 @@ size_t digest_position(const std::string& text) {
     throw Error("names manifest_sha256 more than once");
   size_t at = key + std::char_traits<char>::length(kDigestKey);
   auto skip_space = [&] {
-    while (at < text.size() && (text[at] == ' ' || text[at] == '\t' || text[at] == '\n' ||
-                                text[at] == '\r'))
+    while (at < text.size() &&
+           (text[at] == ' ' || text[at] == '\t' || text[at] == '\n' || text[at] == '\r'))
       ++at;
   };
   skip_space();
@@ -134,8 +134,8 @@ Manifest read_manifest(const std::string& location, const SourceOptions& options
     if (attempt >= attempts) break;
     const double cap = std::min(options.backoff_max_s,
                                 options.backoff_base_s * double(1ull << std::min(attempt - 1, 30)));
-    std::this_thread::sleep_for(std::chrono::duration<double>(
-        std::uniform_real_distribution<double>(0.5 * cap, cap)(rng)));
+    std::this_thread::sleep_for(
+        std::chrono::duration<double>(std::uniform_real_distribution<double>(0.5 * cap, cap)(rng)));
   }
   throw Error("manifest '" + location + "' " + problem +
               (attempts > 1 ? " (checked on each of " + std::to_string(attempts) + " downloads)"

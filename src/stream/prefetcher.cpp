@@ -17,10 +17,10 @@
 #include <condition_variable>
 #include <cstdio>
 #include <deque>
-#include <map>
-#include <random>
 #include <exception>
+#include <map>
 #include <mutex>
+#include <random>
 #include <thread>
 
 #include "tpf/error.h"
@@ -120,14 +120,14 @@ struct Request {
 };
 
 struct Group {
-  uint64_t first = 0, count = 0;   // plan entries [first, first + count)
+  uint64_t first = 0, count = 0;  // plan entries [first, first + count)
   std::vector<Request> requests;
   std::vector<uint64_t> record_at;  // per entry: its bytes' offset in the buffer
   // The entries (relative to first) by request: request r's are
   // by_request[request_end[r - 1], request_end[r]) (from 0 for r = 0).
   std::vector<uint32_t> by_request, request_end;
-  uint64_t bytes = 0;               // buffer bytes, rounded to kSpanAlign
-  uint64_t start = 0, charge = 0;   // its span of the ring, and what the span costs the budget
+  uint64_t bytes = 0;              // buffer bytes, rounded to kSpanAlign
+  uint64_t start = 0, charge = 0;  // its span of the ring, and what the span costs the budget
   uint8_t* data = nullptr;
   size_t pending = 0;  // jobs not finished
   // The first error met, raised when the consumer reaches entry error_at (the earliest entry a
@@ -147,7 +147,7 @@ struct Job {
   size_t first = 0;
   size_t count = 0;
   std::shared_ptr<const std::vector<uint32_t>> entries;
-  int fetch = 1;                 // the how-manyth fetch of these records this is
+  int fetch = 1;                  // the how-manyth fetch of these records this is
   Clock::time_point first_bad{};  // when they first failed verification (refetches)
   Clock::time_point started{};
 };
@@ -164,15 +164,15 @@ struct Prefetcher::State {
   uint64_t group_byte_limit = 0;
 
   mutable std::mutex mutex;
-  std::condition_variable budget_cv;    // scheduler: room in the budget, or stop
-  std::condition_variable jobs_cv;      // fetch threads: a job for them, or stop
-  std::condition_variable ready_cv;     // consumer: a group built or a request finished
-  std::condition_variable idle_cv;      // shutdown: no job in flight
+  std::condition_variable budget_cv;  // scheduler: room in the budget, or stop
+  std::condition_variable jobs_cv;    // fetch threads: a job for them, or stop
+  std::condition_variable ready_cv;   // consumer: a group built or a request finished
+  std::condition_variable idle_cv;    // shutdown: no job in flight
   bool stop = false;
   CancelToken cancel;
 
   std::deque<std::unique_ptr<Group>> groups;  // reserved, not yet released, in plan order
-  std::deque<Job> jobs;         // queued, in plan order, not started
+  std::deque<Job> jobs;                       // queued, in plan order, not started
   std::deque<Job> thread_jobs;  // started, for the fetch threads (synchronous sources)
   int inflight = 0;             // started, not finished (at most max_inflight)
   std::unique_ptr<Ring> ring;
@@ -336,11 +336,10 @@ struct Prefetcher::State {
       }
       std::sort(ranges.begin(), ranges.end(),
                 [](const ByteRange& a, const ByteRange& b) { return a.offset < b.offset; });
-      ranges.erase(std::unique(ranges.begin(), ranges.end(),
-                               [](const ByteRange& a, const ByteRange& b) {
-                                 return a.offset == b.offset;
-                               }),
-                   ranges.end());
+      ranges.erase(
+          std::unique(ranges.begin(), ranges.end(),
+                      [](const ByteRange& a, const ByteRange& b) { return a.offset == b.offset; }),
+          ranges.end());
       return ranges;
     }
     const Request* reqs = job.group->requests.data() + job.first;
@@ -373,7 +372,8 @@ struct Prefetcher::State {
         fail(*job.group, job_entries(job), error);
       } else {
         if (job.entries) {
-          for (uint32_t i : *job.entries) stats.bytes_fetched += location(job.group->first + i).length;
+          for (uint32_t i : *job.entries)
+            stats.bytes_fetched += location(job.group->first + i).length;
         } else {
           const Request* reqs = job.group->requests.data() + job.first;
           for (size_t i = 0; i < job.count; ++i) stats.bytes_fetched += reqs[i].length;
@@ -401,16 +401,19 @@ struct Prefetcher::State {
       const double spent = std::chrono::duration<double>(now - first_bad).count();
       char seconds[32];
       std::snprintf(seconds, sizeof seconds, "%.2f", spent);
-      fail(*job.group, bad, std::make_exception_ptr(RuntimeError(
-          "record " + std::to_string(record) + " of '" + sources[loc.shard]->name() + "' (bytes " +
-          std::to_string(loc.offset) + "-" + std::to_string(loc.offset + loc.length - 1) +
-          ") did not match " + verify.what + " on each of " + std::to_string(job.fetch) +
-          " fetches over " + seconds + " s (verify_attempts = " +
-          std::to_string(options.verify_attempts) + ")" +
-          (bad.size() > 1 ? ", as did " + std::to_string(bad.size() - 1) + " more of its request"
-                          : std::string()) +
-          ": bytes damaged in transit would have come right on a later fetch, so the data at the "
-          "source is likely corrupt")));
+      fail(*job.group, bad,
+           std::make_exception_ptr(RuntimeError(
+               "record " + std::to_string(record) + " of '" + sources[loc.shard]->name() +
+               "' (bytes " + std::to_string(loc.offset) + "-" +
+               std::to_string(loc.offset + loc.length - 1) + ") did not match " + verify.what +
+               " on each of " + std::to_string(job.fetch) + " fetches over " + seconds +
+               " s (verify_attempts = " + std::to_string(options.verify_attempts) + ")" +
+               (bad.size() > 1
+                    ? ", as did " + std::to_string(bad.size() - 1) + " more of its request"
+                    : std::string()) +
+               ": bytes damaged in transit would have come right on a later fetch, so the data at "
+               "the "
+               "source is likely corrupt")));
       return;
     }
     const double cap =
@@ -426,9 +429,9 @@ struct Prefetcher::State {
     again.fetch = job.fetch + 1;
     again.first_bad = first_bad;
     ++job.group->pending;
-    delayed.emplace(now + std::chrono::duration_cast<Clock::duration>(
-                              std::chrono::duration<double>(delay)),
-                    again);
+    delayed.emplace(
+        now + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(delay)),
+        again);
     budget_cv.notify_all();  // the scheduler starts it when it is due
   }
 
@@ -528,7 +531,8 @@ Prefetcher::Prefetcher(std::vector<std::shared_ptr<CancellableSource>> sources,
                 std::to_string(options.verify_backoff_base_s) + ", " +
                 std::to_string(options.verify_backoff_max_s));
   for (size_t s = 0; s < sources.size(); ++s)
-    TPF_CHECK(sources[s] != nullptr, "sources[" + std::to_string(s) + "]: expected a source, got null");
+    TPF_CHECK(sources[s] != nullptr,
+              "sources[" + std::to_string(s) + "]: expected a source, got null");
   for (uint64_t entry = 0; entry < plan.size(); ++entry) {
     const uint64_t r = plan[entry];
     TPF_CHECK(r < locations->size(), "plan[" + std::to_string(entry) + "]: record " +
@@ -539,9 +543,8 @@ Prefetcher::Prefetcher(std::vector<std::shared_ptr<CancellableSource>> sources,
                                               std::to_string(loc.shard) + " has no source (" +
                                               std::to_string(sources.size()) + " sources)");
     TPF_CHECK(page_round(std::max<uint64_t>(loc.length, 1)) <= options.memory_budget,
-              "memory_budget: record " + std::to_string(r) + " of '" +
-                  sources[loc.shard]->name() + "' has " + std::to_string(loc.length) +
-                  " bytes, more than the whole budget of " +
+              "memory_budget: record " + std::to_string(r) + " of '" + sources[loc.shard]->name() +
+                  "' has " + std::to_string(loc.length) + " bytes, more than the whole budget of " +
                   std::to_string(options.memory_budget) + " bytes");
   }
   State& s = *state_;
@@ -606,9 +609,9 @@ bool Prefetcher::next(RecordView& out) {
     ++s.stats.consumer_waits;
     const auto t0 = std::chrono::steady_clock::now();
     s.ready_cv.wait(lock, ready);
-    s.stats.consumer_wait_ns += uint64_t(std::chrono::duration_cast<std::chrono::nanoseconds>(
-                                             std::chrono::steady_clock::now() - t0)
-                                             .count());
+    s.stats.consumer_wait_ns += uint64_t(
+        std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - t0)
+            .count());
   }
   if (s.stop) throw RuntimeError("the prefetcher was stopped");
   const uint64_t i = entry - g->first;

@@ -60,8 +60,7 @@ std::shared_ptr<const ShardSet> ShardSet::open(const std::vector<ShardSpec>& sha
         SourceOptions o = options;
         o.expected_size = shards[i].bytes;
         sources[i] = open_source(shards[i].location, o);
-        if (disk_cache && is_remote(shards[i].location))
-          sources[i] = disk_cache->wrap(sources[i]);
+        if (disk_cache && is_remote(shards[i].location)) sources[i] = disk_cache->wrap(sources[i]);
         // A header or index that fails its checksum may have been damaged in transit, and so may
         // a newer header slot, which would make the store fall back to an older commit: read them
         // again before believing the shard is corrupt or old.
@@ -123,8 +122,8 @@ std::shared_ptr<const ShardSet> ShardSet::open_dataset(const std::vector<std::st
 }
 
 std::pair<uint32_t, uint64_t> ShardSet::locate(uint64_t record) const {
-  TPF_CHECK(record < size(), "record: expected < " + std::to_string(size()) + ", got " +
-                                 std::to_string(record));
+  TPF_CHECK(record < size(),
+            "record: expected < " + std::to_string(size()) + ", got " + std::to_string(record));
   const auto it = std::upper_bound(first_record_.begin(), first_record_.end(), record);
   const auto shard = static_cast<uint32_t>(it - first_record_.begin() - 1);
   return {shard, record - first_record_[shard]};

@@ -90,6 +90,7 @@ def main(argv=None):
         tmp = Path(tmp)
         if args.tests:
             tests = sorted(set(Path(args.tests).read_text().split()))
+            paths = sorted({t.split("::")[0] for t in tests})  # collect only their files
         else:
             discover = tmp / "discover.jsonl"
             run_pytest(paths, extra, {}, discover)

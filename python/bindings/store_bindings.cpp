@@ -153,11 +153,13 @@ std::string key_of(PyObject* k) {
 
 class PyWriter {
  public:
-  PyWriter(const std::string& path, const std::string& compression, int level, bool overwrite) {
+  PyWriter(const std::string& path, const std::string& compression, int level, bool overwrite,
+           bool recover) {
     store::WriterOptions o;
     o.codec = store::parse_codec(compression);
     o.level = level;
     o.overwrite = overwrite;
+    o.recover = recover;
     w_ = std::make_unique<store::Writer>(path, o);
   }
 
@@ -307,9 +309,11 @@ PyObject* field_object(const store::Field& f, const std::byte* data, PyObject* b
 
 class PyReader {
  public:
-  PyReader(const std::string& path, bool verify_checksums) {
+  PyReader(const std::string& path, bool verify_checksums, bool recover) {
     store::ReaderOptions o;
     o.verify_checksums = verify_checksums;
+    o.recover = recover;
+    recover_ = recover;
     r_ = store::Reader::open(path, o);
     mapping_ = owner_capsule(r_);
     for (const std::string& k : r_->index().keys()) {
@@ -436,19 +440,20 @@ class PyReader {
   std::string path() const { return r_->path(); }
   uint64_t file_size() const { return r_->file_size(); }
   bool verify_checksums() const { return r_->verify_checksums(); }
+  bool recover() const { return recover_; }
 
-  // Non-empty when the other header slot is damaged, i.e. an older commit is being read.
+  // Non-empty when an older commit is being read because the newer header slot is damaged
+  // (opened with recover).
   std::string header_warning() const {
     const store::Headers& h = r_->headers();
-    const store::HeaderSlot& other = h.slot[1 - h.current];
-    if (other.valid || other.problem.rfind("never written", 0) == 0) return {};
-    return r_->path() + ": header slot " + std::to_string(1 - h.current) + " is " + other.problem +
-           "; reading generation " + std::to_string(h.slot[h.current].generation) +
-           ", the last intact commit";
+    if (!h.fallback) return {};
+    return store::fallback_message(h, r_->path()) + "; reading generation " +
+           std::to_string(h.slot[h.current].generation) + " (recover=True)";
   }
 
  private:
   std::shared_ptr<const store::Reader> r_;
+  bool recover_ = false;
   nb::object mapping_;
   std::vector<nb::object> keys_;
 };
@@ -490,8 +495,9 @@ void bind_store(nb::module_& m) {
   if (_import_array() < 0) throw nb::python_error();
 
   nb::class_<PyWriter>(m, "StoreWriter")
-      .def(nb::init<const std::string&, const std::string&, int, bool>(), nb::arg("path"),
-           nb::arg("compression") = "none", nb::arg("level") = 3, nb::arg("overwrite") = false)
+      .def(nb::init<const std::string&, const std::string&, int, bool, bool>(), nb::arg("path"),
+           nb::arg("compression") = "none", nb::arg("level") = 3, nb::arg("overwrite") = false,
+           nb::arg("recover") = false)
       .def("append", &PyWriter::append, nb::arg("record"))
       .def("append_batch", &PyWriter::append_batch, nb::arg("columns"), nb::arg("count"))
       .def("commit", &PyWriter::commit)
@@ -502,7 +508,8 @@ void bind_store(nb::module_& m) {
       .def_prop_ro("generation", &PyWriter::generation);
 
   nb::class_<PyReader>(m, "StoreReader")
-      .def(nb::init<const std::string&, bool>(), nb::arg("path"), nb::arg("verify_checksums") = true)
+      .def(nb::init<const std::string&, bool, bool>(), nb::arg("path"),
+           nb::arg("verify_checksums") = true, nb::arg("recover") = false)
       .def("__len__", &PyReader::size)
       .def("__getitem__", &PyReader::get, nb::arg("index"))
       .def("read_batch", &PyReader::read_batch, nb::arg("indices"), nb::arg("stack") = false)
@@ -511,6 +518,7 @@ void bind_store(nb::module_& m) {
       .def_prop_ro("path", &PyReader::path)
       .def_prop_ro("file_size", &PyReader::file_size)
       .def_prop_ro("verify_checksums", &PyReader::verify_checksums)
+      .def_prop_ro("recover", &PyReader::recover)
       .def_prop_ro("header_warning", &PyReader::header_warning);
 
   m.def("store_describe", &store::describe, nb::arg("path"));

@@ -143,16 +143,19 @@ class RecordWriter:
 
     compression: "none", "zstd" or "lz4" (per record; a record that would not shrink is stored
     uncompressed). positions_dtype: "float32" (default) or "float64". An existing file is opened
-    for appending after its last commit unless overwrite=True. Used as a context manager, a clean
-    exit commits and closes; an exception closes without committing.
+    for appending after its last commit unless overwrite=True, which builds a new file and renames
+    it over `path` at the first commit (readers of the old file keep reading it; a crash before
+    that commit leaves it whole). recover=True appends to a file whose newest header slot is
+    damaged, after the last intact commit. Used as a context manager, a clean exit commits and
+    closes; an exception closes without committing.
     """
 
     def __init__(self, path: str | os.PathLike, compression: str = "none", level: int = 3,
-                 overwrite: bool = False, positions_dtype: str = "float32"):
+                 overwrite: bool = False, positions_dtype: str = "float32", recover: bool = False):
         if positions_dtype not in ("float32", "float64"):
             raise ValueError(f"positions_dtype must be 'float32' or 'float64', got {positions_dtype!r}")
         self._positions_dtype = np.dtype(positions_dtype)
-        self._w = _C.StoreWriter(os.fspath(path), compression, level, overwrite)
+        self._w = _C.StoreWriter(os.fspath(path), compression, level, overwrite, recover)
         self.path = os.fspath(path)
 
     def append(self, record) -> None:
@@ -211,10 +214,14 @@ class RecordReader(_C.StoreReader):
     others are concatenated along their first axis with "_len_<key>" giving each record's length
     (stack=True stacks to [B, ...] instead). Safe to share between threads and across fork();
     picklable (it reopens by path).
+
+    A file whose newest header slot is damaged raises ValueError (reading the previous commit
+    could drop records); recover=True reads the last intact commit instead, with a
+    RuntimeWarning. A missing file raises FileNotFoundError.
     """
 
-    def __init__(self, path: str | os.PathLike, verify_checksums: bool = True):
-        super().__init__(os.fspath(path), verify_checksums)
+    def __init__(self, path: str | os.PathLike, verify_checksums: bool = True, recover: bool = False):
+        super().__init__(os.fspath(path), verify_checksums, recover)
         if self.header_warning:
             warnings.warn(self.header_warning, RuntimeWarning, stacklevel=2)
 
@@ -227,7 +234,7 @@ class RecordReader(_C.StoreReader):
         return record_to_atoms(self[index])
 
     def __reduce__(self):
-        return (type(self), (self.path, self.verify_checksums))
+        return (type(self), (self.path, self.verify_checksums, self.recover))
 
     def __repr__(self) -> str:
         return f"RecordReader({self.path!r}, records={len(self)}, generation={self.generation})"

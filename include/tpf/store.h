@@ -360,6 +360,7 @@ class Writer {
 
  private:
   void open_existing(uint64_t file_size);  // continues after the last commit of the open file
+  uint32_t find_layout(std::span<const ArrayRef> fields);  // the id of their layout, made if new
   struct State;
   std::unique_ptr<State> s_;
 };

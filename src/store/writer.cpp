@@ -153,6 +153,7 @@ struct Writer::State {
   uint64_t buffer_at = kHeaderRegionBytes;
   std::vector<std::byte> raw, packed, signature;
   Layout scratch;
+  uint32_t last_layout = UINT32_MAX;  // the layout of the last record appended
 
   void flush() {
     if (!buffer.empty()) pwrite_all(fd, buffer.data(), buffer.size(), buffer_at, path);
@@ -337,23 +338,83 @@ void Writer::append(std::span<const ArrayRef> fields) {
   TPF_CHECK(s.fd >= 0, "writer for " + s.path + " is closed");
   for (size_t a = 0; a < fields.size(); ++a) {
     const ArrayRef& f = fields[a];
-    const std::string key(f.key);
+    const std::string_view key = f.key;
     TPF_CHECK(!key.empty(), "record field " + std::to_string(a) + " has an empty key");
     TPF_CHECK(key.size() <= detail::kMaxKeyBytes,
-              "record key '" + key.substr(0, 32) + "...' is longer than 1024 bytes");
-    TPF_CHECK(key[0] != '_', "record key '" + key + "' starts with '_', which is reserved");
+              "record key '" + std::string(key.substr(0, 32)) + "...' is longer than 1024 bytes");
+    TPF_CHECK(key[0] != '_', "record key '" + std::string(key) + "' starts with '_', which is reserved");
     TPF_CHECK(f.ndim >= 0 && f.ndim <= kMaxFieldDims,
-              "record field '" + key + "' has " + std::to_string(f.ndim) + " dims, at most 8");
+              "record field '" + std::string(key) + "' has " + std::to_string(f.ndim) + " dims, at most 8");
     TPF_CHECK(uint8_t(f.dtype) >= 1 && uint8_t(f.dtype) <= 14,
-              "record field '" + key + "' has an unknown dtype");
+              "record field '" + std::string(key) + "' has an unknown dtype");
     const uint32_t size = dtype_size(f.dtype);
     TPF_CHECK(size ? f.itemsize == size : f.itemsize > 0,
-              "record field '" + key + "' has itemsize " + std::to_string(f.itemsize) +
+              "record field '" + std::string(key) + "' has itemsize " + std::to_string(f.itemsize) +
                   ", expected " + (size ? std::to_string(size) : std::string("> 0")) + " for " +
                   dtype_name(f.dtype));
     for (size_t b = 0; b < a; ++b)
-      TPF_CHECK(fields[b].key != f.key, "record key '" + key + "' appears twice");
+      TPF_CHECK(fields[b].key != key, "record key '" + std::string(key) + "' appears twice");
   }
+
+  // Records mostly repeat the previous record's layout: that is checked field by field, without
+  // building a signature or hashing anything.
+  uint32_t layout_id = s.last_layout;
+  bool same = layout_id < s.layouts.size() && s.layouts[layout_id].fields.size() == fields.size();
+  for (size_t a = 0; same && a < fields.size(); ++a) {
+    const ArrayRef& in = fields[a];
+    const Field& f = s.layouts[layout_id].fields[a];
+    same = f.dtype == in.dtype && f.itemsize == in.itemsize && f.ndim == in.ndim &&
+           std::equal(in.shape, in.shape + in.ndim, f.shape) && s.keys[f.key_id] == in.key;
+  }
+  if (!same) layout_id = find_layout(fields);
+  const Layout& layout = s.layouts[layout_id];
+  for (size_t a = 0; a < fields.size(); ++a)
+    TPF_CHECK(fields[a].data != nullptr || layout.fields[a].nbytes == 0,
+              "record field '" + std::string(fields[a].key) + "' has no data");
+  s.last_layout = layout_id;
+
+  // The decoded record goes straight into the write buffer (or, to be compressed, into scratch).
+  RecordEntry e;
+  e.layout_id = layout_id;
+  e.offset = s.data_end;
+  const uint64_t raw_size = layout.raw_size;
+  const bool compress = s.options.codec != Codec::none;
+  std::vector<std::byte>& dst = compress ? s.raw : s.buffer;
+  const size_t at = compress ? 0 : dst.size();
+  dst.resize(at + raw_size + (compress ? 0 : detail::align_up(raw_size, 8) - raw_size));
+  std::byte* out = dst.data() + at;
+  uint64_t filled = 0;
+  for (size_t a = 0; a < fields.size(); ++a) {
+    const Field& f = layout.fields[a];
+    std::memset(out + filled, 0, f.offset - filled);  // alignment padding
+    if (f.nbytes) std::memcpy(out + f.offset, fields[a].data, f.nbytes);
+    filled = f.offset + f.nbytes;
+  }
+  std::memset(out + filled, 0, dst.size() - at - filled);  // padding to the next record
+  std::span<const std::byte> stored(out, raw_size);
+  if (compress && detail::compress(s.options.codec, s.options.level, stored, s.packed)) {
+    e.codec = s.options.codec;
+    stored = s.packed;
+  }
+  if (compress) {
+    const uint64_t padded = detail::align_up(stored.size(), detail::kRecordAlignment);
+    detail::put_bytes(s.buffer, stored.data(), stored.size());
+    s.buffer.resize(s.buffer.size() + (padded - stored.size()), std::byte{0});
+    stored = std::span<const std::byte>(s.buffer.data() + s.buffer.size() - padded, stored.size());
+  }
+  e.stored_length = uint32_t(stored.size());
+  e.checksum = detail::checksum(stored.data(), stored.size());
+  s.data_end += detail::align_up(stored.size(), detail::kRecordAlignment);
+  const size_t entry_at = s.entries.size();
+  s.entries.resize(entry_at + detail::kEntryBytes);
+  detail::encode_entry(e, s.entries.data() + entry_at);
+  ++s.count;
+  if (s.buffer.size() >= kFlushBytes) s.flush();
+}
+
+// The layout of `fields` (known or new), by signature: key ids, dtypes, itemsizes and shapes.
+uint32_t Writer::find_layout(std::span<const ArrayRef> fields) {
+  State& s = *s_;
   Layout& layout = s.scratch;
   layout.fields.resize(fields.size());
   for (size_t a = 0; a < fields.size(); ++a) {
@@ -368,10 +429,6 @@ void Writer::append(std::span<const ArrayRef> fields) {
   detail::place_fields(layout, "record");
   TPF_CHECK(layout.raw_size <= UINT32_MAX,
             "record is " + std::to_string(layout.raw_size) + " bytes; records must be under 4 GiB");
-  for (size_t a = 0; a < fields.size(); ++a)
-    TPF_CHECK(fields[a].data != nullptr || layout.fields[a].nbytes == 0,
-              "record field '" + std::string(fields[a].key) + "' has no data");
-
   s.signature.clear();
   for (size_t a = 0; a < fields.size(); ++a) {
     const std::string key(fields[a].key);
@@ -388,32 +445,7 @@ void Writer::append(std::span<const ArrayRef> fields) {
   const std::string sig(reinterpret_cast<const char*>(s.signature.data()), s.signature.size());
   auto [lit, new_layout] = s.layout_ids.emplace(sig, uint32_t(s.layouts.size()));
   if (new_layout) s.layouts.push_back(layout);
-  const uint32_t layout_id = lit->second;
-
-  s.raw.assign(layout.raw_size, std::byte{0});
-  for (size_t a = 0; a < fields.size(); ++a)
-    if (layout.fields[a].nbytes)
-      std::memcpy(s.raw.data() + layout.fields[a].offset, fields[a].data, layout.fields[a].nbytes);
-
-  RecordEntry e;
-  e.layout_id = layout_id;
-  std::span<const std::byte> stored(s.raw);
-  if (s.options.codec != Codec::none && detail::compress(s.options.codec, s.options.level, s.raw, s.packed)) {
-    e.codec = s.options.codec;
-    stored = s.packed;
-  }
-  e.offset = s.data_end;
-  e.stored_length = uint32_t(stored.size());
-  e.checksum = detail::checksum(stored.data(), stored.size());
-  const uint64_t padded = detail::align_up(stored.size(), detail::kRecordAlignment);
-  detail::put_bytes(s.buffer, stored.data(), stored.size());
-  s.buffer.resize(s.buffer.size() + (padded - stored.size()), std::byte{0});
-  s.data_end += padded;
-  const size_t at = s.entries.size();
-  s.entries.resize(at + detail::kEntryBytes);
-  detail::encode_entry(e, s.entries.data() + at);
-  ++s.count;
-  if (s.buffer.size() >= kFlushBytes) s.flush();
+  return lit->second;
 }
 
 void Writer::commit() {

@@ -196,6 +196,35 @@ def test_zero_copy_views_are_read_only_and_outlive_the_reader(tmp_path, seed):
     assert pos.tobytes() == records[4]["positions"].tobytes()
 
 
+@pytest.mark.parametrize("codec", CODECS)
+def test_read_copies_and_records_iterate_in_any_order(tmp_path, seed, codec):
+    records = make_records(seed, 40)
+    path = tmp_path / "c.tpf"
+    with RecordWriter(path, compression=codec) as w:
+        w.append_batch(records)
+    r = RecordReader(path)
+    rng = np.random.default_rng(seed)
+    order = list(rng.integers(-40, 40, 100))  # repeats and negative indices
+    for i, got in zip(order, r.records(order), strict=True):
+        assert_same(got, records[i], f"seed={seed} record {i}")
+    for i, got in enumerate(r.records()):
+        assert_same(got, records[i], f"seed={seed} record {i}")
+    assert [float(rec["energy"]) for rec in r] == [rec["energy"] for rec in records]
+    with pytest.raises(IndexError, match="indices\\[1\\] = 40 is out of range"):
+        r.records([0, 40])
+    for i in (0, 3, 39):
+        rec = r.read(i)
+        assert_same(rec, records[i], f"seed={seed} record {i}")
+        assert_same(r.read(i, copy=False), records[i], f"seed={seed} record {i}")
+        pos = rec["positions"]
+        assert pos.flags.writeable and pos.flags.owndata  # a copy of its own
+        pos[...] = 7  # changes nothing stored
+        assert_same(r.read(i), records[i], f"seed={seed} record {i}")
+        assert not r[i]["positions"].flags.writeable  # views stay read-only, compressed or not
+    with pytest.raises(IndexError):
+        r.read(40)
+
+
 def test_uncommitted_records_are_invisible_and_exceptions_do_not_commit(tmp_path, seed):
     records = make_records(seed, 10)
     path = tmp_path / "u.tpf"

@@ -1,9 +1,5 @@
 // Header slots, the index block and its validation: the committed state of a file.
-#if defined(__x86_64__)
-#include <xxh_x86dispatch.h>
-#else
 #include <xxhash.h>
-#endif
 
 #include <algorithm>
 #include <cstring>
@@ -68,14 +64,21 @@ Codec parse_codec(std::string_view name, const char* argument) {
 
 namespace detail {
 
-// The runtime-dispatched XXH3 picks the widest vector unit the CPU has (same value as XXH3_64bits;
-// about twice as fast as the baseline SSE2 build on an AVX2 machine).
+#if defined(__x86_64__)
+uint64_t checksum_avx2(const void* data, size_t n);  // checksum_avx2.cpp
+#endif
+
+// AVX2 where the CPU has it, else the library's baseline (SSE2) build; the same value either way.
+// Not xxHash's runtime dispatch: it picks AVX-512 where present, and a single-record read,
+// which hashes 1-2 KiB between stretches of Python, then pays the wide unit's warm-up on every
+// call (measured on a Xeon VM: +300 ns per 1.6 KiB record, against +50 ns for AVX2 and +110 ns
+// for SSE2).
 uint64_t checksum(const void* data, size_t n) {
 #if defined(__x86_64__)
-  return XXH3_64bits_dispatch(data, n);
-#else
-  return XXH3_64bits(data, n);
+  static const bool avx2 = __builtin_cpu_supports("avx2");
+  if (avx2) return checksum_avx2(data, n);
 #endif
+  return XXH3_64bits(data, n);
 }
 
 void Cursor::need(size_t n, const char* field) const {

@@ -581,7 +581,10 @@ class PyReader {
     // value made from the bytes (a scalar, text), so the dict keeps the layout's key order.
     nb::object d = nb::steal(PyDict_New());
     if (!d) throw nb::python_error();
-    std::vector<PyArrayObject*> arrays(fields.size(), nullptr);  // borrowed from d
+    // Borrowed from d; on the stack for the usual handful of fields.
+    PyArrayObject* inline_arrays[16] = {};
+    std::vector<PyArrayObject*> more(fields.size() > 16 ? fields.size() : 0, nullptr);
+    PyArrayObject** arrays = fields.size() > 16 ? more.data() : inline_arrays;
     for (size_t k = 0; k < fields.size(); ++k) {
       const FieldPlan& fp = fields[k];
       PyObject* v = Py_None;

@@ -28,7 +28,7 @@ default, kept here); atompack-db keeps no per-record checksum, so its reads skip
 Writes go to --workdir, by default on tmpfs (/dev/shm), so they measure the append path and not
 the disk: ours fdatasyncs at commit, which costs nothing there.
 
-    python bench/store.py            # writes bench/results/store-cpu-vm-<date>.json and .png
+    python bench/store.py            # writes bench/results/store-vm.json and .png (--json elsewhere)
 """
 from __future__ import annotations
 
@@ -305,7 +305,8 @@ def main(argv=None) -> int:
     p.add_argument("--workdir", default=None,
                    help="where the files go (default: a fresh directory under /dev/shm, else /tmp)")
     p.add_argument("--json", default=None,
-                   help="output JSON (default bench/results/store-cpu-vm-<date>.json; a .png beside it)")
+                   help="output JSON (default bench/results/store-vm.json, the 2-core VM's; a .png "
+                        "beside it)")
     args = p.parse_args(argv)
     codecs = [c for c in args.codecs.split(",") if c]
     for c in codecs:
@@ -316,7 +317,7 @@ def main(argv=None) -> int:
 
     date = datetime.date.today().isoformat()
     out_json = args.json or os.path.join(os.path.dirname(os.path.abspath(__file__)), "results",
-                                         f"store-cpu-vm-{date}.json")
+                                         "store-vm.json")
     os.makedirs(os.path.dirname(os.path.abspath(out_json)), exist_ok=True)
     base = args.workdir or tempfile.mkdtemp(prefix="tpf-bench-store-",
                                             dir="/dev/shm" if os.path.isdir("/dev/shm") else None)

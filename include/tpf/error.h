@@ -37,7 +37,7 @@ class FileNotFoundError : public RuntimeError {
 
 }  // namespace tpf
 
-#define TPF_CHECK(cond, msg)                                  \
-  do {                                                        \
-    if (!(cond)) throw ::tpf::Error(std::string() + msg);     \
+#define TPF_CHECK(cond, msg)                              \
+  do {                                                    \
+    if (!(cond)) throw ::tpf::Error(std::string() + msg); \
   } while (0)

@@ -31,8 +31,20 @@ inline constexpr int kMaxFieldDims = 8;
 // fixed-width, zero-padded byte string per element (numpy "S<itemsize>"), for ASCII names; `utf8`
 // is the same for text that reads back as str (numpy "U"), for identifiers.
 enum class DType : uint8_t {
-  boolean = 1, u8 = 2, i8 = 3, u16 = 4, i16 = 5, u32 = 6, i32 = 7, u64 = 8, i64 = 9,
-  f16 = 10, f32 = 11, f64 = 12, bytes = 13, utf8 = 14,
+  boolean = 1,
+  u8 = 2,
+  i8 = 3,
+  u16 = 4,
+  i16 = 5,
+  u32 = 6,
+  i32 = 7,
+  u64 = 8,
+  i64 = 9,
+  f16 = 10,
+  f32 = 11,
+  f64 = 12,
+  bytes = 13,
+  utf8 = 14,
 };
 const char* dtype_name(DType d);
 // Bytes per element; 0 for `bytes` and `utf8`, whose width is per field.
@@ -91,7 +103,8 @@ struct Headers {
 // one. Throws tpf::Error when the region is short, neither slot is valid (naming an unfinished
 // first commit, a file that is not a store, or the two problems), an intact slot declares a newer
 // format version, or the current commit's index lies past the end; `name` labels messages.
-Headers parse_headers(std::span<const std::byte> region, uint64_t file_size, const std::string& name);
+Headers parse_headers(std::span<const std::byte> region, uint64_t file_size,
+                      const std::string& name);
 
 // Settles `headers.fallback`: a damaged slot whose stored fields name an intact index block
 // before the current one (`checksum_of(offset, length)` hashes file bytes) held an older commit,
@@ -254,10 +267,10 @@ class BatchPlan {
   const Index* index_ = nullptr;
   std::vector<uint64_t> indices_;
   std::vector<RecordEntry> entries_;
-  std::vector<uint32_t> order_;        // positions in file order
-  std::vector<uint32_t> plan_of_;      // per position: which of copies_
+  std::vector<uint32_t> order_;                 // positions in file order
+  std::vector<uint32_t> plan_of_;               // per position: which of copies_
   std::vector<std::vector<FieldCopy>> copies_;  // per distinct layout in the batch
-  std::vector<uint64_t> start_;        // [position * outputs + t]: byte offset in output t
+  std::vector<uint64_t> start_;                 // [position * outputs + t]: byte offset in output t
   std::vector<BatchOutput> outputs_;
 };
 
@@ -315,8 +328,8 @@ class Reader {
 // old contents whole. A writer removes the partial files that dead writers of `path` left behind.
 struct WriterOptions {
   Codec codec = Codec::none;
-  int level = 3;               // zstd level (1..19); ignored by lz4 and none
-  bool overwrite = false;      // replace `path` by a new store even if it exists (at commit())
+  int level = 3;           // zstd level (1..19); ignored by lz4 and none
+  bool overwrite = false;  // replace `path` by a new store even if it exists (at commit())
   // Append to the last intact commit of a file whose newer header slot is damaged, dropping the
   // bytes after it (see check_fallback); without it, opening such a file throws.
   bool recover = false;
@@ -328,7 +341,11 @@ struct WriterOptions {
 // The steps of commit(), in order; on_commit_step(step) runs before each. kReplace comes only in
 // the commits that put a new file in place (the first of a new file or of an overwrite).
 enum CommitStep : int {
-  kWriteIndex = 0, kSyncIndex = 1, kWriteHeader = 2, kSyncHeader = 3, kReplace = 4
+  kWriteIndex = 0,
+  kSyncIndex = 1,
+  kWriteHeader = 2,
+  kSyncHeader = 3,
+  kReplace = 4
 };
 
 class Writer {

@@ -27,8 +27,7 @@ DType dtype_of(const Array& a, const char* name) {
 }  // namespace
 
 TensorView view_of(const Array& a, const char* name) {
-  TPF_CHECK(a.ndim() <= size_t(kMaxDims),
-            std::string(name) + " has more than 8 dimensions");
+  TPF_CHECK(a.ndim() <= size_t(kMaxDims), std::string(name) + " has more than 8 dimensions");
   TensorView t;
   t.data = a.data();
   t.dtype = dtype_of(a, name);
@@ -47,6 +46,20 @@ TensorView view_of(const Array& a, const char* name) {
     t.stride[i] = int64_t(a.stride(i));
   }
   return t;
+}
+
+Allocator allocator_of(const std::optional<nb::callable>& fn, std::vector<Array>& keep) {
+  if (!fn) return {};
+  // Pointers only: the ops copy the Allocator without the GIL, which a copied callable would need.
+  return [f = &*fn, keep = &keep](size_t bytes) -> void* {
+    nb::gil_scoped_acquire gil;
+    keep->push_back(nb::cast<Array>((*f)(bytes)));
+    const Array& a = keep->back();
+    TPF_CHECK(a.nbytes() >= bytes, "workspace: the allocator returned " +
+                                       std::to_string(a.nbytes()) + " bytes, asked for " +
+                                       std::to_string(bytes));
+    return a.data();
+  };
 }
 
 OptionalTensor optional_view_of(const OptArray& a, const char* name) {

@@ -3,9 +3,9 @@
 
 #include <cerrno>
 
-#include "core/parallel.h"
 #include "tpf/attention.h"
 #include "tpf/error.h"
+#include "tpf/parallel.h"
 
 namespace nb = nanobind;
 
@@ -17,7 +17,7 @@ void bind_fused(nb::module_& m);
 void bind_store(nb::module_& m);
 void bind_stream(nb::module_& m);
 #endif
-}
+}  // namespace tpf::py
 
 NB_MODULE(_C, m) {
   m.doc() = "TurboPairFormer core: kernels, CPU path and FP64 references over DLPack arrays";

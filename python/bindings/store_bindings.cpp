@@ -19,10 +19,10 @@
 #include <string>
 #include <vector>
 
-#include "core/parallel.h"
 #include "store/record.h"
 #include "store_records.h"
 #include "tpf/error.h"
+#include "tpf/parallel.h"
 #include "tpf/store.h"
 
 namespace nb = nanobind;
@@ -81,7 +81,8 @@ DType store_dtype(PyArrayObject* a, std::string_view key) {
 // ---- write path: Python values to ArrayRefs -----------------------------------------------------
 
 // Encodes a numpy "U" array as fixed-width UTF-8 (width = the longest element, at least 1).
-void encode_utf8(PyArrayObject* a, const std::string& key, std::vector<char>& text, uint32_t& width) {
+void encode_utf8(PyArrayObject* a, const std::string& key, std::vector<char>& text,
+                 uint32_t& width) {
   const npy_intp n = PyArray_SIZE(a);
   const size_t chars = size_t(PyArray_ITEMSIZE(a)) / 4;
   const auto* src = static_cast<const Py_UCS4*>(PyArray_DATA(a));
@@ -94,7 +95,8 @@ void encode_utf8(PyArrayObject* a, const std::string& key, std::vector<char>& te
     nb::object u = nb::steal(PyUnicode_FromKindAndData(PyUnicode_4BYTE_KIND, s, Py_ssize_t(len)));
     if (!u) throw nb::python_error();
     encoded[size_t(i)] = nb::steal(PyUnicode_AsUTF8String(u.ptr()));
-    if (!encoded[size_t(i)]) throw Error("record field '" + key + "' holds text that is not valid Unicode");
+    if (!encoded[size_t(i)])
+      throw Error("record field '" + key + "' holds text that is not valid Unicode");
     w = std::max(w, size_t(PyBytes_GET_SIZE(encoded[size_t(i)].ptr())));
   }
   text.assign(size_t(n) * w, '\0');
@@ -126,16 +128,23 @@ std::string repr_of(PyObject* o) {
 enum class Rule : uint8_t { any, per_atom, per_atom_xyz, cell, pbc, stress, scalar, identifier };
 
 Rule rule_of(std::string_view key) {
-  static const std::pair<std::string_view, Rule> rules[] = {
-      {"positions", Rule::per_atom_xyz}, {"forces", Rule::per_atom_xyz},
-      {"velocities", Rule::per_atom_xyz}, {"atomic_numbers", Rule::per_atom},
-      {"charges", Rule::per_atom},       {"b_factors", Rule::per_atom},
-      {"occupancy", Rule::per_atom},     {"residue_index", Rule::per_atom},
-      {"residue_names", Rule::per_atom}, {"chain_id", Rule::per_atom},
-      {"atom_names", Rule::per_atom},    {"cell", Rule::cell},
-      {"pbc", Rule::pbc},                {"stress", Rule::stress},
-      {"energy", Rule::scalar},          {"resolution", Rule::scalar},
-      {"identifier", Rule::identifier}};
+  static const std::pair<std::string_view, Rule> rules[] = {{"positions", Rule::per_atom_xyz},
+                                                            {"forces", Rule::per_atom_xyz},
+                                                            {"velocities", Rule::per_atom_xyz},
+                                                            {"atomic_numbers", Rule::per_atom},
+                                                            {"charges", Rule::per_atom},
+                                                            {"b_factors", Rule::per_atom},
+                                                            {"occupancy", Rule::per_atom},
+                                                            {"residue_index", Rule::per_atom},
+                                                            {"residue_names", Rule::per_atom},
+                                                            {"chain_id", Rule::per_atom},
+                                                            {"atom_names", Rule::per_atom},
+                                                            {"cell", Rule::cell},
+                                                            {"pbc", Rule::pbc},
+                                                            {"stress", Rule::stress},
+                                                            {"energy", Rule::scalar},
+                                                            {"resolution", Rule::scalar},
+                                                            {"identifier", Rule::identifier}};
   for (const auto& [k, r] : rules)
     if (k == key) return r;
   return Rule::any;
@@ -177,9 +186,9 @@ class Converter {
       throw Error("record field 'identifier' must be a str, got " +
                   std::string(Py_TYPE(value)->tp_name));
     }
-    PyObject* arr = PyArray_FromAny(value, nullptr, 0, 0,
-                                    NPY_ARRAY_C_CONTIGUOUS | NPY_ARRAY_ALIGNED | NPY_ARRAY_NOTSWAPPED,
-                                    nullptr);
+    PyObject* arr =
+        PyArray_FromAny(value, nullptr, 0, 0,
+                        NPY_ARRAY_C_CONTIGUOUS | NPY_ARRAY_ALIGNED | NPY_ARRAY_NOTSWAPPED, nullptr);
     if (!arr) {
       PyErr_Clear();
       throw Error("record field '" + std::string(key) + "' cannot be converted to a numpy array");
@@ -188,7 +197,8 @@ class Converter {
     auto* a = reinterpret_cast<PyArrayObject*>(arr);
     const int type = PyArray_TYPE(a);
     if (type == NPY_OBJECT)
-      throw Error("record field '" + std::string(key) + "' has no numeric or text dtype (got object)");
+      throw Error("record field '" + std::string(key) +
+                  "' has no numeric or text dtype (got object)");
     if (rule == Rule::identifier && batch_ > 0 &&
         (type != NPY_UNICODE || PyArray_NDIM(a) != 1 || PyArray_DIM(a, 0) != batch_))
       throw Error("batch column 'identifier' must be " + std::to_string(batch_) + " str, got " +
@@ -244,18 +254,20 @@ class Converter {
   };
 
   static std::string dtype_text(PyArrayObject* a) {
-    return nb::cast<std::string>(nb::str(nb::handle(reinterpret_cast<PyObject*>(PyArray_DESCR(a)))));
+    return nb::cast<std::string>(
+        nb::str(nb::handle(reinterpret_cast<PyObject*>(PyArray_DESCR(a)))));
   }
   static std::string shape_text_of(PyArrayObject* a) {
     std::string t = "(";
     for (int d = 0; d < PyArray_NDIM(a); ++d)
-      t += std::to_string(PyArray_DIM(a, d)) + (PyArray_NDIM(a) == 1 || d + 1 < PyArray_NDIM(a) ? "," : "");
+      t += std::to_string(PyArray_DIM(a, d)) +
+           (PyArray_NDIM(a) == 1 || d + 1 < PyArray_NDIM(a) ? "," : "");
     return t + ")";
   }
   PyArrayObject* cast(PyArrayObject* a, int type) {
-    PyObject* c = PyArray_FromAny(reinterpret_cast<PyObject*>(a), PyArray_DescrFromType(type), 0, 0,
-                                  NPY_ARRAY_C_CONTIGUOUS | NPY_ARRAY_ALIGNED | NPY_ARRAY_FORCECAST,
-                                  nullptr);
+    PyObject* c =
+        PyArray_FromAny(reinterpret_cast<PyObject*>(a), PyArray_DescrFromType(type), 0, 0,
+                        NPY_ARRAY_C_CONTIGUOUS | NPY_ARRAY_ALIGNED | NPY_ARRAY_FORCECAST, nullptr);
     if (!c) throw nb::python_error();
     held_.push_back(nb::steal(c));
     return reinterpret_cast<PyArrayObject*>(c);
@@ -269,15 +281,16 @@ class Converter {
       case Rule::per_atom:
       case Rule::per_atom_xyz:
         if (ndim < 1)
-          throw Error("record field '" + k() + "' is per-atom and needs an atom axis, got shape " + got());
+          throw Error("record field '" + k() + "' is per-atom and needs an atom axis, got shape " +
+                      got());
         if (rule == Rule::per_atom_xyz && (ndim != 2 || shape[1] != 3))
           throw Error("record field '" + k() + "' must have shape [n_atoms, 3], got " + got());
         if (atoms_key_.empty()) {
           atoms_key_ = key;
           atoms_ = shape[0];
         } else if (shape[0] != atoms_) {
-          throw Error("record field '" + k() + "' has " + std::to_string(shape[0]) + " atoms but '" +
-                      std::string(atoms_key_) + "' has " + std::to_string(atoms_));
+          throw Error("record field '" + k() + "' has " + std::to_string(shape[0]) +
+                      " atoms but '" + std::string(atoms_key_) + "' has " + std::to_string(atoms_));
         }
         return;
       case Rule::cell:
@@ -285,17 +298,18 @@ class Converter {
           throw Error("record field 'cell' must have shape [3, 3], got " + got());
         return;
       case Rule::pbc:
-        if (ndim != 1 || shape[0] != 3) throw Error("record field 'pbc' must have shape [3], got " + got());
+        if (ndim != 1 || shape[0] != 3)
+          throw Error("record field 'pbc' must have shape [3], got " + got());
         return;
       case Rule::stress:
         if (!(ndim == 1 && shape[0] == 6) && !(ndim == 2 && shape[0] == 3 && shape[1] == 3))
           throw Error("record field 'stress' must have shape [6] or [3, 3], got " + got());
         return;
       case Rule::scalar:
-        if (ndim != 0) throw Error("record field '" + k() + "' must be a scalar, got shape " + got());
+        if (ndim != 0)
+          throw Error("record field '" + k() + "' must be a scalar, got shape " + got());
         return;
-      default:
-        return;
+      default: return;
     }
   }
 
@@ -441,9 +455,8 @@ PyObject* field_object(const store::Field& f, const std::byte* data, PyObject* b
   npy_intp dims[store::kMaxFieldDims];
   for (int d = 0; d < f.ndim; ++d) dims[d] = npy_intp(f.shape[d]);
   if (f.dtype == DType::utf8)
-    return utf8_object(reinterpret_cast<const char*>(data), f.itemsize, f.ndim, dims, [&] {
-      return source_name + ": record " + std::to_string(record);
-    });
+    return utf8_object(reinterpret_cast<const char*>(data), f.itemsize, f.ndim, dims,
+                       [&] { return source_name + ": record " + std::to_string(record); });
   PyArray_Descr* descr = f.dtype == DType::bytes ? text_descr('S', f.itemsize)
                                                  : PyArray_DescrFromType(numpy_type(f.dtype));
   if (f.ndim == 0 && f.dtype != DType::bytes) {
@@ -486,14 +499,15 @@ PyObject* numeric_scalar(int type, const std::byte* data) {
   if (!s) throw nb::python_error();
   // Every numeric scalar object is PyObject_HEAD followed by its value (see numpy's arrayscalars.h).
   switch (type) {
-    case NPY_UINT8: case NPY_INT8:
-      std::memcpy(&PyArrayScalar_VAL(s, UByte), data, 1); break;
-    case NPY_UINT16: case NPY_INT16: case NPY_FLOAT16:
-      std::memcpy(&PyArrayScalar_VAL(s, UShort), data, 2); break;
-    case NPY_UINT32: case NPY_INT32: case NPY_FLOAT32:
-      std::memcpy(&PyArrayScalar_VAL(s, UInt), data, 4); break;
-    default:
-      std::memcpy(&PyArrayScalar_VAL(s, ULongLong), data, 8); break;
+    case NPY_UINT8:
+    case NPY_INT8: std::memcpy(&PyArrayScalar_VAL(s, UByte), data, 1); break;
+    case NPY_UINT16:
+    case NPY_INT16:
+    case NPY_FLOAT16: std::memcpy(&PyArrayScalar_VAL(s, UShort), data, 2); break;
+    case NPY_UINT32:
+    case NPY_INT32:
+    case NPY_FLOAT32: std::memcpy(&PyArrayScalar_VAL(s, UInt), data, 4); break;
+    default: std::memcpy(&PyArrayScalar_VAL(s, ULongLong), data, 8); break;
   }
   return s;
 }
@@ -527,16 +541,17 @@ class PyReader {
     const uint64_t n = r_->size();
     if (i < 0) i += int64_t(n);
     if (i < 0 || uint64_t(i) >= n)
-      throw nb::index_error(("record index out of range for " + std::to_string(n) + " records").c_str());
+      throw nb::index_error(
+          ("record index out of range for " + std::to_string(n) + " records").c_str());
     return get_at(uint64_t(i), copy);
   }
 
   // `indices` (a 1-d sequence of integers, negative ones counting from the end) as record
   // numbers; IndexError names the first one out of range.
   std::vector<uint64_t> indices_of(nb::handle indices) const {
-    nb::object arr = nb::steal(PyArray_FromAny(
-        indices.ptr(), PyArray_DescrFromType(NPY_INT64), 1, 1,
-        NPY_ARRAY_C_CONTIGUOUS | NPY_ARRAY_ALIGNED | NPY_ARRAY_FORCECAST, nullptr));
+    nb::object arr = nb::steal(
+        PyArray_FromAny(indices.ptr(), PyArray_DescrFromType(NPY_INT64), 1, 1,
+                        NPY_ARRAY_C_CONTIGUOUS | NPY_ARRAY_ALIGNED | NPY_ARRAY_FORCECAST, nullptr));
     if (!arr) {
       PyErr_Clear();
       throw Error("indices must be a 1-d sequence of integers");
@@ -551,7 +566,8 @@ class PyReader {
       if (i < 0) i += n;
       if (i < 0 || i >= n)
         throw nb::index_error(("indices[" + std::to_string(b) + "] = " + std::to_string(raw[b]) +
-                               " is out of range for " + std::to_string(n) + " records").c_str());
+                               " is out of range for " + std::to_string(n) + " records")
+                                  .c_str());
       out[size_t(b)] = uint64_t(i);
     }
     return out;
@@ -572,7 +588,8 @@ class PyReader {
     const store::Index& ix = r_->index();
     const store::RecordEntry e = ix.entry(i);
     const std::span<const std::byte> stored = r_->bytes().subspan(e.offset, e.stored_length);
-    for (uint64_t line = 0; line < stored.size(); line += 64) __builtin_prefetch(stored.data() + line);
+    for (uint64_t line = 0; line < stored.size(); line += 64)
+      __builtin_prefetch(stored.data() + line);
     const bool compressed = e.codec != store::Codec::none;
     const bool own = copy || compressed;
     const LayoutPlan& fields = plan(e.layout_id);
@@ -630,7 +647,8 @@ class PyReader {
       const FieldPlan& fp = fields[k];
       const std::byte* data = base + fp.field->offset;
       if (arrays[k]) {
-        if (own && fp.field->nbytes) std::memcpy(PyArray_DATA(arrays[k]), data, size_t(fp.field->nbytes));
+        if (own && fp.field->nbytes)
+          std::memcpy(PyArray_DATA(arrays[k]), data, size_t(fp.field->nbytes));
         if (own && !copy) PyArray_CLEARFLAGS(arrays[k], NPY_ARRAY_WRITEABLE);
         continue;
       }
@@ -691,7 +709,8 @@ class PyReader {
         std::memcpy(PyArray_DATA(reinterpret_cast<PyArrayObject*>(la)), o.lengths.data(),
                     size_t(B) * sizeof(int64_t));
         const std::string& key = ix.keys()[o.key_id];
-        if (PyDict_SetItemString(out.ptr(), ("_len_" + key).c_str(), la) != 0) throw nb::python_error();
+        if (PyDict_SetItemString(out.ptr(), ("_len_" + key).c_str(), la) != 0)
+          throw nb::python_error();
       }
     }
     {
@@ -711,10 +730,11 @@ class PyReader {
     for (size_t t = 0; t < F; ++t) {
       const store::BatchOutput& o = outputs[t];
       if (o.dtype != DType::utf8) continue;
-      nb::object text = nb::steal(utf8_object(
-          reinterpret_cast<const char*>(scratch[t].data()), o.itemsize, int(dims[t].size()),
-          dims[t].data(), [&] { return r_->path() + ": read_batch"; }));
-      if (PyDict_SetItem(out.ptr(), keys_[o.key_id].ptr(), text.ptr()) != 0) throw nb::python_error();
+      nb::object text = nb::steal(utf8_object(reinterpret_cast<const char*>(scratch[t].data()),
+                                              o.itemsize, int(dims[t].size()), dims[t].data(),
+                                              [&] { return r_->path() + ": read_batch"; }));
+      if (PyDict_SetItem(out.ptr(), keys_[o.key_id].ptr(), text.ptr()) != 0)
+        throw nb::python_error();
     }
     return out;
   }
@@ -738,11 +758,11 @@ class PyReader {
  private:
   // What building one field's value takes, fixed by its layout.
   struct FieldPlan {
-    PyObject* key = nullptr;            // interned, owned by keys_
-    nb::object descr;                   // the array's dtype (null for utf8)
+    PyObject* key = nullptr;  // interned, owned by keys_
+    nb::object descr;         // the array's dtype (null for utf8)
     int type = NPY_NOTYPE;
     int ndim = 0;
-    bool scalar = false;                // a 0-d numeric field: a numpy scalar
+    bool scalar = false;  // a 0-d numeric field: a numpy scalar
     npy_intp dims[store::kMaxFieldDims] = {};
     const store::Field* field = nullptr;
   };
@@ -760,8 +780,9 @@ class PyReader {
       for (int d = 0; d < f.ndim; ++d) fp.dims[d] = npy_intp(f.shape[d]);
       if (f.dtype != DType::utf8) {
         fp.type = numpy_type(f.dtype);
-        fp.descr = nb::steal(reinterpret_cast<PyObject*>(
-            f.dtype == DType::bytes ? text_descr('S', f.itemsize) : PyArray_DescrFromType(fp.type)));
+        fp.descr = nb::steal(reinterpret_cast<PyObject*>(f.dtype == DType::bytes
+                                                             ? text_descr('S', f.itemsize)
+                                                             : PyArray_DescrFromType(fp.type)));
         fp.scalar = f.ndim == 0 && f.dtype != DType::bytes;
       }
       p->push_back(std::move(fp));
@@ -787,8 +808,10 @@ class PyRecordIter {
   static constexpr size_t kAhead = 4;
 
   PyRecordIter(nb::object reader, std::vector<uint64_t> indices, bool copy)
-      : reader_obj_(std::move(reader)), reader_(&nb::cast<const PyReader&>(reader_obj_)),
-        indices_(std::move(indices)), copy_(copy) {
+      : reader_obj_(std::move(reader)),
+        reader_(&nb::cast<const PyReader&>(reader_obj_)),
+        indices_(std::move(indices)),
+        copy_(copy) {
     for (size_t k = 0; k < indices_.size() && k < 2 * kAhead; ++k)
       reader_->prefetch(indices_[k], /*entry_only=*/k >= kAhead);
   }
@@ -815,7 +838,8 @@ nb::object record_to_dict(const store::Record& rec, nb::object owner,
                           const std::string& source_name, uint64_t record) {
   nb::object d = nb::steal(PyDict_New());
   for (size_t f = 0; f < rec.num_fields(); ++f) {
-    nb::object v = nb::steal(field_object(rec.field(f), rec.data(f), owner.ptr(), source_name, record));
+    nb::object v =
+        nb::steal(field_object(rec.field(f), rec.data(f), owner.ptr(), source_name, record));
     if (PyDict_SetItemString(d.ptr(), rec.key(f).c_str(), v.ptr()) != 0) throw nb::python_error();
   }
   return d;
@@ -868,8 +892,9 @@ void bind_store(nb::module_& m) {
       .def(nb::init<const std::string&, bool, bool>(), nb::arg("path"),
            nb::arg("verify_checksums") = true, nb::arg("recover") = false)
       .def("__len__", &PyReader::size)
-      .def("__getitem__", [](const PyReader& r, int64_t i) { return r.get(i, false); },
-           nb::arg("index"))
+      .def(
+          "__getitem__", [](const PyReader& r, int64_t i) { return r.get(i, false); },
+          nb::arg("index"))
       .def("read", &PyReader::get, nb::arg("index"), nb::arg("copy") = true)
       .def(
           "records",

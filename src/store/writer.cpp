@@ -63,7 +63,8 @@ void lock(int fd, const std::string& path) {
 // True when `fd` is still the file at `path` (an overwrite may rename a new file over it between
 // open() and flock(); the lock would then guard a file nobody else will open).
 bool still_at_path(int fd, const std::string& path) {
-  struct stat a {}, b {};
+  struct stat a {
+  }, b{};
   return ::fstat(fd, &a) == 0 && ::stat(path.c_str(), &b) == 0 && a.st_dev == b.st_dev &&
          a.st_ino == b.st_ino;
 }
@@ -102,7 +103,8 @@ void remove_dead_partials(const std::string& path) {
   while (const dirent* e = ::readdir(d)) {
     const std::string name = e->d_name;
     if (name.size() != want || name.compare(0, prefix.size(), prefix) != 0 ||
-        name.compare(name.size() - std::strlen(kPartialSuffix), std::string::npos, kPartialSuffix) != 0)
+        name.compare(name.size() - std::strlen(kPartialSuffix), std::string::npos,
+                     kPartialSuffix) != 0)
       continue;
     const std::string full = dir + "/" + name;
     const int fd = ::open(full.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
@@ -177,7 +179,8 @@ struct Writer::State {
       lock(fd, partial);
       return;
     }
-    throw RuntimeError("cannot create a partial file next to " + path + ": every name tried exists");
+    throw RuntimeError("cannot create a partial file next to " + path +
+                       ": every name tried exists");
   }
   // Puts the partial file at `path`: over the replaced file, or (a new store) only if nothing
   // appeared there meanwhile.
@@ -185,16 +188,19 @@ struct Writer::State {
     if (replaced_fd >= 0) {
       if (::rename(partial.c_str(), target.c_str()) != 0)
         throw RuntimeError(os_error("cannot rename " + partial + " to", target));
-    } else if (::renameat2(AT_FDCWD, partial.c_str(), AT_FDCWD, target.c_str(), RENAME_NOREPLACE) != 0) {
+    } else if (::renameat2(AT_FDCWD, partial.c_str(), AT_FDCWD, target.c_str(), RENAME_NOREPLACE) !=
+               0) {
       if (errno == EEXIST)
-        throw RuntimeError(path + " was created by another writer meanwhile; a store has one "
+        throw RuntimeError(path +
+                           " was created by another writer meanwhile; a store has one "
                            "writer at a time");
       // File systems without RENAME_NOREPLACE: a link fails as well when the name is taken.
       if (errno != EINVAL && errno != ENOSYS && errno != EOPNOTSUPP)
         throw RuntimeError(os_error("cannot rename " + partial + " to", target));
       if (::link(partial.c_str(), target.c_str()) != 0) {
         if (errno == EEXIST)
-          throw RuntimeError(path + " was created by another writer meanwhile; a store has one "
+          throw RuntimeError(path +
+                             " was created by another writer meanwhile; a store has one "
                              "writer at a time");
         throw RuntimeError(os_error("cannot link " + partial + " to", target));
       }
@@ -342,9 +348,11 @@ void Writer::append(std::span<const ArrayRef> fields) {
     TPF_CHECK(!key.empty(), "record field " + std::to_string(a) + " has an empty key");
     TPF_CHECK(key.size() <= detail::kMaxKeyBytes,
               "record key '" + std::string(key.substr(0, 32)) + "...' is longer than 1024 bytes");
-    TPF_CHECK(key[0] != '_', "record key '" + std::string(key) + "' starts with '_', which is reserved");
-    TPF_CHECK(f.ndim >= 0 && f.ndim <= kMaxFieldDims,
-              "record field '" + std::string(key) + "' has " + std::to_string(f.ndim) + " dims, at most 8");
+    TPF_CHECK(key[0] != '_',
+              "record key '" + std::string(key) + "' starts with '_', which is reserved");
+    TPF_CHECK(f.ndim >= 0 && f.ndim <= kMaxFieldDims, "record field '" + std::string(key) +
+                                                          "' has " + std::to_string(f.ndim) +
+                                                          " dims, at most 8");
     TPF_CHECK(uint8_t(f.dtype) >= 1 && uint8_t(f.dtype) <= 14,
               "record field '" + std::string(key) + "' has an unknown dtype");
     const uint32_t size = dtype_size(f.dtype);

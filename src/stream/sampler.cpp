@@ -98,9 +98,8 @@ std::vector<uint64_t> rank_slice(const std::vector<uint64_t>& order, uint64_t co
 std::vector<uint64_t> worker_slice(const std::vector<uint64_t>& rank_list, uint32_t worker,
                                    uint32_t num_workers, uint64_t batch_size) {
   TPF_CHECK(num_workers >= 1, "num_workers: expected >= 1, got 0");
-  TPF_CHECK(worker < num_workers, "worker: expected < num_workers (" +
-                                      std::to_string(num_workers) + "), got " +
-                                      std::to_string(worker));
+  TPF_CHECK(worker < num_workers, "worker: expected < num_workers (" + std::to_string(num_workers) +
+                                      "), got " + std::to_string(worker));
   TPF_CHECK(batch_size >= 1, "batch_size: expected >= 1, got 0");
   std::vector<uint64_t> out;
   const uint64_t n = rank_list.size();
@@ -108,6 +107,20 @@ std::vector<uint64_t> worker_slice(const std::vector<uint64_t>& rank_list, uint3
        start += uint64_t(num_workers) * batch_size)
     for (uint64_t i = start; i < std::min(n, start + batch_size); ++i) out.push_back(rank_list[i]);
   return out;
+}
+
+std::vector<uint64_t> worker_plan(uint64_t num_records, const PlanOptions& o) {
+  const auto order = epoch_order({num_records, o.seed, o.shuffle, o.block_size}, o.epoch);
+  return worker_slice(rank_slice(order, o.consumed, o.rank, o.world_size, o.drop_last), o.worker,
+                      o.num_workers, o.batch_size);
+}
+
+uint64_t rank_count(uint64_t num_records, const PlanOptions& o) {
+  TPF_CHECK(o.world_size >= 1, "world_size: expected >= 1, got 0");
+  TPF_CHECK(o.rank < o.world_size, "rank: expected < world_size (" + std::to_string(o.world_size) +
+                                       "), got " + std::to_string(o.rank));
+  const uint64_t left = o.consumed >= num_records ? 0 : num_records - o.consumed;
+  return o.drop_last ? left / o.world_size : (left + o.world_size - 1) / o.world_size;
 }
 
 }  // namespace tpf::stream

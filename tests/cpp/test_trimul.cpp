@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "test_util.h"
+#include "tpf/attention.h"  // cuda_available
 #include "tpf/error.h"
 #include "tpf/trimul.h"
 
@@ -41,8 +42,8 @@ struct Problem {
     for (auto& m : mask) m = keep(rng) ? 1.0f : 0.0f;
     const float w_scale = 1.0f / std::sqrt(float(D));
     const int64_t sizes[12] = {D, D, 2 * D * D, 2 * D * D, 2 * D, 2 * D, D, D, D * D, D * D, D, D};
-    const float scales[12] = {0.2f, 0.2f, w_scale, w_scale, 0.5f, 0.5f, 0.2f, 0.2f, w_scale,
-                              w_scale, 0.5f, 0.5f};
+    const float scales[12] = {0.2f, 0.2f, w_scale, w_scale, 0.5f, 0.5f,
+                              0.2f, 0.2f, w_scale, w_scale, 0.5f, 0.5f};
     const float shifts[12] = {1, 0, 0, 0, 0, 0, 1, 0, 0, 0, 0, 0};
     params.resize(12);
     for (int k = 0; k < 12; ++k) fill(params[k], sizes[k], scales[k], shifts[k]);
@@ -83,8 +84,12 @@ struct Outputs {
   std::vector<std::vector<T>> dparams;
   std::vector<T> a, b, z, go;  // saved (float only)
   explicit Outputs(const Problem& p)
-      : y(p.x.size(), T(NAN)), dx(p.x.size(), T(NAN)), a(p.B * p.D * p.S * p.S), b(a.size()),
-        z(a.size()), go(p.x.size()) {
+      : y(p.x.size(), T(NAN)),
+        dx(p.x.size(), T(NAN)),
+        a(p.B * p.D * p.S * p.S),
+        b(a.size()),
+        z(a.size()),
+        go(p.x.size()) {
     for (const auto& q : p.params) dparams.emplace_back(q.size(), T(NAN));
   }
   TensorView grad_view(Problem& p, int k) {
@@ -147,13 +152,12 @@ void run(Problem& p, Outputs<T>& out, bool reference) {
   }
 }
 
-const char* kParamNames[12] = {"norm_in_weight", "norm_in_bias", "p_in_weight", "g_in_weight",
-                               "p_in_bias", "g_in_bias", "norm_out_weight", "norm_out_bias",
-                               "p_out_weight", "g_out_weight", "p_out_bias", "g_out_bias"};
+const char* kParamNames[12] = {"norm_in_weight", "norm_in_bias", "p_in_weight",     "g_in_weight",
+                               "p_in_bias",      "g_in_bias",    "norm_out_weight", "norm_out_bias",
+                               "p_out_weight",   "g_out_weight", "p_out_bias",      "g_out_bias"};
 bool is_bias(int k) { return k == 4 || k == 5 || k == 10 || k == 11; }
 
-class TrimulCpuVsReference
-    : public ::testing::TestWithParam<std::tuple<int, int, bool, bool>> {};
+class TrimulCpuVsReference : public ::testing::TestWithParam<std::tuple<int, int, bool, bool>> {};
 
 TEST_P(TrimulCpuVsReference, MatchesFp64) {
   const auto [S, D, outgoing, with_mask] = GetParam();
@@ -210,7 +214,8 @@ TEST_P(TrimulReferenceGradients, MatchFiniteDifferences) {
     for (size_t i = 0; i < o.y.size(); ++i) l += o.y[i] * p.dy[i];
     return l;
   };
-  auto check = [&](std::vector<float>& v, const std::vector<double>& grad, const std::string& name) {
+  auto check = [&](std::vector<float>& v, const std::vector<double>& grad,
+                   const std::string& name) {
     expect_matches_finite_differences(v, grad, name, loss, 7, 2e-3);
   };
   check(p.x, g.dx, "dx");
@@ -259,20 +264,55 @@ TEST(TrimulErrors, NameTheArgument) {
   a = f;
   a.y.stride[3] = 2;
   expect_error(a, "y must have stride 1");
+  a = f;
+  a.x.shape[0] = 0;
+  expect_error(a, "x must have B, S and D of at least 1, got [0, 5, 5, 8]");
+  a = f;
+  a.x.dtype = DType::f64;
+  expect_error(a, "x must be float32, bfloat16 or float16, got float64");
+  a = f;
+  a.mask.view.shape[1] = 4;
+  expect_error(a, "mask must have shape [B, S, S] = [1, 5, 5], got [1, 4, 5]");
+  a = f;
+  a.mask.view.device = Device::cuda;
+  expect_error(a, "mask must be on x's device cpu, got cuda:0");
+  a = f;
+  a.w.p_out_weight.device = Device::cuda;
+  expect_error(a, "p_out_weight must be on x's device cpu, got cuda:0");
+  a = f;
+  a.saved.go.dtype = DType::bf16;
+  expect_error(a, "go must have x's dtype float32, got bfloat16");
+  a = f;
+  a.saved.a.stride[3] = 2;
+  expect_error(a, "a must be contiguous");
+  // The FP64 reference runs on CPU tensors only.
+  a = f;
+  for (TensorView* t : {&a.x, &a.mask.view, &a.y, &a.w.norm_in_weight, &a.w.norm_in_bias,
+                        &a.w.p_in_weight, &a.w.g_in_weight, &a.w.norm_out_weight,
+                        &a.w.norm_out_bias, &a.w.p_out_weight, &a.w.g_out_weight})
+    t->device = Device::cuda;
+  a.mask.present = false;
+  try {
+    reference::trimul_forward_f64(a);
+    ADD_FAILURE() << "expected the reference to refuse CUDA tensors";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("the FP64 reference runs on CPU tensors only, got x on "
+                                         "cuda:0"),
+              std::string::npos)
+        << e.what();
+  }
 }
 
 // Every view of w, biases included (present or not).
 std::vector<TensorView*> views_of(TrimulWeights& w) {
-  return {&w.norm_in_weight,  &w.norm_in_bias,  &w.p_in_weight,      &w.p_in_bias.view,
-          &w.g_in_weight,     &w.g_in_bias.view, &w.norm_out_weight, &w.norm_out_bias,
-          &w.p_out_weight,    &w.p_out_bias.view, &w.g_out_weight,   &w.g_out_bias.view};
+  return {&w.norm_in_weight, &w.norm_in_bias,    &w.p_in_weight,     &w.p_in_bias.view,
+          &w.g_in_weight,    &w.g_in_bias.view,  &w.norm_out_weight, &w.norm_out_bias,
+          &w.p_out_weight,   &w.p_out_bias.view, &w.g_out_weight,    &w.g_out_bias.view};
 }
 
 // The CUDA path's own checks, which run before anything is launched: views that claim to be on a
 // CUDA device (host memory that is never read) reach them in a build with or without the kernels.
-TEST(TrimulErrors, CudaChecksNameTheArgument) {
-  Problem p(1, 5, 8, true, true, true, 4);
-  Outputs<float> out(p);
+TrimulBackwardArgs backward_args(Problem& p, Outputs<float>& out) {
   const TrimulForwardArgs f = forward_args(p, out);
   TrimulBackwardArgs b;
   b.x = f.x;
@@ -287,9 +327,18 @@ TEST(TrimulErrors, CudaChecksNameTheArgument) {
   // views_of's order (TrimulWeights') against Problem::params' (biases after both weights).
   const int param_of[12] = {0, 1, 2, 4, 3, 5, 6, 7, 8, 10, 9, 11};
   for (int k = 0; k < 12; ++k) *grads[k] = out.grad_view(p, param_of[k]);
+  return b;
+}
+
+TEST(TrimulErrors, CudaChecksNameTheArgument) {
+  Problem p(1, 5, 8, true, true, true, 4);
+  Outputs<float> out(p);
+  const TrimulBackwardArgs b = backward_args(p, out);
+  Problem p12(1, 5, 12, true, true, true, 4);
+  Outputs<float> out12(p12);
   auto on_cuda = [](TrimulBackwardArgs a) {
-    for (TensorView* t : {&a.x, &a.mask.view, &a.saved.a, &a.saved.b, &a.saved.z, &a.saved.go,
-                          &a.dy, &a.dx})
+    for (TensorView* t :
+         {&a.x, &a.mask.view, &a.saved.a, &a.saved.b, &a.saved.z, &a.saved.go, &a.dy, &a.dx})
       t->device = Device::cuda;
     for (TrimulWeights* w : {&a.w, &a.dw})
       for (TensorView* t : views_of(*w)) t->device = Device::cuda;
@@ -305,16 +354,19 @@ TEST(TrimulErrors, CudaChecksNameTheArgument) {
   };
   TrimulBackwardArgs a = b;
   a.mask.view.dtype = DType::i32;
-  expect_error(a, "mask must be bool, uint8, float32, bfloat16 or float16 for the CUDA kernels, "
-                  "got int32");
+  expect_error(a,
+               "mask must be bool, uint8, float32, bfloat16 or float16 for the CUDA kernels, "
+               "got int32");
   a = b;
   a.w.g_out_bias.view.dtype = DType::bf16;
-  expect_error(a, "g_out_bias must have the weights' dtype float32 (norm_in_weight's) for the "
-                  "CUDA kernels, got bfloat16");
+  expect_error(a,
+               "g_out_bias must have the weights' dtype float32 (norm_in_weight's) for the "
+               "CUDA kernels, got bfloat16");
   a = b;
   for (TensorView* t : views_of(a.w)) t->dtype = DType::f64;
-  expect_error(a, "norm_in_weight (and every other weight) must be float32, bfloat16 or float16 "
-                  "for the CUDA kernels, got float64");
+  expect_error(a,
+               "norm_in_weight (and every other weight) must be float32, bfloat16 or float16 "
+               "for the CUDA kernels, got float64");
   a = b;
   a.dw.p_out_weight.dtype = DType::f16;
   expect_error(a, "d_p_out_weight must have the weights' dtype float32");
@@ -326,6 +378,26 @@ TEST(TrimulErrors, CudaChecksNameTheArgument) {
   a.mask.view.dtype = DType::boolean;
   a.w.norm_in_weight.dtype = DType::f16;
   expect_error(a, "norm_in_bias must have the weights' dtype float16");
+  a = backward_args(p12, out12);
+  expect_error(a, "x must have D a multiple of 8 and at most 128 for the CUDA kernels, got D = 12");
+  a = b;
+  a.x.stride[1] = 2 * p.S * p.D;
+  expect_error(a, "x must be contiguous for the CUDA kernels");
+  a = b;
+  a.dx.dtype = DType::bf16;
+  expect_error(a, "dx must have x's dtype float32 for the CUDA kernels, got bfloat16");
+  a = b;
+  a.dw.p_in_bias.present = false;
+  expect_error(a, "d_p_in_bias must be given exactly when its bias is");
+  a = b;
+  a.dy.shape[1] = 4;
+  expect_error(a, "grad_out must have shape [B, S, S, D] = [1, 5, 5, 8], got [1, 4, 5, 8]");
+  a = b;
+  expect_error(a, "workspace (an allocator) is required for CUDA tensors");
+  // Past the checks, a build without the kernels says so; with them, the workspace is asked for.
+  a = b;
+  a.workspace = [](size_t) -> void* { throw Error("no workspace in this test"); };
+  expect_error(a, cuda_available() ? "no workspace in this test" : "has no CUDA kernels");
 }
 
 }  // namespace

@@ -14,6 +14,7 @@
 #include <random>
 #include <vector>
 
+#include "device_workspace.h"
 #include "tpf/attention.h"
 
 namespace {
@@ -61,9 +62,11 @@ int main() {
   check(cudaMalloc(&dbias, B * H * S * S * 2), "dbias");
   check(cudaMalloc(&lse, B * N * H * S * 4), "lse");
 
-  using tpf::DType;
   using tpf::Device;
-  auto view5 = [&](void* p) { return tpf::make_view(p, DType::bf16, {B, N, H, S, D}, Device::cuda); };
+  using tpf::DType;
+  auto view5 = [&](void* p) {
+    return tpf::make_view(p, DType::bf16, {B, N, H, S, D}, Device::cuda);
+  };
   tpf::AttentionForwardArgs f;
   f.q = view5(q);
   f.k = view5(k);
@@ -91,9 +94,8 @@ int main() {
   a.dv = view5(dv);
   a.dbias = tpf::make_view(dbias, DType::bf16, {B, H, S, S}, Device::cuda);
   a.scale = f.scale;
-  const tpf::AttentionDims dims{B, N, H, S, S, D};
-  a.workspace_bytes = tpf::attention_backward_workspace_bytes(dims, Device::cuda);
-  check(cudaMalloc(&a.workspace, a.workspace_bytes), "workspace");
+  DeviceWorkspace workspace;
+  a.workspace = workspace.allocator();
   tpf::attention_backward(a);
   check(cudaDeviceSynchronize(), "sync");
 
@@ -142,7 +144,7 @@ int main() {
     std::fprintf(stderr, "wgmma forward differs from the default forward by %g\n", worst);
     return 1;
   }
-  // The cluster dQ backward (read at each call; its workspace is sized under the same switch),
+  // The cluster dQ backward (read at each call, like the workspace's size),
   // into fresh gradient buffers.
   std::vector<__nv_bfloat16> dq_default(qn);
   check(cudaMemcpy(dq_default.data(), dq, qn * 2, cudaMemcpyDeviceToHost), "copy back");
@@ -157,8 +159,6 @@ int main() {
   a2.dk = view5(dk2);
   a2.dv = view5(dv2);
   a2.dbias = tpf::make_view(dbias2, DType::bf16, {B, H, S, S}, Device::cuda);
-  a2.workspace_bytes = tpf::attention_backward_workspace_bytes(dims, Device::cuda);
-  check(cudaMalloc(&a2.workspace, a2.workspace_bytes), "workspace (cluster dQ)");
   tpf::attention_backward(a2);
   check(cudaDeviceSynchronize(), "sync (cluster dQ backward)");
   unsetenv("TPF_ATTENTION_BWD_DQ");
@@ -176,14 +176,16 @@ int main() {
     }
   }
   std::vector<__nv_bfloat16> dbias_host(B * H * S * S);
-  check(cudaMemcpy(dbias_host.data(), dbias2, dbias_host.size() * 2, cudaMemcpyDeviceToHost), "copy back");
+  check(cudaMemcpy(dbias_host.data(), dbias2, dbias_host.size() * 2, cudaMemcpyDeviceToHost),
+        "copy back");
   for (auto x : dbias_host)
     if (!std::isfinite(__bfloat162float(x))) {
       std::fprintf(stderr, "non-finite dbias of the cluster dQ backward\n");
       return 1;
     }
-  std::printf("sanitize_attention: ok (wgmma forward within %g of the default; cluster dQ "
-              "equal)\n",
-              worst);
+  std::printf(
+      "sanitize_attention: ok (wgmma forward within %g of the default; cluster dQ "
+      "equal)\n",
+      worst);
   return 0;
 }

@@ -25,9 +25,9 @@
 
 #include "kernels/attention/backward_workspace.h"
 #include "kernels/attention/forward.h"
-#include "kernels/attention/mma.cuh"
 #include "kernels/attention/tile_config.h"
-#include "kernels/attention/tile_io.cuh"
+#include "kernels/common/mma.cuh"
+#include "kernels/common/tile_io.cuh"
 
 namespace tpf::cuda {
 namespace {
@@ -74,17 +74,16 @@ __global__ void attention_delta_kernel(const AttentionBackwardParams p) {
   const int64_t rows = int64_t(f.B) * f.N * f.H * f.Sq;
   for (int64_t r = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; r < rows;
        r += int64_t(gridDim.x) * blockDim.x) {
-    const int s = int(r % f.Sq), h = int((r / f.Sq) % f.H), n = int((r / (int64_t(f.Sq) * f.H)) % f.N),
-              b = int(r / (int64_t(f.Sq) * f.H * f.N));
+    const int s = int(r % f.Sq), h = int((r / f.Sq) % f.H),
+              n = int((r / (int64_t(f.Sq) * f.H)) % f.N), b = int(r / (int64_t(f.Sq) * f.H * f.N));
     const T* o = static_cast<const T*>(f.o) + b * f.o_stride.b + n * f.o_stride.n +
                  h * f.o_stride.h + s * f.o_stride.s;
     const T* dout = static_cast<const T*>(p.dout) + b * p.dout_stride.b + n * p.dout_stride.n +
                     h * p.dout_stride.h + s * p.dout_stride.s;
-    const __nv_bfloat16* res =
-        f.residual ? static_cast<const __nv_bfloat16*>(f.residual) + b * f.residual_stride.b +
-                         n * f.residual_stride.n + h * f.residual_stride.h +
-                         s * f.residual_stride.s
-                   : nullptr;
+    const __nv_bfloat16* res = f.residual ? static_cast<const __nv_bfloat16*>(f.residual) +
+                                                b * f.residual_stride.b + n * f.residual_stride.n +
+                                                h * f.residual_stride.h + s * f.residual_stride.s
+                                          : nullptr;
     float acc = 0.f;
 #pragma unroll
     for (int c = 0; c < D; ++c) {
@@ -106,12 +105,14 @@ __global__ void attention_delta_vec_kernel(const AttentionBackwardParams p) {
   const int64_t rows = int64_t(f.B) * f.N * f.H * f.Sq, total = rows * L;
   const int part = threadIdx.x % L;
   for (int64_t base = int64_t(blockIdx.x) * blockDim.x; base < total;
-       base += int64_t(gridDim.x) * blockDim.x) {  // uniform over the block: shuffles see every lane
+       base +=
+       int64_t(gridDim.x) * blockDim.x) {  // uniform over the block: shuffles see every lane
     const int64_t idx = base + threadIdx.x, r = idx / L;
     float acc = 0.f;
     if (idx < total) {
       const int s = int(r % f.Sq), h = int((r / f.Sq) % f.H),
-                n = int((r / (int64_t(f.Sq) * f.H)) % f.N), b = int(r / (int64_t(f.Sq) * f.H * f.N));
+                n = int((r / (int64_t(f.Sq) * f.H)) % f.N),
+                b = int(r / (int64_t(f.Sq) * f.H * f.N));
       const uint4 o = *reinterpret_cast<const uint4*>(
           static_cast<const T*>(f.o) + b * f.o_stride.b + n * f.o_stride.n + h * f.o_stride.h +
           s * f.o_stride.s + part * 8);
@@ -142,7 +143,7 @@ __global__ void attention_delta_vec_kernel(const AttentionBackwardParams p) {
 template <typename T, int D, bool Lean>
 struct BackwardSmem {
   static constexpr int G = BackwardTiles<D, Lean>::kSlices;
-  static constexpr int LDB = kTileK + 4;     // lean dbias tiles, [query][key] fp32, conflict-free
+  static constexpr int LDB = kTileK + 4;  // lean dbias tiles, [query][key] fp32, conflict-free
   static constexpr int LD = D + kPad;
   static constexpr int LDT = kTileK + kPad;  // bias and dS tiles, [query][key]
   T k[G][kTileK * LD];
@@ -161,7 +162,7 @@ struct BackwardSmem {
 
 // Cluster dQ of one query tile: the CTAs' dQ tiles (sm.ds reused, rows of Smem::LDQ floats) summed
 // in rank order, which is key-tile order, from 0: at one cluster per slice the same additions in
-// the same order as attention_dq_reduce_kernel, so dQ is bitwise today's. Rank r of C takes the
+// the same order as attention_dq_reduce_kernel, so dQ is bitwise the reduce kernel's. Rank r of C takes the
 // r-th C-th of the block's 2 x 64 x D / 4 float4s. Writes dQ (dq_parts == 1) or the fp32 partial
 // of cluster `part`.
 template <typename T, int D, typename Smem, int THREADS>
@@ -170,7 +171,8 @@ __device__ __forceinline__ void cluster_dq_sum(const AttentionBackwardParams& p,
                                                int n_end, int q0, int qrows) {
   const AttentionForwardParams& f = p.fwd;
   constexpr int U4 = kTileQ * (D / 4), U = 2 * U4;
-  constexpr int BATCH = D == 32 ? 2 : 4;  // remote loads in flight per thread; more spills at D = 32
+  constexpr int BATCH =
+      D == 32 ? 2 : 4;  // remote loads in flight per thread; more spills at D = 32
   const int C = p.dq_cluster, u_end = (rank + 1) * U / C;
   for (int u = rank * U / C + threadIdx.x; u < u_end; u += THREADS) {
     const int g = u / U4, row = (u % U4) / (D / 4), c = (u % (D / 4)) * 4, n = n_first + g;
@@ -199,7 +201,8 @@ __device__ __forceinline__ void cluster_dq_sum(const AttentionBackwardParams& p,
     } else {
       *reinterpret_cast<float4*>(
           p.dq_partial +
-          ((((int64_t(part) * p.chunk + (n - n_begin)) * f.B + b) * f.H + h) * f.Sq + q0 + row) * D +
+          ((((int64_t(part) * p.chunk + (n - n_begin)) * f.B + b) * f.H + h) * f.Sq + q0 + row) *
+              D +
           c) = acc;
     }
   }
@@ -213,7 +216,7 @@ __global__ void __launch_bounds__(BackwardTiles<D, Lean>::kWarps * 32,
   using Tiles = BackwardTiles<D, Lean>;
   using Smem = BackwardSmem<T, D, Lean>;
   static_assert(!Cluster || sizeof(float) * kTileQ * Smem::LDQ <= sizeof(Smem::ds[0]) &&
-                    offsetof(Smem, ds) % 16 == 0,
+                                offsetof(Smem, ds) % 16 == 0,
                 "a quad's fp32 dQ tile fits in its dS tile, 16-byte aligned");
   constexpr int G = Tiles::kSlices, GQ = Tiles::kSlicesPerQuad, THREADS = Tiles::kWarps * 32;
   constexpr int LD = Smem::LD, LDT = Smem::LDT;
@@ -239,10 +242,12 @@ __global__ void __launch_bounds__(BackwardTiles<D, Lean>::kWarps * 32,
   for (int g = 0; g < G; ++g) {
     const int n = n_first + g;
     const bool valid = n < n_end;
-    load_tile<T, kTileK, D, THREADS>(sm.k[g], valid ? slice_ptr(f.k, f.k_stride, n) + k0 * f.k_stride.s : safe,
-                                     f.k_stride.s, valid ? krows : 0, D, f.qkv_aligned, safe);
-    load_tile<T, kTileK, D, THREADS>(sm.v[g], valid ? slice_ptr(f.v, f.v_stride, n) + k0 * f.v_stride.s : safe,
-                                     f.v_stride.s, valid ? krows : 0, D, f.qkv_aligned, safe);
+    load_tile<T, kTileK, D, THREADS>(
+        sm.k[g], valid ? slice_ptr(f.k, f.k_stride, n) + k0 * f.k_stride.s : safe, f.k_stride.s,
+        valid ? krows : 0, D, f.qkv_aligned, safe);
+    load_tile<T, kTileK, D, THREADS>(
+        sm.v[g], valid ? slice_ptr(f.v, f.v_stride, n) + k0 * f.v_stride.s : safe, f.v_stride.s,
+        valid ? krows : 0, D, f.qkv_aligned, safe);
     for (int j = threadIdx.x; j < kTileK; j += THREADS)
       sm.key_ok[g][j] = valid && j < krows &&
                         (f.mask == nullptr ||
@@ -257,7 +262,8 @@ __global__ void __launch_bounds__(BackwardTiles<D, Lean>::kWarps * 32,
 #pragma unroll
       for (int e = 0; e < 4; ++e) dk[gi][i][e] = dv[gi][i][e] = 0.f;
 
-  const T* bias_base = static_cast<const T*>(f.bias) + b * f.bias_stride_b + h * f.bias_stride_h + k0;
+  const T* bias_base =
+      static_cast<const T*>(f.bias) + b * f.bias_stride_b + h * f.bias_stride_h + k0;
   const float scale = in_register(f.scale);  // see in_register (mma.cuh)
   const int query_tiles = (f.Sq + kTileQ - 1) / kTileQ;
   for (int qt = 0; qt < query_tiles; ++qt) {
@@ -281,7 +287,8 @@ __global__ void __launch_bounds__(BackwardTiles<D, Lean>::kWarps * 32,
       float lse2 = INFINITY, delta = 0.f;
       if (n < n_end && r < qrows) {
         lse2 = f.lse[b * f.lse_stride_b + int64_t(n) * f.lse_stride_n + h * f.lse_stride_h +
-                     (q0 + r) * f.lse_stride_s] * kLog2e;
+                     (q0 + r) * f.lse_stride_s] *
+               kLog2e;
         delta = p.delta[((int64_t(b) * f.N + n) * f.H + h) * f.Sq + q0 + r];
       }
       sm.lse2[g][r] = lse2;
@@ -301,7 +308,8 @@ __global__ void __launch_bounds__(BackwardTiles<D, Lean>::kWarps * 32,
     // This warp's 16 keys x 64 queries of dS, summed over its quad's slices.
     float dbias[kTileQ / 8][4];
 #pragma unroll
-    for (int j = 0; j < kTileQ / 8; ++j) dbias[j][0] = dbias[j][1] = dbias[j][2] = dbias[j][3] = 0.f;
+    for (int j = 0; j < kTileQ / 8; ++j)
+      dbias[j][0] = dbias[j][1] = dbias[j][2] = dbias[j][3] = 0.f;
 
 #pragma unroll
     for (int gi = 0; gi < GQ; ++gi) {
@@ -349,9 +357,14 @@ __global__ void __launch_bounds__(BackwardTiles<D, Lean>::kWarps * 32,
           for (int r = 0; r < 2; ++r) {  // key g, then g + 8
             const float2 bias = unpack2<T>(bias2[half * 2 + r]);
             // p = exp(s scale + bias - lse) = 2^((s scale + bias) log2e - lse log2e).
-            const float p0 = key_ok[r] ? fast_exp2(fmaf(fmaf(st[j][2 * r], scale, bias.x), kLog2e, -lse2.x)) : 0.f;
-            const float p1 = key_ok[r] ? fast_exp2(fmaf(fmaf(st[j][2 * r + 1], scale, bias.y), kLog2e, -lse2.y)) : 0.f;
-            const float ds0 = p0 * (dpt[j][2 * r] - delta.x), ds1 = p1 * (dpt[j][2 * r + 1] - delta.y);
+            const float p0 =
+                key_ok[r] ? fast_exp2(fmaf(fmaf(st[j][2 * r], scale, bias.x), kLog2e, -lse2.x))
+                          : 0.f;
+            const float p1 =
+                key_ok[r] ? fast_exp2(fmaf(fmaf(st[j][2 * r + 1], scale, bias.y), kLog2e, -lse2.y))
+                          : 0.f;
+            const float ds0 = p0 * (dpt[j][2 * r] - delta.x),
+                        ds1 = p1 * (dpt[j][2 * r + 1] - delta.y);
             st[j][2 * r] = p0;
             st[j][2 * r + 1] = p1;
             dpt[j][2 * r] = ds0;
@@ -369,7 +382,8 @@ __global__ void __launch_bounds__(BackwardTiles<D, Lean>::kWarps * 32,
         for (int j = 0; j < kTileQ / 8; ++j)
 #pragma unroll
           for (int e = 0; e < 4; ++e)
-            tile[(j * 8 + (lane & 3) * 2 + (e & 1)) * Smem::LDB + key_lo + (e >> 1) * 8] = dpt[j][e];
+            tile[(j * 8 + (lane & 3) * 2 + (e & 1)) * Smem::LDB + key_lo + (e >> 1) * 8] =
+                dpt[j][e];
       }
       // dv += p^T do, dk += ds^T q (scaled at the end). The packed ds^T fragments are also
       // exactly what stmatrix.trans needs to store ds as [query][key] for dq.
@@ -423,8 +437,9 @@ __global__ void __launch_bounds__(BackwardTiles<D, Lean>::kWarps * 32,
         }
         continue;  // one slice per quad: sds is not rewritten before the next query tile
       }
-      float* part = p.dq_partial +
-                    ((((int64_t(kt) * p.chunk + (n - n_begin)) * f.B + b) * f.H + h) * f.Sq + q0) * D;
+      float* part =
+          p.dq_partial +
+          ((((int64_t(kt) * p.chunk + (n - n_begin)) * f.B + b) * f.H + h) * f.Sq + q0) * D;
 #pragma unroll
       for (int r = 0; r < 2; ++r) {
         const int row = wq * kWarpRows + (lane >> 2) + r * 8;
@@ -489,8 +504,10 @@ __global__ void __launch_bounds__(BackwardTiles<D, Lean>::kWarps * 32,
   for (int gi = 0; gi < GQ; ++gi) {
     const int n = n_first + quad * GQ + gi;
     if (n >= n_end) continue;
-    T* dk_out = static_cast<T*>(p.dk) + b * p.dk_stride.b + int64_t(n) * p.dk_stride.n + h * p.dk_stride.h;
-    T* dv_out = static_cast<T*>(p.dv) + b * p.dv_stride.b + int64_t(n) * p.dv_stride.n + h * p.dv_stride.h;
+    T* dk_out =
+        static_cast<T*>(p.dk) + b * p.dk_stride.b + int64_t(n) * p.dk_stride.n + h * p.dk_stride.h;
+    T* dv_out =
+        static_cast<T*>(p.dv) + b * p.dv_stride.b + int64_t(n) * p.dv_stride.n + h * p.dv_stride.h;
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
       const int key = wq * kWarpRows + (lane >> 2) + r * 8;
@@ -524,7 +541,8 @@ __global__ void attention_dq_reduce_kernel(const AttentionBackwardParams p, int 
        idx += int64_t(gridDim.x) * blockDim.x) {
     const int64_t row = idx / (D / 4);
     const int c = int(idx % (D / 4)) * 4;
-    const int s = int(row % f.Sq), h = int((row / f.Sq) % f.H), b = int((row / (int64_t(f.Sq) * f.H)) % f.B);
+    const int s = int(row % f.Sq), h = int((row / f.Sq) % f.H),
+              b = int((row / (int64_t(f.Sq) * f.H)) % f.B);
     const int nn = int(row / (int64_t(f.Sq) * f.H * f.B));
     const float* part = p.dq_partial + (((int64_t(nn) * f.B + b) * f.H + h) * f.Sq + s) * D + c;
     float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
@@ -557,7 +575,8 @@ __global__ void attention_dbias_reduce_kernel(const AttentionBackwardParams p, i
     }
     const int k = int(idx % f.Sk), q = int((idx / f.Sk) % f.Sq), h = int((idx / plane) % f.H),
               b = int(idx / (plane * f.H));
-    static_cast<T*>(p.dbias)[b * p.dbias_stride_b + h * p.dbias_stride_h + int64_t(q) * p.dbias_stride_q + k] =
+    static_cast<T*>(
+        p.dbias)[b * p.dbias_stride_b + h * p.dbias_stride_h + int64_t(q) * p.dbias_stride_q + k] =
         from_float<T>(acc);
   }
 }
@@ -617,15 +636,16 @@ void launch(const AttentionBackwardParams& p, cudaStream_t stream) {
       attention_dq_reduce_kernel<T, D>
           <<<grid_for(dq_work, 256), 256, 0, stream>>>(p, n_begin, n_end, dq_parts);
     const int64_t dbias_work = int64_t(f.B) * f.H * f.Sq * f.Sk;
-    attention_dbias_reduce_kernel<T><<<grid_for(dbias_work, 256), 256, 0, stream>>>(
-        p, groups, n_begin == 0, n_end == f.N);
+    attention_dbias_reduce_kernel<T>
+        <<<grid_for(dbias_work, 256), 256, 0, stream>>>(p, groups, n_begin == 0, n_end == f.N);
   }
 }
 
 }  // namespace
 
 template <typename T>
-void attention_backward_launch(const AttentionBackwardParams& p, int head_dim, cudaStream_t stream) {
+void attention_backward_launch(const AttentionBackwardParams& p, int head_dim,
+                               cudaStream_t stream) {
   switch (head_dim) {
     case 16:
       if (p.dq_cluster > 0) return launch<T, 16, true, true>(p, stream);
@@ -637,7 +657,8 @@ void attention_backward_launch(const AttentionBackwardParams& p, int head_dim, c
   }
 }
 
-template void attention_backward_launch<__nv_bfloat16>(const AttentionBackwardParams&, int, cudaStream_t);
+template void attention_backward_launch<__nv_bfloat16>(const AttentionBackwardParams&, int,
+                                                       cudaStream_t);
 template void attention_backward_launch<__half>(const AttentionBackwardParams&, int, cudaStream_t);
 
 }  // namespace tpf::cuda

@@ -26,7 +26,7 @@ inline bool backward_lean(int head_dim) {
 // TPF_ATTENTION_BWD_DQ=cluster: the lean backward sums dQ over the key tiles of a slice inside a
 // thread-block cluster (distributed shared memory, rank order) instead of writing one partial per
 // key tile for attention_dq_reduce_kernel. Read at each call, like TPF_ATTENTION_BWD_LEAN; only
-// where the lean backward runs (head dims 16 and 32), else today's path.
+// where the lean backward runs (head dims 16 and 32), else the dQ partials.
 inline bool backward_dq_cluster(int head_dim) {
   const char* env = std::getenv("TPF_ATTENTION_BWD_DQ");
   return env != nullptr && std::strcmp(env, "cluster") == 0 && backward_lean(head_dim);
@@ -51,8 +51,9 @@ inline DqClusters dq_clusters(int64_t key_tiles) {
 inline int backward_slices_per_block(int head_dim) {
   if (backward_lean(head_dim))
     return head_dim == 16 ? BackwardTiles<16, true>::kSlices : BackwardTiles<32, true>::kSlices;
-  return head_dim == 16 ? BackwardTiles<16>::kSlices
-                        : head_dim == 32 ? BackwardTiles<32>::kSlices : BackwardTiles<64>::kSlices;
+  return head_dim == 16   ? BackwardTiles<16>::kSlices
+         : head_dim == 32 ? BackwardTiles<32>::kSlices
+                          : BackwardTiles<64>::kSlices;
 }
 
 inline BackwardWorkspaceLayout backward_workspace_layout(int64_t B, int64_t N, int64_t H,
@@ -70,9 +71,10 @@ inline BackwardWorkspaceLayout backward_workspace_layout(int64_t B, int64_t N, i
   const int64_t groups = (chunk + G - 1) / G;
   // The same chunks with the cluster dQ (so that it changes nothing else), but dQ partials only
   // when the key tiles need more than one cluster: parts instead of key_tiles per slice.
-  const int64_t dq_slots = backward_dq_cluster(int(D))
-                               ? (dq_clusters(key_tiles).parts > 1 ? dq_clusters(key_tiles).parts : 0)
-                               : key_tiles;
+  const int64_t dq_slots =
+      backward_dq_cluster(int(D))
+          ? (dq_clusters(key_tiles).parts > 1 ? dq_clusters(key_tiles).parts : 0)
+          : key_tiles;
   BackwardWorkspaceLayout w;
   w.chunk = int(chunk);
   w.delta = 0;

@@ -1,6 +1,6 @@
 // Host entry points of libtpf_cuda for triangle attention (declared in api.h): TensorViews to the
-// params structs, dtype and head-dim dispatch, launch on the caller's stream. Arguments were
-// validated by the dispatcher; here only what is specific to the CUDA kernels is checked.
+// params structs, dtype and head-dim dispatch, launch on the caller's stream on the tensors'
+// device. Arguments were validated by src/ops/attention.cpp.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
@@ -11,12 +11,15 @@
 #include "kernels/attention/backward_workspace.h"
 #include "kernels/attention/forward.h"
 #include "kernels/attention/params.h"
+#include "kernels/common/device_guard.h"
 #include "tpf/error.h"
 
 namespace tpf::cuda {
 namespace {
 
-Strides4 strides4(const TensorView& t) { return {t.stride[0], t.stride[1], t.stride[2], t.stride[3]}; }
+Strides4 strides4(const TensorView& t) {
+  return {t.stride[0], t.stride[1], t.stride[2], t.stride[3]};
+}
 
 bool rows_aligned(const TensorView& t, int row_dim) {
   const int64_t elem = dtype_size(t.dtype);
@@ -24,21 +27,6 @@ bool rows_aligned(const TensorView& t, int row_dim) {
   for (int i = 0; i <= row_dim; ++i)
     if ((t.stride[i] * elem) % 16 != 0) return false;
   return true;
-}
-
-void check_cuda_inputs(const TensorView& q, const AttentionDims& d) {
-  TPF_CHECK(q.dtype == DType::bf16 || q.dtype == DType::f16,
-            std::string("the CUDA kernels take bfloat16 or float16 q, k, v and bias, got ") +
-                dtype_name(q.dtype));
-  TPF_CHECK(d.D == 16 || d.D == 32 || d.D == 64,
-            "the CUDA kernels support head dims D = 16, 32 and 64, got D = " + std::to_string(d.D));
-  TPF_CHECK(d.B * d.H <= 65535 && (d.Sq + kTileQ - 1) / kTileQ <= 65535,
-            "B * H and the number of query tiles must each be at most 65535");
-  int device = -1;
-  cudaGetDevice(&device);
-  TPF_CHECK(q.device_index == device,
-            "q is on cuda:" + std::to_string(q.device_index) + " but the current device is cuda:" +
-                std::to_string(device));
 }
 
 void check_launch(const char* what) {
@@ -96,7 +84,7 @@ bool available() {
 }
 
 void attention_forward(const AttentionForwardArgs& a, const AttentionDims& d, void* stream) {
-  check_cuda_inputs(a.q, d);
+  DeviceGuard guard(a.q.device_index);
   const AttentionForwardParams p =
       forward_params(a.q, a.k, a.v, a.bias, a.mask, a.o, a.lse, a.residual, a.scale, d);
   auto s = static_cast<cudaStream_t>(stream);
@@ -107,16 +95,8 @@ void attention_forward(const AttentionForwardArgs& a, const AttentionDims& d, vo
   check_launch("triangle attention forward");
 }
 
-size_t attention_backward_workspace_bytes(const AttentionDims& d) {
-  if (d.D != 16 && d.D != 32 && d.D != 64) return 0;
-  return backward_workspace_layout(d.B, d.N, d.H, d.Sq, d.Sk, d.D).total;
-}
-
 void attention_backward(const AttentionBackwardArgs& a, const AttentionDims& d, void* stream) {
-  check_cuda_inputs(a.q, d);
-  TPF_CHECK(a.dq.dtype == a.q.dtype && a.dk.dtype == a.q.dtype && a.dv.dtype == a.q.dtype &&
-                a.dbias.dtype == a.q.dtype && a.dout.dtype == a.q.dtype,
-            "grad_out, dq, dk, dv and dbias must have q's dtype for the CUDA kernels");
+  DeviceGuard guard(a.q.device_index);
   AttentionBackwardParams p{};
   p.fwd = forward_params(a.q, a.k, a.v, a.bias, a.mask, a.o, a.lse, a.residual, a.scale, d);
   p.dout = a.dout.data;
@@ -135,7 +115,7 @@ void attention_backward(const AttentionBackwardArgs& a, const AttentionDims& d, 
   p.delta_vectorized = p.dout_aligned && rows_aligned(a.o, 3) &&
                        (!a.residual.present || rows_aligned(a.residual.view, 3));
   const BackwardWorkspaceLayout w = backward_workspace_layout(d.B, d.N, d.H, d.Sq, d.Sk, d.D);
-  char* ws = static_cast<char*>(a.workspace);
+  char* ws = static_cast<char*>(a.workspace(w.total));
   p.delta = reinterpret_cast<float*>(ws + w.delta);
   p.dq_partial = reinterpret_cast<float*>(ws + w.dq_partial);
   p.dbias_partial = reinterpret_cast<float*>(ws + w.dbias_partial);

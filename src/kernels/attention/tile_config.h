@@ -1,6 +1,8 @@
 // Tile sizes of the attention kernels, in one place, with the reason for each.
 #pragma once
 
+#include "kernels/common/shared_layout.h"
+
 namespace tpf::cuda {
 
 // 64 queries x 64 keys per tile: four warps of 16 rows each cover a query tile with m16n8k16 MMAs;
@@ -8,9 +10,8 @@ namespace tpf::cuda {
 // for several blocks per SM, and make the padded shared-memory rows conflict-free for ldmatrix.
 constexpr int kTileQ = 64;
 constexpr int kTileK = 64;
-constexpr int kWarpRows = 16;           // rows of one warp's MMA tile
+constexpr int kWarpRows = 16;  // rows of one warp's MMA tile
 constexpr int kForwardWarps = kTileQ / kWarpRows;
-constexpr int kPad = 8;                 // elements (16 bytes) of padding per shared-memory row
 
 // Forward: each of a block's four warps owns MT row tiles of 16 queries. Measured on an H200 with
 // MT = 1: sharing bias tiles between slices (two or four slices per block) was slower than one

@@ -11,7 +11,7 @@
 // The mask is read in its own dtype (bool, uint8, float32, bfloat16 or float16).
 #include <cuda_runtime.h>
 
-#include "kernels/device_guard.h"
+#include "kernels/common/device_guard.h"
 #include "kernels/trimul/api.h"
 #include "kernels/trimul/blas.h"
 #include "kernels/trimul/launch.h"
@@ -23,8 +23,6 @@ namespace {
 using namespace trimul;
 
 static_assert(kTrimulMaxD == trimul::kMaxD, "one limit on D");
-
-int elem_bytes(DType d) { return d == DType::f32 ? 4 : 2; }
 
 cudaDataType cuda_type(DType d) {
   return d == DType::f32 ? CUDA_R_32F : d == DType::bf16 ? CUDA_R_16BF : CUDA_R_16F;
@@ -38,13 +36,13 @@ int mask_type(DType d) {
     case DType::f32: return kMaskF32;
     case DType::f16: return kMaskF16;
     case DType::bf16: return kMaskBF16;
-    default: return kMaskByte;  // bool, uint8 (checked by trimul_dispatch.cpp)
+    default: return kMaskByte;  // bool, uint8 (checked by src/ops/trimul.cpp)
   }
 }
 
 Params make_params(const TrimulDims& d, const TensorView& x, const OptionalTensor& mask,
-                   bool outgoing, double eps, const TrimulSaved& saved,
-                   char* ws, const Workspace& layout) {
+                   bool outgoing, double eps, const TrimulSaved& saved, char* ws,
+                   const Workspace& layout) {
   Params p{};
   p.B = d.B;
   p.S = d.S;
@@ -80,26 +78,26 @@ Params make_params(const TrimulDims& d, const TensorView& x, const OptionalTenso
 template <typename T>
 void pack(const Params& p, const TrimulWeights& w, char* ws, const Workspace& layout,
           cudaStream_t stream) {
-  const PackArgs a{w.p_in_weight.data,
-                   w.g_in_weight.data,
-                   w.g_out_weight.data,
-                   w.p_out_weight.data,
-                   {ptr(w.p_in_bias), ptr(w.g_in_bias), ptr(w.p_out_bias), ptr(w.g_out_bias)},
-                   {w.norm_in_weight.data, w.norm_in_bias.data, w.norm_out_weight.data,
-                    w.norm_out_bias.data},
-                   w.p_in_weight.dtype,
-                   ws + layout.w_in,
-                   ws + layout.w_out,
-                   reinterpret_cast<float*>(ws + layout.bias_in),
-                   reinterpret_cast<float*>(ws + layout.bias_out),
-                   reinterpret_cast<float*>(ws + layout.norms)};
+  const PackArgs a{
+      w.p_in_weight.data,
+      w.g_in_weight.data,
+      w.g_out_weight.data,
+      w.p_out_weight.data,
+      {ptr(w.p_in_bias), ptr(w.g_in_bias), ptr(w.p_out_bias), ptr(w.g_out_bias)},
+      {w.norm_in_weight.data, w.norm_in_bias.data, w.norm_out_weight.data, w.norm_out_bias.data},
+      w.p_in_weight.dtype,
+      ws + layout.w_in,
+      ws + layout.w_out,
+      reinterpret_cast<float*>(ws + layout.bias_in),
+      reinterpret_cast<float*>(ws + layout.bias_out),
+      reinterpret_cast<float*>(ws + layout.norms)};
   launch_pack_weights<T>(p, a, stream);
 }
 
 template <typename T>
 void forward(const TrimulForwardArgs& a, const TrimulDims& d, cudaStream_t stream) {
-  char* ws = static_cast<char*>(a.workspace);
   const Workspace layout = workspace_layout(d.B, d.S, d.D, sizeof(T), false);
+  char* ws = static_cast<char*>(a.workspace(layout.total));
   Params p = make_params(d, a.x, a.mask, a.outgoing, a.eps, a.saved, ws, layout);
   p.y = a.y.data;
   pack<T>(p, a.w, ws, layout, stream);
@@ -110,8 +108,8 @@ void forward(const TrimulForwardArgs& a, const TrimulDims& d, cudaStream_t strea
 
 template <typename T>
 void backward(const TrimulBackwardArgs& a, const TrimulDims& d, cudaStream_t stream) {
-  char* ws = static_cast<char*>(a.workspace);
   const Workspace layout = workspace_layout(d.B, d.S, d.D, sizeof(T), true);
+  char* ws = static_cast<char*>(a.workspace(layout.total));
   Params p = make_params(d, a.x, a.mask, a.outgoing, a.eps, a.saved, ws, layout);
   p.dy = a.dy.data;
   p.dx = a.dx.data;
@@ -142,31 +140,37 @@ void backward(const TrimulBackwardArgs& a, const TrimulDims& d, cudaStream_t str
   pack<T>(p, a.w, ws, layout, stream);
   launch_output_backward<T>(p, stream);
   weight_gradient(blas, D, D, R, p.dpo, D, p.zln, D, dw_out);
-  contract_backward(blas, p);  // dA, dB overwrite dpo and z_ln
+  contract_backward(blas, p);           // dA, dB overwrite dpo and z_ln
   launch_input_backward<T>(p, stream);  // x_ln overwrites dz
   // [d p_in_weight | d g_in_weight | d g_out_weight] = [dP | dG | dgo]^T x_ln: one pass over both.
   weight_gradient(blas, 5 * D, D, R, p.dpg, p.ld_dpg, p.xln, D, dw_in);
   launch_reduce_sums(p, stream);
   const TrimulWeights& w = a.w;
-  launch_finish_backward(
-      FinishArgs{p.sums, dw_in, dw_out, w.p_in_weight.data, w.g_in_weight.data,
-                 w.p_out_weight.data, w.g_out_weight.data, g.norm_in_weight.data,
-                 g.norm_in_bias.data, g.norm_out_weight.data, g.norm_out_bias.data,
-                 out_ptr(g.p_in_bias), out_ptr(g.g_in_bias), out_ptr(g.p_out_bias),
-                 out_ptr(g.g_out_bias), g.p_in_weight.data, g.g_in_weight.data,
-                 g.g_out_weight.data, g.p_out_weight.data, w.p_in_weight.dtype, int(D)},
-      stream);
+  launch_finish_backward(FinishArgs{p.sums,
+                                    dw_in,
+                                    dw_out,
+                                    w.p_in_weight.data,
+                                    w.g_in_weight.data,
+                                    w.p_out_weight.data,
+                                    w.g_out_weight.data,
+                                    g.norm_in_weight.data,
+                                    g.norm_in_bias.data,
+                                    g.norm_out_weight.data,
+                                    g.norm_out_bias.data,
+                                    out_ptr(g.p_in_bias),
+                                    out_ptr(g.g_in_bias),
+                                    out_ptr(g.p_out_bias),
+                                    out_ptr(g.g_out_bias),
+                                    g.p_in_weight.data,
+                                    g.g_in_weight.data,
+                                    g.g_out_weight.data,
+                                    g.p_out_weight.data,
+                                    w.p_in_weight.dtype,
+                                    int(D)},
+                         stream);
 }
 
 }  // namespace
-
-size_t trimul_forward_workspace_bytes(const TrimulDims& d, DType dtype) {
-  return workspace_layout(d.B, d.S, d.D, elem_bytes(dtype), false).total;
-}
-
-size_t trimul_backward_workspace_bytes(const TrimulDims& d, DType dtype) {
-  return workspace_layout(d.B, d.S, d.D, elem_bytes(dtype), true).total;
-}
 
 void trimul_forward(const TrimulForwardArgs& a, const TrimulDims& d, void* stream) {
   DeviceGuard guard(a.x.device_index);

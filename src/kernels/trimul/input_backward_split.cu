@@ -23,7 +23,7 @@
 // Dx kernel, shared memory: two stages of (A [kRows, 64 + 8] columns of dpg, W [64, Dp] rows of
 // w_in); dx_ln (fp32 [kRows, kLdC]) over the second stage and past it, so that the next tile's
 // first stage loads during the LayerNorm backward.
-#include "kernels/attention/tile_io.cuh"
+#include "kernels/common/tile_io.cuh"
 #include "kernels/trimul/device.cuh"
 #include "kernels/trimul/launch.h"
 #include "kernels/trimul/layer_norm.cuh"
@@ -201,8 +201,8 @@ __global__ void __launch_bounds__(kThreads, kOccupancyCtas)
               }
             }
           }
-      // Bias sums: over the warp's 8 row groups (lanes 4 apart), then into the CTA's slot, which
-      // only this thread writes.
+          // Bias sums: over the warp's 8 row groups (lanes 4 apart), then into the CTA's slot, which
+          // only this thread writes.
 #pragma unroll
       for (int j = 0; j < 2; ++j)
 #pragma unroll

@@ -1,45 +1,62 @@
-"""Record store benchmark: TurboPairFormer's store against atompack-db, HDF5 (h5py), LMDB with
-ASE/FAIR-Chem's row format, and ASE's SQLite database, all in one run on this machine.
+"""Record store benchmark: TurboPairFormer's store against atompack-db, in one run on this machine.
 
-Workload: the Atompack paper's synthetic 64-atom records (positions, atomic numbers, energy,
-forces, cell, pbc). Each system writes every record, then reads them back as numpy arrays:
-sequentially, and shuffled (indices the reading process never touched before, warm-up included)
-with single-record calls and with batch calls, in 1 and 2 worker processes. Rates are the best of
---repeats measurements (the machine is shared), each bounded by --time-budget seconds; in-process
-reads are also given per CPU-second of the reading process (`*_cpu_per_s`), which other load on
-the machine disturbs far less than wall-clock time.
+Workload: --records random 64-atom records (positions float32 [64, 3], forces float32 [64, 3],
+atomic numbers uint8 [64], energy float64), as in the Atompack paper's synthetic set. Reads use
+one shuffled order of all records, the same for both systems in every repeat, on a warm cache
+(every record is read once by both before any timing). Each repeat measures every mode for both
+systems back to back (their order alternating), so a burst of load on the shared machine falls on
+both; a mode's rate is the median of --repeats repeats, with the spread (min, max) and the
+per-repeat ratio ours / atompack (its median, min and max) in the JSON.
 
-Not every system does the same work per read. TurboPairFormer verifies each record's XXH3-64
-checksum on every read (its default, kept here); atompack-db keeps no per-record checksum (a byte
-flipped in a stored record reads back silently, with either codec), so its reads skip that step.
+What each mode measures (records/s; every read copies each array out of the store into memory
+the caller owns, which reads every stored byte, and hands out all four values):
+  single_copy   one call per record, in the shuffled order: ours `reader.read(i)` (a dict of
+                arrays of their own), atompack `db[i]` then .positions, .atomic_numbers, .forces
+                (each a new array built from the stored bytes) and .energy.
+  single_order  the same records one at a time, the shuffled order given up front: ours
+                `reader.records(order)` (loads a few records ahead of the one it hands out),
+                atompack `db.get_molecules(order[k:k+256])` then the same four values of each.
+  batch_copy    batches of --batch-size records in the shuffled order: ours `read_batch(idx)`
+                (one concatenated array per key), atompack `get_molecules_flat(idx)`.
+  write_single  one append call per record, from dicts of arrays built before timing, then one
+                commit: ours `append(dict)` + commit (+ close), atompack
+                `add_molecule(Molecule.from_arrays(...))` + flush.
+  write_batch   columns of 10,000 records per call: ours `append_batch`, atompack
+                `add_arrays_batch`, then commit / flush.
+Not the same work per read: ours checks each record's XXH3-64 checksum on every read (the
+default, kept here); atompack-db keeps no per-record checksum, so its reads skip that step.
+Writes go to --workdir, by default on tmpfs (/dev/shm), so they measure the append path and not
+the disk: ours fdatasyncs at commit, which costs nothing there.
 
-    python bench/store.py --records 200000            # writes bench/results/store-<machine>.json + .png
+    python bench/store.py            # writes bench/results/store-vm.json and .png (--json elsewhere)
 """
 from __future__ import annotations
 
 import argparse
 import datetime
-import importlib
 import json
-import multiprocessing as mp
 import os
 import platform
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
 import time
-import uuid
-import zlib
-from typing import Callable
 
 import numpy as np
 from tqdm import tqdm
 
 ATOMS = 64
 CHUNK = 10_000
-
-# ---- the workload -------------------------------------------------------------------------------
+MODES = {
+    "single_copy": "shuffled single-record reads, one call per record, every array copied out",
+    "single_order": "the same records one at a time with the shuffled order given up front",
+    "batch_copy": "shuffled batches of --batch-size records, one array per key, copied out",
+    "write_single": "one append call per record, then one commit",
+    "write_batch": "appends of 10,000-record columns, then one commit",
+}
+READ_MODES = ("single_copy", "single_order", "batch_copy")
 
 
 def make_columns(n: int, seed: int) -> dict[str, np.ndarray]:
@@ -47,338 +64,161 @@ def make_columns(n: int, seed: int) -> dict[str, np.ndarray]:
     return {
         "positions": rng.uniform(0, 10, (n, ATOMS, 3)).astype(np.float32),
         "atomic_numbers": rng.integers(1, 90, (n, ATOMS)).astype(np.uint8),
-        "energy": rng.standard_normal(n),
         "forces": rng.standard_normal((n, ATOMS, 3)).astype(np.float32),
-        "cell": np.broadcast_to(np.eye(3) * 10.0, (n, 3, 3)).copy(),
-        "pbc": np.ones((n, 3), bool),
+        "energy": rng.standard_normal(n),
     }
 
 
-# ---- systems: write(path, cols, codec) and open(path) -> (single(i), batch(idx)) ------------------
-# Every read returns positions, atomic numbers, energy, forces, cell and pbc as numpy values.
+def make_records(cols: dict[str, np.ndarray]) -> list[dict]:
+    return [{"positions": cols["positions"][i], "atomic_numbers": cols["atomic_numbers"][i],
+             "forces": cols["forces"][i], "energy": float(cols["energy"][i])}
+            for i in range(len(cols["energy"]))]
+
+
+# ---- the two systems: writes, and reads returning (positions, numbers, forces, energy) ----------
 
 
 class TurboPairFormer:
-    impl = "turbopairformer"
+    name = "turbopairformer"
     suffix = ".tpf"
-    modules = ("turbopairformer.data",)
 
     @staticmethod
-    def write(path, cols, codec):
+    def write_single(path, records, codec):
+        from turbopairformer.data import RecordWriter
+
+        with RecordWriter(path, compression=codec, overwrite=True) as w:
+            for r in records:
+                w.append(r)
+
+    @staticmethod
+    def write_batch(path, cols, codec):
         from turbopairformer.data import RecordWriter
 
         n = len(cols["energy"])
         with RecordWriter(path, compression=codec, overwrite=True) as w:
-            for s in tqdm(range(0, n, CHUNK), desc="write turbopairformer", leave=False):
+            for s in range(0, n, CHUNK):
                 w.append_batch({k: v[s:s + CHUNK] for k, v in cols.items()})
 
     @staticmethod
     def open(path):
         from turbopairformer.data import RecordReader
 
-        r = RecordReader(path)
-        return r.__getitem__, r.read_batch
+        return RecordReader(path)
+
+    @staticmethod
+    def single_copy(r, order):
+        for i in order:
+            d = r.read(i)
+            p, z, f, e = d["positions"], d["atomic_numbers"], d["forces"], d["energy"]
+
+    @staticmethod
+    def single_order(r, order):
+        for d in r.records(order):
+            p, z, f, e = d["positions"], d["atomic_numbers"], d["forces"], d["energy"]
+
+    @staticmethod
+    def batch_copy(r, order, batch):
+        for s in range(0, len(order), batch):
+            r.read_batch(order[s:s + batch])
+
+    @staticmethod
+    def one(r, i):
+        d = r.read(int(i))
+        return d["positions"], d["atomic_numbers"], d["forces"], float(d["energy"])
+
+    @staticmethod
+    def one_batch(r, idx):
+        d = r.read_batch(idx)
+        return d["positions"], d["atomic_numbers"], d["forces"], d["energy"]
 
 
 class Atompack:
-    impl = "atompack"
+    name = "atompack"
     suffix = ".atp"
-    modules = ("atompack",)
 
     @staticmethod
-    def write(path, cols, codec):
+    def write_single(path, records, codec):
+        import atompack
+
+        db = atompack.Database(path, compression=codec, overwrite=True)
+        for r in records:
+            db.add_molecule(atompack.Molecule.from_arrays(r["positions"], r["atomic_numbers"],
+                                                          energy=r["energy"], forces=r["forces"]))
+        db.flush()
+
+    @staticmethod
+    def write_batch(path, cols, codec):
         import atompack
 
         n = len(cols["energy"])
         db = atompack.Database(path, compression=codec, overwrite=True)
-        for s in tqdm(range(0, n, CHUNK), desc="write atompack", leave=False):
+        for s in range(0, n, CHUNK):
             sl = slice(s, s + CHUNK)
-            db.add_arrays_batch(cols["positions"][sl], cols["atomic_numbers"][sl], energy=cols["energy"][sl],
-                                forces=cols["forces"][sl], cell=cols["cell"][sl], pbc=cols["pbc"][sl])
+            db.add_arrays_batch(cols["positions"][sl], cols["atomic_numbers"][sl],
+                                energy=cols["energy"][sl], forces=cols["forces"][sl])
         db.flush()
 
     @staticmethod
     def open(path):
         import atompack
 
-        db = atompack.Database.open(path)
+        return atompack.Database.open(path)
 
-        def single(i):
+    @staticmethod
+    def single_copy(db, order):
+        for i in order:
             m = db[i]
-            return m.positions, m.atomic_numbers, m.energy, m.forces, m.cell, m.pbc
-
-        def batch(idx):
-            return db.get_molecules_flat(idx.tolist())
-
-        return single, batch
-
-
-class HDF5:
-    impl = "hdf5"
-    suffix = ".h5"
-    modules = ("h5py",)
+            p, z, f, e = m.positions, m.atomic_numbers, m.forces, m.energy
 
     @staticmethod
-    def write(path, cols, codec):
-        import h5py
-
-        n = len(cols["energy"])
-        with h5py.File(path, "w") as f:
-            ds = {k: f.create_dataset(k, shape=v.shape, dtype=v.dtype,
-                                      chunks=(min(n, 256),) + v.shape[1:] if n else None)
-                  for k, v in cols.items()}
-            for s in tqdm(range(0, n, CHUNK), desc="write hdf5", leave=False):
-                for k, v in cols.items():
-                    ds[k][s:s + CHUNK] = v[s:s + CHUNK]
+    def single_order(db, order):
+        for s in range(0, len(order), 256):
+            for m in db.get_molecules(order[s:s + 256]):
+                p, z, f, e = m.positions, m.atomic_numbers, m.forces, m.energy
 
     @staticmethod
-    def open(path):
-        import h5py
-
-        f = h5py.File(path, "r")
-        ds = [f[k] for k in ("positions", "atomic_numbers", "energy", "forces", "cell", "pbc")]
-
-        def single(i):
-            return tuple(d[i] for d in ds)
-
-        def batch(idx):
-            # h5py reads a list of indices in increasing order only: read sorted, then put back.
-            order = np.argsort(idx)
-            inverse = np.empty_like(order)
-            inverse[order] = np.arange(len(idx))
-            sorted_idx = idx[order]
-            return tuple(d[sorted_idx][inverse] for d in ds)
-
-        return single, batch
-
-
-class LmdbAse:
-    """LMDB through the `lmdb` binding with FAIR-Chem's LMDBDatabase row format: one key per row
-    (the id as ASCII), the value zlib(orjson(row dict)) as ASE's atoms2dict lays it out. Reads
-    decode to numpy arrays (no Atoms object is built, which favours this system)."""
-    impl = "lmdb_ase"
-    suffix = ".lmdb"
-    modules = ("lmdb", "orjson")
-    envs: dict = {}
+    def batch_copy(db, order, batch):
+        for s in range(0, len(order), batch):
+            db.get_molecules_flat(order[s:s + batch])
 
     @staticmethod
-    def write(path, cols, codec):
-        import lmdb
-        import orjson
-
-        n = len(cols["energy"])
-        env = lmdb.open(path, map_size=1 << 36, subdir=False, meminit=False, map_async=True)
-        now = time.time()
-        for s in tqdm(range(0, n, CHUNK), desc="write lmdb_ase", leave=False):
-            with env.begin(write=True) as txn:
-                for i in range(s, min(n, s + CHUNK)):
-                    row = {"numbers": cols["atomic_numbers"][i].astype(np.int64),
-                           "positions": cols["positions"][i].astype(np.float64),
-                           "cell": cols["cell"][i], "pbc": cols["pbc"][i],
-                           "unique_id": uuid.uuid4().hex, "ctime": now, "mtime": now, "user": "bench",
-                           "calculator": "unknown", "energy": float(cols["energy"][i]),
-                           "forces": cols["forces"][i].astype(np.float64), "id": i + 1}
-                    txn.put(f"{i + 1}".encode("ascii"),
-                            zlib.compress(orjson.dumps(row, option=orjson.OPT_SERIALIZE_NUMPY)))
-        with env.begin(write=True) as txn:
-            txn.put(b"nextid", orjson.dumps(n + 1))
-        env.sync()
-        env.close()
+    def one(db, i):
+        m = db[int(i)]
+        return m.positions, m.atomic_numbers, m.forces, m.energy
 
     @staticmethod
-    def open(path):
-        import lmdb
-        import orjson
-
-        # LMDB allows one environment per file and process: later handles share it.
-        if path not in LmdbAse.envs:
-            LmdbAse.envs[path] = lmdb.open(path, subdir=False, readonly=True, lock=False,
-                                           readahead=False, meminit=False)
-        txn = LmdbAse.envs[path].begin()
-
-        def single(i):
-            d = orjson.loads(zlib.decompress(txn.get(f"{i + 1}".encode("ascii"))))
-            return (np.asarray(d["positions"]), np.asarray(d["numbers"]), d["energy"],
-                    np.asarray(d["forces"]), np.asarray(d["cell"]), np.asarray(d["pbc"]))
-
-        def batch(idx):
-            return [single(int(i)) for i in idx]
-
-        return single, batch
+    def one_batch(db, idx):
+        d = db.get_molecules_flat(idx)
+        return d["positions"], d["atomic_numbers"], d["forces"], d["energy"]
 
 
-class AseSqlite:
-    impl = "ase_sqlite"
-    suffix = ".db"
-    modules = ("ase", "ase.calculators.singlepoint", "ase.db")
-
-    @staticmethod
-    def write(path, cols, codec):
-        from ase import Atoms
-        from ase.calculators.singlepoint import SinglePointCalculator
-        from ase.db import connect
-
-        n = len(cols["energy"])
-        db = connect(path, type="db", append=False)
-        for s in tqdm(range(0, n, CHUNK), desc="write ase_sqlite", leave=False):
-            with db:
-                for i in range(s, min(n, s + CHUNK)):
-                    a = Atoms(numbers=cols["atomic_numbers"][i], positions=cols["positions"][i],
-                              cell=cols["cell"][i], pbc=cols["pbc"][i])
-                    a.calc = SinglePointCalculator(a, energy=float(cols["energy"][i]), forces=cols["forces"][i])
-                    db.write(a)
-
-    @staticmethod
-    def open(path):
-        from ase.db import connect
-
-        db = connect(path, type="db")
-
-        def single(i):
-            row = db.get(id=i + 1)
-            return row.positions, row.numbers, row.energy, row.forces, row.cell, row.pbc
-
-        def batch(idx):
-            return [single(int(i)) for i in idx]
-
-        return single, batch
+SYSTEMS = (TurboPairFormer, Atompack)
 
 
-SYSTEMS = {s.impl: s for s in (TurboPairFormer, Atompack, HDF5, LmdbAse, AseSqlite)}
-
-# ---- measurement --------------------------------------------------------------------------------
-
-
-def timed_reads(read_one: Callable, indices: np.ndarray, batch: int, budget: float) -> tuple[int, float, float]:
-    """Reads `indices` (one call per index, or per `batch` indices) until done or `budget` seconds
-    pass; returns (records read, wall seconds, CPU seconds of this process)."""
-    done = 0
-    c0 = time.process_time()
-    t0 = time.perf_counter()
-    if batch:
-        for s in range(0, len(indices), batch):
-            read_one(indices[s:s + batch])
-            done += len(indices[s:s + batch])
-            if time.perf_counter() - t0 > budget:
-                break
-    else:
-        for k, i in enumerate(indices.tolist()):
-            read_one(i)
-            if (k & 63) == 63 and time.perf_counter() - t0 > budget:
-                done = k + 1
-                break
-        else:
-            done = len(indices)
-    return done, time.perf_counter() - t0, time.process_time() - c0
+def check_reads(system, handle, cols, order, batch):
+    """Outside the timing: the values read are the ones written, and every array read is a copy
+    of its own (two reads of a record share no memory)."""
+    keys = ("positions", "atomic_numbers", "forces")
+    for i in order[:200]:
+        got = system.one(handle, i)
+        again = system.one(handle, i)
+        for k, g, a in zip(keys, got, again):
+            assert np.array_equal(g, cols[k][i]), f"{system.name}: record {i} {k} differs"
+            assert not np.shares_memory(g, a), f"{system.name}: {k} of record {i} is not a copy"
+        assert got[3] == cols["energy"][i], f"{system.name}: record {i} energy differs"
+    idx = order[:batch]
+    got = system.one_batch(handle, idx)
+    for k, g in zip(keys, got):
+        assert np.array_equal(np.asarray(g).reshape(cols[k][idx].shape), cols[k][idx]), \
+            f"{system.name}: batch {k} differs"
+    assert np.array_equal(got[3], cols["energy"][idx]), f"{system.name}: batch energy differs"
 
 
-def _worker(system_name, path, indices, batch, budget, warmup, barrier, queue):
-    single, batched = SYSTEMS[system_name].open(path)
-    fn = batched if batch else single
-    timed_reads(fn, warmup, batch, budget)
-    barrier.wait()
-    start = time.perf_counter()
-    done, _, _ = timed_reads(fn, indices, batch, budget)
-    queue.put((done, start, time.perf_counter()))
-
-
-def parallel_rate(system_name, path, indices, batch, budget, warmup, workers) -> float:
-    """Records/s of `workers` fresh processes, each reading its share of `indices` after its own
-    open and warm-up (which are not timed). Spawned, not forked: atompack's thread pool does not
-    survive fork() in a process that already used it."""
-    ctx = mp.get_context("spawn")
-    barrier = ctx.Barrier(workers)
-    queue = ctx.Queue()
-    parts = np.array_split(indices, workers)
-    procs = [ctx.Process(target=_worker, args=(system_name, path, part, batch, budget,
-                                               warmup[w::workers], barrier, queue))
-             for w, part in enumerate(parts)]
-    for p in procs:
-        p.start()
-    results = [queue.get() for _ in procs]
-    for p in procs:
-        p.join()
-        if p.exitcode != 0:
-            raise RuntimeError(f"{system_name} worker exited with {p.exitcode}")
-    total = sum(r[0] for r in results)
-    return total / (max(r[2] for r in results) - min(r[1] for r in results))
-
-
-def du(path: str) -> int:
-    if os.path.isdir(path):
-        return sum(os.path.getsize(os.path.join(r, f)) for r, _, fs in os.walk(path) for f in fs)
-    return os.path.getsize(path)
-
-
-READ_METRICS = ("seq_read_per_s", "shuffled_single_per_s", "shuffled_batch_per_s",
-                "shuffled_single_2w_per_s", "shuffled_batch_2w_per_s",
-                "seq_read_cpu_per_s", "shuffled_single_cpu_per_s", "shuffled_batch_cpu_per_s")
-
-
-def write_system(system, cols, workdir, args) -> dict:
-    """Writes the artifact (best of --repeats writes for systems that write in under 20 s)."""
-    n = len(cols["energy"])
-    path = os.path.join(workdir, system.impl + system.suffix)
-    for module in system.modules:  # import time is not write time
-        importlib.import_module(module)
-    best = 0.0
-    for rep in range(args.repeats):
-        remove_artifact(path)
-        t0 = time.perf_counter()
-        system.write(path, cols, args.compression)
-        seconds = time.perf_counter() - t0
-        best = max(best, n / seconds)
-        if seconds > 20:
-            break
-    return {"impl": system.impl, "records": n, "write_per_s": best, "bytes": du(path),
-            "codec": args.compression, "path": path}
-
-
-class ReadState:
-    """One system's open handles and its supply of never-read shuffled indices."""
-
-    def __init__(self, system, path, n, args, rng):
-        self.system, self.path, self.args = system, path, args
-        perm = rng.permutation(n)
-        self.warm = perm[:args.warmup]
-        self.fresh = perm[args.warmup:]
-        # In this process, each shuffled measurement takes its own slice of never-read indices.
-        # Worker processes start with nothing mapped, so each repeat's workers split all of them.
-        measurements = args.repeats * 2
-        per = max(1, min(args.read_sample, len(self.fresh) // measurements))
-        self.slices = iter([self.fresh[k * per:(k + 1) * per] for k in range(measurements)])
-        self.seq = np.arange(min(n, args.read_sample))
-        self.single, self.batched = system.open(path)
-        timed_reads(self.single, self.warm, 0, args.time_budget)
-        timed_reads(self.batched, np.sort(self.warm), args.batch_size, args.time_budget)
-
-    def measure(self) -> dict[str, float]:
-        a = self.args
-        out = {}
-        # Wall-clock rates, and rates per CPU-second of this process (steadier on a shared machine).
-        # The sequential pass gets a handle of its own: reading through the main handle would map
-        # pages that the shuffled measurements are meant to touch for the first time.
-        seq_single, _ = self.system.open(self.path)
-        done, s, cpu = timed_reads(seq_single, self.seq, 0, a.time_budget)
-        out["seq_read_per_s"], out["seq_read_cpu_per_s"] = done / s, done / cpu
-        del seq_single
-        done, s, cpu = timed_reads(self.single, next(self.slices), 0, a.time_budget)
-        out["shuffled_single_per_s"], out["shuffled_single_cpu_per_s"] = done / s, done / cpu
-        done, s, cpu = timed_reads(self.batched, next(self.slices), a.batch_size, a.time_budget)
-        out["shuffled_batch_per_s"], out["shuffled_batch_cpu_per_s"] = done / s, done / cpu
-        out["shuffled_single_2w_per_s"] = parallel_rate(self.system.impl, self.path, self.fresh, 0,
-                                                        a.time_budget, self.warm, 2)
-        out["shuffled_batch_2w_per_s"] = parallel_rate(self.system.impl, self.path, self.fresh,
-                                                       a.batch_size, a.time_budget, self.warm, 2)
-        return out
-
-
-def remove_artifact(path: str) -> None:
-    for p in (path, path + "-lock"):
-        if os.path.isdir(p):
-            shutil.rmtree(p)
-        elif os.path.exists(p):
-            os.remove(p)
+def timed(fn) -> tuple[float, float]:
+    """(wall seconds, CPU seconds of this process) of fn()."""
+    c0, t0 = time.process_time(), time.perf_counter()
+    fn()
+    return time.perf_counter() - t0, time.process_time() - c0
 
 
 def git_commit() -> str:
@@ -406,37 +246,50 @@ def machine_name() -> str:
     return f"{platform.node()} ({cpu}, {os.cpu_count()} cores)"
 
 
-def plot(rows: list[dict], path: str) -> None:
+def summarize(values: list[float]) -> dict:
+    return {"median": statistics.median(values), "min": min(values), "max": max(values),
+            "repeats": values}
+
+
+def plot(result: dict, path: str) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    names = [r["impl"] for r in rows]
-    metrics = [("seq_read_per_s", "sequential"), ("shuffled_single_per_s", "shuffled, single"),
-               ("shuffled_batch_per_s", "shuffled, batch"), ("shuffled_single_2w_per_s", "shuffled, single, 2 workers"),
-               ("shuffled_batch_2w_per_s", "shuffled, batch, 2 workers"),
-               ("shuffled_single_cpu_per_s", "shuffled, single, per CPU-second"),
-               ("shuffled_batch_cpu_per_s", "shuffled, batch, per CPU-second")]
-    fig, axes = plt.subplots(1, 3, figsize=(17, 5), gridspec_kw={"width_ratios": [3, 1.2, 1.2]})
-    x = np.arange(len(names))
-    w = 0.12
-    for k, (key, label) in enumerate(metrics):
-        axes[0].bar(x + (k - 3) * w, [r[key] for r in rows], w, label=label,
-                    hatch="//" if "cpu" in key else None)
-    axes[0].set_yscale("log")
-    axes[0].set_xticks(x, names)
-    axes[0].set_ylabel("records / s (log)")
-    axes[0].set_title(f"reads, {rows[0]['records']:,} records of {ATOMS} atoms")
+    codecs = result["settings"]["codecs"]
+    modes = list(MODES)
+    fig, axes = plt.subplots(1, 2, figsize=(15, 5))
+    x = np.arange(len(modes))
+    w = 0.8 / len(codecs)
+    for c, codec in enumerate(codecs):
+        rows = {r["mode"]: r for r in result["ratios"] if r["codec"] == codec}
+        med = [rows[m]["median"] for m in modes]
+        lo = [rows[m]["median"] - rows[m]["min"] for m in modes]
+        hi = [rows[m]["max"] - rows[m]["median"] for m in modes]
+        axes[0].bar(x + (c - (len(codecs) - 1) / 2) * w, med, w, yerr=[lo, hi], capsize=3,
+                    label=f"codec {codec}")
+    axes[0].axhline(1.0, color="k", lw=0.8)
+    axes[0].axhline(1.5, color="tab:red", lw=0.8, ls="--", label="1.5x")
+    axes[0].set_xticks(x, modes, rotation=15)
+    axes[0].set_ylabel("turbopairformer / atompack-db (per-repeat ratio: median, min-max)")
     axes[0].legend(fontsize=8)
-    axes[1].bar(x, [r["write_per_s"] for r in rows], color="tab:gray")
+    axes[0].set_title("rate ratio (higher is better for us)")
+    w = 0.8 / (2 * len(codecs))
+    k = 0
+    for codec in codecs:
+        for system in ("turbopairformer", "atompack"):
+            rows = {r["mode"]: r for r in result["results"]
+                    if r["codec"] == codec and r["system"] == system}
+            axes[1].bar(x + (k - (2 * len(codecs) - 1) / 2) * w, [rows[m]["median"] for m in modes],
+                        w, label=f"{system}, {codec}", hatch="//" if system == "atompack" else None)
+            k += 1
     axes[1].set_yscale("log")
-    axes[1].set_xticks(x, names, rotation=30)
-    axes[1].set_title("writes, records / s (log)")
-    axes[2].bar(x, [r["bytes"] / 2**20 for r in rows], color="tab:brown")
-    axes[2].set_xticks(x, names, rotation=30)
-    axes[2].set_title(f"artifact size, MiB (codec {rows[0]['codec']})")
-    fig.suptitle(f"record store benchmark, {rows[0]['machine']}, {rows[0]['date']}, commit {rows[0]['commit']}",
+    axes[1].set_xticks(x, modes, rotation=15)
+    axes[1].set_ylabel("records / s (median, log)")
+    axes[1].legend(fontsize=8)
+    axes[1].set_title(f"{result['settings']['records']:,} records of {ATOMS} atoms")
+    fig.suptitle(f"record store, {result['machine']}, {result['date']}, commit {result['commit']}",
                  fontsize=9)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
@@ -444,77 +297,117 @@ def plot(rows: list[dict], path: str) -> None:
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--records", type=int, default=200_000)
-    p.add_argument("--systems", default=",".join(SYSTEMS), help="comma-separated subset of " + ",".join(SYSTEMS))
-    p.add_argument("--compression", default="none", choices=["none", "zstd", "lz4"],
-                   help="codec for turbopairformer and atompack (hdf5 and ase_sqlite store raw, lmdb_ase uses zlib)")
+    p.add_argument("--records", type=int, default=100_000)
+    p.add_argument("--codecs", default="none,zstd", help="comma-separated: none, zstd, lz4")
     p.add_argument("--batch-size", type=int, default=256)
-    p.add_argument("--read-sample", type=int, default=100_000,
-                   help="most records one in-process read measurement touches")
-    p.add_argument("--time-budget", type=float, default=8.0, help="seconds one read measurement may take")
-    p.add_argument("--warmup", type=int, default=2_000)
-    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--workdir", default=None, help="where the artifacts go (default: a temporary directory)")
-    p.add_argument("--keep", action="store_true", help="keep the artifacts")
-    p.add_argument("--json", default=None, help="output JSON (default bench/results/store-<machine>.json)")
+    p.add_argument("--workdir", default=None,
+                   help="where the files go (default: a fresh directory under /dev/shm, else /tmp)")
+    p.add_argument("--json", default=None,
+                   help="output JSON (default bench/results/store-vm.json, the 2-core VM's; a .png "
+                        "beside it)")
     args = p.parse_args(argv)
-    names = [s for s in args.systems.split(",") if s]
-    for s in names:
-        if s not in SYSTEMS:
-            p.error(f"unknown system {s!r}; choose from {', '.join(SYSTEMS)}")
-    if args.records < 1:
-        p.error("--records must be >= 1")
-    args.warmup = min(args.warmup, args.records // 10)
+    codecs = [c for c in args.codecs.split(",") if c]
+    for c in codecs:
+        if c not in ("none", "zstd", "lz4"):
+            p.error(f"unknown codec {c!r}; choose from none, zstd, lz4")
+    if args.records < args.batch_size or args.repeats < 1:
+        p.error("--records must be >= --batch-size and --repeats >= 1")
 
     date = datetime.date.today().isoformat()
-    meta = {"commit": git_commit(), "machine": machine_name(), "date": date}
-    host = platform.node() or "machine"
     out_json = args.json or os.path.join(os.path.dirname(os.path.abspath(__file__)), "results",
-                                         f"store-{host}.json")
+                                         "store-vm.json")
     os.makedirs(os.path.dirname(os.path.abspath(out_json)), exist_ok=True)
+    base = args.workdir or tempfile.mkdtemp(prefix="tpf-bench-store-",
+                                            dir="/dev/shm" if os.path.isdir("/dev/shm") else None)
+    os.makedirs(base, exist_ok=True)
 
     cols = make_columns(args.records, args.seed)
-    rng = np.random.default_rng(args.seed + 1)
-    workdir = args.workdir or tempfile.mkdtemp(prefix="tpf-bench-store-")
-    os.makedirs(workdir, exist_ok=True)
-    rows = []
+    records = make_records(cols)
+    order = np.random.default_rng(args.seed + 1).permutation(args.records)
+    order_list = order.tolist()
+    rates: dict = {}   # (codec, mode, system) -> [records/s per repeat]
+    cpu: dict = {}
+    sizes: dict = {}
     try:
-        for name in tqdm(names, desc="write"):
-            rows.append(write_system(SYSTEMS[name], cols, workdir, args))
-        # Reads interleave the systems, repeat by repeat, so a burst of load on the shared machine
-        # does not land on one system only; each metric keeps its best repeat.
-        states = [ReadState(SYSTEMS[r["impl"]], r["path"], args.records, args, rng) for r in rows]
-        for row in rows:
-            row.update({m: 0.0 for m in READ_METRICS})
-        for _ in tqdm(range(args.repeats), desc="read repeats"):
-            for row, state in zip(rows, states):
-                for m, v in state.measure().items():
-                    row[m] = max(row[m], v)
-        del states
-        for row in rows:
-            path = row.pop("path")
-            row.update(meta)
-            if not args.keep:
-                remove_artifact(path)
-            tqdm.write(json.dumps({k: (round(v) if isinstance(v, float) else v) for k, v in row.items()}))
+        handles = {}
+        for codec in codecs:
+            for system in SYSTEMS:
+                path = os.path.join(base, f"{system.name}-{codec}{system.suffix}")
+                system.write_batch(path, cols, codec)
+                sizes.setdefault(codec, {})[system.name] = os.path.getsize(path)
+                h = system.open(path)
+                check_reads(system, h, cols, order, args.batch_size)
+                system.single_copy(h, order_list)  # warm: page cache and page tables
+                handles[codec, system.name] = h
+        steps = args.repeats * len(codecs) * len(MODES)
+        with tqdm(total=steps, desc="repeats x codecs x modes") as bar:
+            for rep in range(args.repeats):
+                systems = SYSTEMS if rep % 2 == 0 else SYSTEMS[::-1]
+                for codec in codecs:
+                    for mode in MODES:
+                        for system in systems:
+                            h = handles[codec, system.name]
+                            scratch = os.path.join(base, f"w-{system.name}-{codec}{system.suffix}")
+                            if mode == "single_copy":
+                                fn = lambda: system.single_copy(h, order_list)  # noqa: E731
+                            elif mode == "single_order":
+                                arg = order if system is TurboPairFormer else order_list
+                                fn = lambda: system.single_order(h, arg)  # noqa: E731
+                            elif mode == "batch_copy":
+                                fn = lambda: system.batch_copy(h, order, args.batch_size)  # noqa: E731
+                            elif mode == "write_single":
+                                fn = lambda: system.write_single(scratch, records, codec)  # noqa: E731
+                            else:
+                                fn = lambda: system.write_batch(scratch, cols, codec)  # noqa: E731
+                            wall, cpu_s = timed(fn)
+                            rates.setdefault((codec, mode, system.name), []).append(args.records / wall)
+                            cpu.setdefault((codec, mode, system.name), []).append(args.records / cpu_s)
+                            if mode.startswith("write"):
+                                size = os.path.getsize(scratch)
+                                if size != sizes[codec][system.name]:
+                                    sizes.setdefault(f"{codec}-{mode}", {})[system.name] = size
+                                os.remove(scratch)
+                        bar.update()
+        del handles
     finally:
-        if not args.workdir and not args.keep:
-            shutil.rmtree(workdir, ignore_errors=True)
-    settings = {k: getattr(args, k) for k in ("compression", "batch_size", "read_sample",
-                                               "time_budget", "warmup", "repeats", "seed")}
-    for row in rows:
-        row["settings"] = settings
+        if not args.workdir:
+            shutil.rmtree(base, ignore_errors=True)
+
+    results, ratios = [], []
+    for (codec, mode, system), values in rates.items():
+        results.append({"codec": codec, "mode": mode, "system": system, "unit": "records/s",
+                        **summarize(values), "cpu_median": statistics.median(cpu[codec, mode, system])})
+    for codec in codecs:
+        for mode in MODES:
+            ours, theirs = rates[codec, mode, "turbopairformer"], rates[codec, mode, "atompack"]
+            per = [a / b for a, b in zip(ours, theirs)]
+            ratios.append({"codec": codec, "mode": mode, **summarize(per),
+                           "ratio_of_medians": statistics.median(ours) / statistics.median(theirs)})
+    result = {
+        "benchmark": "store", "commit": git_commit(), "machine": machine_name(), "date": date,
+        "python": platform.python_version(),
+        "atompack_version": __import__("importlib.metadata").metadata.version("atompack-db"),
+        "settings": {"records": args.records, "atoms": ATOMS, "codecs": codecs,
+                     "batch_size": args.batch_size, "repeats": args.repeats, "seed": args.seed,
+                     "workdir": "tmpfs" if base.startswith("/dev/shm") else base},
+        "modes": MODES,
+        "notes": ["rates are wall-clock records/s; cpu_median is records per CPU-second of this process",
+                  "ours verifies every record's XXH3-64 checksum on read; atompack-db has none",
+                  "ratios are turbopairformer / atompack-db per repeat (adjacent measurements)"],
+        "sizes_bytes": sizes, "results": results, "ratios": ratios,
+    }
     with open(out_json, "w") as f:
-        json.dump(rows, f, indent=2)
+        json.dump(result, f, indent=2)
         f.write("\n")
-    plot(rows, os.path.splitext(out_json)[0] + ".png")
-    by = {r["impl"]: r for r in rows}
-    if "turbopairformer" in by and "atompack" in by:
-        ours, ap = by["turbopairformer"], by["atompack"]
-        for key in ("write_per_s",) + READ_METRICS:
-            print(f"{key:28s} turbopairformer / atompack = {ours[key] / ap[key]:.2f}x")
-        print(f"{'bytes':28s} turbopairformer / atompack = {ours['bytes'] / ap['bytes']:.3f}")
+    plot(result, os.path.splitext(out_json)[0] + ".png")
+    for r in ratios:
+        print(f"{r['codec']:5s} {r['mode']:13s} ours / atompack = {r['median']:.2f}x "
+              f"(per repeat {r['min']:.2f}-{r['max']:.2f})")
+    for codec, by in sizes.items():
+        print(f"{codec:5s} bytes: ours {by['turbopairformer']:,}, atompack {by['atompack']:,} "
+              f"({by['turbopairformer'] / by['atompack']:.3f})")
     print(f"wrote {out_json}")
     return 0
 

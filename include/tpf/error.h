@@ -3,6 +3,7 @@
 #pragma once
 #include <stdexcept>
 #include <string>
+#include <utility>
 
 namespace tpf {
 
@@ -16,6 +17,22 @@ class Error : public std::invalid_argument {
 class RuntimeError : public std::runtime_error {
  public:
   using std::runtime_error::runtime_error;
+};
+
+// A file that does not exist. Maps to Python's FileNotFoundError (errno ENOENT, the path as its
+// filename).
+class FileNotFoundError : public RuntimeError {
+ public:
+  // what(): "<kind> <path> does not exist".
+  FileNotFoundError(const std::string& kind, std::string path)
+      : RuntimeError(kind + " " + path + " does not exist"),
+        reason_(kind + " does not exist"),
+        path_(std::move(path)) {}
+  const std::string& path() const { return path_; }
+  const std::string& reason() const { return reason_; }
+
+ private:
+  std::string reason_, path_;
 };
 
 }  // namespace tpf

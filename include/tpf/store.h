@@ -71,9 +71,11 @@ struct ArrayRef {
 // Index that ties them together.
 
 // One header slot, decoded. `valid` is false when the slot is torn, zeroed or corrupt; `problem`
-// then says why (wrong magic, checksum mismatch, ...).
+// then says why (wrong magic, checksum mismatch, ...). Fields are believed only from a slot whose
+// checksum holds.
 struct HeaderSlot {
   bool valid = false;
+  bool newer = false;  // intact, but written by a newer format version
   std::string problem;
   uint32_t version = 0;
   uint64_t generation = 0;
@@ -83,15 +85,36 @@ struct HeaderSlot {
   uint64_t index_checksum = 0;
 };
 
-// Decodes both header slots from the first kHeaderRegionBytes of a file and returns the index of
-// the slot to use (the valid one with the higher generation). Throws tpf::Error when the region is
-// short, neither slot is valid, or a slot declares a newer format version; `name` labels messages.
+// Both header slots of a file and the one to use (the valid one with the higher generation).
 struct Headers {
   HeaderSlot slot[2];
   int current = -1;
+  // The other slot when it is damaged (invalid, but not never written), else -1.
+  int damaged = -1;
+  // True when the damaged slot may have held a newer commit than `current`, so that reading
+  // `current` may drop committed records (see check_fallback).
+  bool fallback = false;
+  uint64_t bytes_after = 0;  // bytes of the file after the current commit's index
+  // The damaged slot's index fields as stored (unverified), for check_fallback.
+  uint64_t damaged_index_offset = 0, damaged_index_length = 0, damaged_index_checksum = 0;
 };
+
+// Decodes both header slots from the first kHeaderRegionBytes of a file and chooses the current
+// one. Throws tpf::Error when the region is short, neither slot is valid (naming an unfinished
+// first commit, a file that is not a store, or the two problems), an intact slot declares a newer
+// format version, or the current commit's index lies past the end; `name` labels messages.
 Headers parse_headers(std::span<const std::byte> region, uint64_t file_size,
                       const std::string& name);
+
+// Settles `headers.fallback`: a damaged slot whose stored fields name an intact index block
+// before the current one (`checksum_of(offset, length)` hashes file bytes) held an older commit,
+// and nothing is lost. Otherwise, unless `recover`, throws tpf::Error saying which slot is
+// damaged, which generation is the last intact one, and that recover=True reads it.
+void check_fallback(Headers& headers, const std::string& name, bool recover,
+                    const std::function<uint64_t(uint64_t offset, uint64_t length)>& checksum_of);
+// "<name>: header slot S is damaged: <problem>, and may hold a newer commit than generation G
+// ..." (without "<name>: " when `name` is empty).
+std::string fallback_message(const Headers& headers, const std::string& name);
 
 // One field of a layout: where its bytes sit inside a decoded (uncompressed) record.
 struct Field {
@@ -158,8 +181,9 @@ class Index {
 };
 
 // (1) Reads the header region and the committed index through `source` (two reads) and validates
-// them. The returned Index is independent of `source`.
-Index open_index(const ByteSource& source);
+// them; a fallback to an older commit is an error unless `recover` (check_fallback). The returned
+// Index is independent of `source`; `headers`, when given, receives both slots as found.
+Index open_index(const ByteSource& source, bool recover = false, Headers* headers = nullptr);
 
 // (2) The byte range of record i is index.entry(i).offset, .stored_length.
 
@@ -254,12 +278,15 @@ class BatchPlan {
 // Memory-mapped reader of a local file.
 struct ReaderOptions {
   bool verify_checksums = true;
+  // Read the last intact commit even when the newer header slot is damaged (check_fallback).
+  bool recover = false;
 };
 
 class Reader {
  public:
-  // Maps `path` read-only and opens its last commit. Throws tpf::Error for a file that is not a
-  // valid store, tpf::RuntimeError when it cannot be opened or mapped.
+  // Maps `path` read-only and opens its last commit. Throws tpf::FileNotFoundError when `path`
+  // does not exist, tpf::Error for a file that is not a valid store (or whose current header slot
+  // is damaged, unless options.recover), tpf::RuntimeError when it cannot be opened or mapped.
   static std::shared_ptr<const Reader> open(const std::string& path, ReaderOptions options = {});
   ~Reader();
   Reader(const Reader&) = delete;
@@ -275,8 +302,8 @@ class Reader {
   Record read(uint64_t i) const;
   // The mapped file's bytes (for zero-copy consumers).
   std::span<const std::byte> bytes() const { return {map_, map_size_}; }
-  // Both header slots as found at open: a slot that is invalid but not all zero (a torn or
-  // corrupted newer commit) means an older generation is being read.
+  // Both header slots as found at open; `fallback` set means an older generation is being read
+  // (only when opened with options.recover).
   const Headers& headers() const { return headers_; }
 
  private:
@@ -293,24 +320,42 @@ class Reader {
 // Writer. One process at a time may write a file (an exclusive advisory lock, taken at open; a
 // second writer gets tpf::RuntimeError naming the file). Appended records become visible to readers
 // only at commit(); a crash at any point leaves the last commit intact and readable.
+//
+// A new file (and an overwrite) is built as a hidden partial file in the same directory,
+// ".<name>.<random>.tpf-partial", and put in place by rename: a new store appears at `path` only
+// once its first (empty) commit is durable, and an overwrite replaces `path` at its first commit(),
+// so readers of the old file keep reading the old bytes and a crash before that commit leaves the
+// old contents whole. A writer removes the partial files that dead writers of `path` left behind.
 struct WriterOptions {
   Codec codec = Codec::none;
   int level = 3;           // zstd level (1..19); ignored by lz4 and none
-  bool overwrite = false;  // start an empty file even if `path` exists
+  bool overwrite = false;  // replace `path` by a new store even if it exists (at commit())
+  // Append to the last intact commit of a file whose newer header slot is damaged, dropping the
+  // bytes after it (see check_fallback); without it, opening such a file throws.
+  bool recover = false;
   // Test hook: called at each step of commit() (see CommitStep) so crash tests can kill the
   // process at a chosen point. Unset in normal use.
   std::function<void(int step)> on_commit_step;
 };
 
-// The steps of commit(), in order; on_commit_step(step) runs before each.
-enum CommitStep : int { kWriteIndex = 0, kSyncIndex = 1, kWriteHeader = 2, kSyncHeader = 3 };
+// The steps of commit(), in order; on_commit_step(step) runs before each. kReplace comes only in
+// the commits that put a new file in place (the first of a new file or of an overwrite).
+enum CommitStep : int {
+  kWriteIndex = 0,
+  kSyncIndex = 1,
+  kWriteHeader = 2,
+  kSyncHeader = 3,
+  kReplace = 4
+};
 
 class Writer {
  public:
   // Creates `path`, or opens an existing store to append after its last commit (anything written
-  // after that commit, e.g. by a crashed writer, is discarded).
+  // after that commit, e.g. by a crashed writer, is discarded). Throws tpf::Error for an existing
+  // file that is not a store (or whose first commit never finished: overwrite=true starts it
+  // again), tpf::RuntimeError when the file cannot be created, locked or written.
   Writer(const std::string& path, WriterOptions options = {});
-  ~Writer();  // does not commit: uncommitted records are dropped
+  ~Writer();  // does not commit: uncommitted records are dropped (and an overwrite is abandoned)
   Writer(const Writer&) = delete;
   Writer& operator=(const Writer&) = delete;
 
@@ -318,16 +363,21 @@ class Writer {
   // starting with '_' (reserved), a bad itemsize, more than kMaxFieldDims dims or a record of
   // 4 GiB or more.
   void append(std::span<const ArrayRef> fields);
-  // Makes every record appended so far visible atomically and durably (fdatasync).
+  // Makes every record appended so far visible atomically and durably (fdatasync; for the commit
+  // that puts a new file in place, also the rename and its directory).
   void commit();
   // Records appended, committed or not.
   uint64_t size() const;
   uint64_t committed_size() const;
   uint64_t generation() const;
   const std::string& path() const;
-  void close();  // releases the file and the lock; uncommitted records are dropped
+  // Releases the file and the lock; uncommitted records are dropped, and an overwrite that was
+  // never committed leaves the old file as it was.
+  void close();
 
  private:
+  void open_existing(uint64_t file_size);  // continues after the last commit of the open file
+  uint32_t find_layout(std::span<const ArrayRef> fields);  // the id of their layout, made if new
   struct State;
   std::unique_ptr<State> s_;
 };

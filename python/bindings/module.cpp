@@ -1,6 +1,8 @@
 // turbopairformer._C: the library's entry points over DLPack arrays. No libtorch here.
 #include <nanobind/nanobind.h>
 
+#include <cerrno>
+
 #include "tpf/attention.h"
 #include "tpf/error.h"
 #include "tpf/parallel.h"
@@ -22,6 +24,13 @@ NB_MODULE(_C, m) {
   nb::register_exception_translator([](const std::exception_ptr& p, void*) {
     try {
       std::rethrow_exception(p);
+    } catch (const tpf::FileNotFoundError& e) {
+      PyObject* err = PyObject_CallFunction(PyExc_FileNotFoundError, "iss", ENOENT,
+                                            e.reason().c_str(), e.path().c_str());
+      if (err) {
+        PyErr_SetObject(PyExc_FileNotFoundError, err);
+        Py_DECREF(err);
+      }
     } catch (const tpf::RuntimeError& e) {
       PyErr_SetString(PyExc_RuntimeError, e.what());
     }

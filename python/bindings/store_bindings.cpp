@@ -9,6 +9,7 @@
 
 #define NPY_NO_DEPRECATED_API NPY_1_7_API_VERSION
 #include <numpy/arrayobject.h>
+#include <numpy/arrayscalars.h>
 
 #include <algorithm>
 #include <cstring>
@@ -18,6 +19,7 @@
 #include <string>
 #include <vector>
 
+#include "store/record.h"
 #include "store_records.h"
 #include "tpf/error.h"
 #include "tpf/parallel.h"
@@ -53,7 +55,7 @@ int numpy_type(DType d) {
 }
 
 // The store dtype of a numpy array, or throws naming the key.
-DType store_dtype(PyArrayObject* a, const std::string& key) {
+DType store_dtype(PyArrayObject* a, std::string_view key) {
   const int t = PyArray_TYPE(a);
   const int size = int(PyArray_ITEMSIZE(a));
   if (t == NPY_BOOL) return DType::boolean;
@@ -72,20 +74,15 @@ DType store_dtype(PyArrayObject* a, const std::string& key) {
     }
   }
   const std::string got = nb::cast<std::string>(nb::str(nb::handle((PyObject*)PyArray_DESCR(a))));
-  throw Error("record field '" + key + "' has dtype " + got +
+  throw Error("record field '" + std::string(key) + "' has dtype " + got +
               "; expected bool, an integer, float16/32/64, bytes or str");
 }
 
 // ---- write path: Python values to ArrayRefs -----------------------------------------------------
 
-// Holds what an ArrayRef points into: the contiguous numpy array, or UTF-8 bytes encoded here.
-struct Held {
-  nb::object array;
-  std::vector<char> text;
-};
-
 // Encodes a numpy "U" array as fixed-width UTF-8 (width = the longest element, at least 1).
-void encode_utf8(PyArrayObject* a, const std::string& key, Held& held, uint32_t& width) {
+void encode_utf8(PyArrayObject* a, const std::string& key, std::vector<char>& text,
+                 uint32_t& width) {
   const npy_intp n = PyArray_SIZE(a);
   const size_t chars = size_t(PyArray_ITEMSIZE(a)) / 4;
   const auto* src = static_cast<const Py_UCS4*>(PyArray_DATA(a));
@@ -102,100 +99,272 @@ void encode_utf8(PyArrayObject* a, const std::string& key, Held& held, uint32_t&
       throw Error("record field '" + key + "' holds text that is not valid Unicode");
     w = std::max(w, size_t(PyBytes_GET_SIZE(encoded[size_t(i)].ptr())));
   }
-  held.text.assign(size_t(n) * w, '\0');
+  text.assign(size_t(n) * w, '\0');
   for (npy_intp i = 0; i < n; ++i) {
     PyObject* b = encoded[size_t(i)].ptr();
-    std::memcpy(held.text.data() + size_t(i) * w, PyBytes_AS_STRING(b),
-                size_t(PyBytes_GET_SIZE(b)));
+    std::memcpy(text.data() + size_t(i) * w, PyBytes_AS_STRING(b), size_t(PyBytes_GET_SIZE(b)));
   }
   width = uint32_t(w);
 }
 
-// Converts one value to a contiguous native-order array and describes it. With `batch`, the first
-// axis is the record axis and is left out of the shape.
-store::ArrayRef array_ref(const std::string& key, PyObject* value, Held& held, bool batch,
-                          npy_intp count) {
-  PyObject* arr =
-      PyArray_FromAny(value, nullptr, 0, 0,
-                      NPY_ARRAY_C_CONTIGUOUS | NPY_ARRAY_ALIGNED | NPY_ARRAY_NOTSWAPPED, nullptr);
-  if (!arr) {
-    PyErr_Clear();
-    throw Error("record field '" + key + "' cannot be converted to a numpy array");
-  }
-  held.array = nb::steal(arr);
-  auto* a = reinterpret_cast<PyArrayObject*>(arr);
-  const int ndim = PyArray_NDIM(a) - (batch ? 1 : 0);
-  if (batch && (PyArray_NDIM(a) == 0 || PyArray_DIM(a, 0) != count))
-    throw Error("batch column '" + key + "' must have a leading axis of " + std::to_string(count) +
-                " records");
-  if (ndim > store::kMaxFieldDims)
-    throw Error("record field '" + key + "' has " + std::to_string(ndim) + " dims, at most 8");
-  store::ArrayRef r;
-  r.ndim = ndim;
-  for (int d = 0; d < ndim; ++d) r.shape[d] = uint64_t(PyArray_DIM(a, d + (batch ? 1 : 0)));
-  if (PyArray_TYPE(a) == NPY_UNICODE) {
-    encode_utf8(a, key, held, r.itemsize);
-    r.dtype = DType::utf8;
-    r.data = held.text.data();
-  } else {
-    r.dtype = store_dtype(a, key);
-    r.itemsize = uint32_t(PyArray_ITEMSIZE(a));
-    r.data = PyArray_DATA(a);
-  }
-  return r;
+std::string shape_text(const uint64_t* shape, int ndim) {
+  std::string t = "[";
+  for (int d = 0; d < ndim; ++d) t += (d ? ", " : "") + std::to_string(shape[d]);
+  return t + "]";
 }
 
-std::string key_of(PyObject* k) {
-  if (!PyUnicode_Check(k)) throw Error("record keys must be str");
-  Py_ssize_t n = 0;
-  const char* s = PyUnicode_AsUTF8AndSize(k, &n);
-  if (!s) throw nb::python_error();
-  return std::string(s, size_t(n));
+std::string repr_of(PyObject* o) {
+  nb::object r = nb::steal(PyObject_Repr(o));
+  if (!r) {
+    PyErr_Clear();
+    return "?";
+  }
+  return nb::cast<std::string>(nb::handle(r.ptr()));
 }
+
+// The conventions of the well-known keys (FORMAT.md, "Well-known keys"): which keys are per
+// atom, which have fixed shapes, which are scalars, and the dtype rules of positions,
+// atomic_numbers and pbc. Checked on every append, in C++, so a record costs no Python per key.
+enum class Rule : uint8_t { any, per_atom, per_atom_xyz, cell, pbc, stress, scalar, identifier };
+
+Rule rule_of(std::string_view key) {
+  static const std::pair<std::string_view, Rule> rules[] = {{"positions", Rule::per_atom_xyz},
+                                                            {"forces", Rule::per_atom_xyz},
+                                                            {"velocities", Rule::per_atom_xyz},
+                                                            {"atomic_numbers", Rule::per_atom},
+                                                            {"charges", Rule::per_atom},
+                                                            {"b_factors", Rule::per_atom},
+                                                            {"occupancy", Rule::per_atom},
+                                                            {"residue_index", Rule::per_atom},
+                                                            {"residue_names", Rule::per_atom},
+                                                            {"chain_id", Rule::per_atom},
+                                                            {"atom_names", Rule::per_atom},
+                                                            {"cell", Rule::cell},
+                                                            {"pbc", Rule::pbc},
+                                                            {"stress", Rule::stress},
+                                                            {"energy", Rule::scalar},
+                                                            {"resolution", Rule::scalar},
+                                                            {"identifier", Rule::identifier}};
+  for (const auto& [k, r] : rules)
+    if (k == key) return r;
+  return Rule::any;
+}
+
+// One record's (or one batch's) values converted for the writer: the arrays the ArrayRefs point
+// into stay referenced here until the append returns.
+class Converter {
+ public:
+  // `batch` > 0: columns with a leading axis of `batch` records.
+  Converter(int positions_type, npy_intp batch, size_t fields)
+      : positions_type_(positions_type), batch_(batch) {
+    refs_.reserve(fields);
+    slots_.reserve(fields);
+    held_.reserve(fields);
+    scalars_.reserve(fields);
+  }
+
+  void add(PyObject* key_obj, PyObject* value) {
+    if (!PyUnicode_Check(key_obj)) throw Error("record keys must be str, got " + repr_of(key_obj));
+    Py_ssize_t len = 0;
+    const char* k = PyUnicode_AsUTF8AndSize(key_obj, &len);
+    if (!k) throw nb::python_error();
+    const std::string_view key(k, size_t(len));  // kept alive by the caller's dict
+    const Rule rule = rule_of(key);
+    store::ArrayRef r;
+    r.key = key;
+    // A Python float (numpy's float64 too) is a float64 scalar, without making an array.
+    if (batch_ == 0 && PyFloat_Check(value) && (rule == Rule::any || rule == Rule::scalar)) {
+      check_shape(key, rule, r.shape, 0);
+      scalars_.push_back(PyFloat_AS_DOUBLE(value));
+      r.dtype = DType::f64;
+      r.itemsize = 8;
+      refs_.push_back(r);
+      slots_.push_back({int(scalars_.size()) - 1, -1});
+      return;
+    }
+    if (rule == Rule::identifier && batch_ == 0 && !PyUnicode_Check(value)) {
+      throw Error("record field 'identifier' must be a str, got " +
+                  std::string(Py_TYPE(value)->tp_name));
+    }
+    PyObject* arr =
+        PyArray_FromAny(value, nullptr, 0, 0,
+                        NPY_ARRAY_C_CONTIGUOUS | NPY_ARRAY_ALIGNED | NPY_ARRAY_NOTSWAPPED, nullptr);
+    if (!arr) {
+      PyErr_Clear();
+      throw Error("record field '" + std::string(key) + "' cannot be converted to a numpy array");
+    }
+    held_.push_back(nb::steal(arr));
+    auto* a = reinterpret_cast<PyArrayObject*>(arr);
+    const int type = PyArray_TYPE(a);
+    if (type == NPY_OBJECT)
+      throw Error("record field '" + std::string(key) +
+                  "' has no numeric or text dtype (got object)");
+    if (rule == Rule::identifier && batch_ > 0 &&
+        (type != NPY_UNICODE || PyArray_NDIM(a) != 1 || PyArray_DIM(a, 0) != batch_))
+      throw Error("batch column 'identifier' must be " + std::to_string(batch_) + " str, got " +
+                  dtype_text(a) + " " + shape_text_of(a));
+    if (rule == Rule::per_atom_xyz && key == "positions") {
+      if (!PyTypeNum_ISFLOAT(type))
+        throw Error("record field 'positions' must be floating point, got " + dtype_text(a));
+      if (type != positions_type_) a = cast(a, positions_type_);
+    }
+    if (key == "atomic_numbers" && !PyTypeNum_ISINTEGER(type) && type != NPY_BOOL)
+      throw Error("record field 'atomic_numbers' must be integers, got " + dtype_text(a));
+    if (rule == Rule::pbc && type != NPY_BOOL) a = cast(a, NPY_BOOL);
+    const int lead = batch_ > 0 ? 1 : 0;
+    if (batch_ > 0 && (PyArray_NDIM(a) == 0 || PyArray_DIM(a, 0) != batch_))
+      throw Error("batch column '" + std::string(key) + "' must have a leading axis of " +
+                  std::to_string(batch_) + " records, got shape " + shape_text_of(a));
+    const int ndim = PyArray_NDIM(a) - lead;
+    if (ndim > store::kMaxFieldDims)
+      throw Error("record field '" + std::string(key) + "' has " + std::to_string(ndim) +
+                  " dims, at most 8");
+    r.ndim = ndim;
+    for (int d = 0; d < ndim; ++d) r.shape[d] = uint64_t(PyArray_DIM(a, d + lead));
+    if (rule != Rule::identifier) check_shape(key, rule, r.shape, ndim);
+    int text = -1;
+    if (PyArray_TYPE(a) == NPY_UNICODE) {
+      texts_.emplace_back();
+      encode_utf8(a, std::string(key), texts_.back(), r.itemsize);
+      r.dtype = DType::utf8;
+      text = int(texts_.size()) - 1;
+    } else {
+      r.dtype = store_dtype(a, key);
+      r.itemsize = uint32_t(PyArray_ITEMSIZE(a));
+      r.data = PyArray_DATA(a);
+    }
+    refs_.push_back(r);
+    slots_.push_back({-1, text});
+  }
+
+  // The ArrayRefs of everything added, in order (valid while this Converter lives).
+  std::span<const store::ArrayRef> refs() {
+    for (size_t f = 0; f < refs_.size(); ++f) {
+      if (slots_[f].scalar >= 0) refs_[f].data = &scalars_[size_t(slots_[f].scalar)];
+      if (slots_[f].text >= 0) refs_[f].data = texts_[size_t(slots_[f].text)].data();
+    }
+    return refs_;
+  }
+
+ private:
+  // Where an ArrayRef's bytes are when not in a numpy array: scalars_ or texts_ (their
+  // addresses are taken in refs(), once the vectors stop growing).
+  struct Slot {
+    int scalar, text;
+  };
+
+  static std::string dtype_text(PyArrayObject* a) {
+    return nb::cast<std::string>(
+        nb::str(nb::handle(reinterpret_cast<PyObject*>(PyArray_DESCR(a)))));
+  }
+  static std::string shape_text_of(PyArrayObject* a) {
+    std::string t = "(";
+    for (int d = 0; d < PyArray_NDIM(a); ++d)
+      t += std::to_string(PyArray_DIM(a, d)) +
+           (PyArray_NDIM(a) == 1 || d + 1 < PyArray_NDIM(a) ? "," : "");
+    return t + ")";
+  }
+  PyArrayObject* cast(PyArrayObject* a, int type) {
+    PyObject* c =
+        PyArray_FromAny(reinterpret_cast<PyObject*>(a), PyArray_DescrFromType(type), 0, 0,
+                        NPY_ARRAY_C_CONTIGUOUS | NPY_ARRAY_ALIGNED | NPY_ARRAY_FORCECAST, nullptr);
+    if (!c) throw nb::python_error();
+    held_.push_back(nb::steal(c));
+    return reinterpret_cast<PyArrayObject*>(c);
+  }
+  // The shape rules of a well-known key; per-atom keys must agree on the number of atoms.
+  void check_shape(std::string_view key, Rule rule, const uint64_t* shape, int ndim) {
+    if (rule == Rule::any) return;
+    auto got = [&] { return shape_text(shape, ndim); };
+    const auto k = [&] { return std::string(key); };
+    switch (rule) {
+      case Rule::per_atom:
+      case Rule::per_atom_xyz:
+        if (ndim < 1)
+          throw Error("record field '" + k() + "' is per-atom and needs an atom axis, got shape " +
+                      got());
+        if (rule == Rule::per_atom_xyz && (ndim != 2 || shape[1] != 3))
+          throw Error("record field '" + k() + "' must have shape [n_atoms, 3], got " + got());
+        if (atoms_key_.empty()) {
+          atoms_key_ = key;
+          atoms_ = shape[0];
+        } else if (shape[0] != atoms_) {
+          throw Error("record field '" + k() + "' has " + std::to_string(shape[0]) +
+                      " atoms but '" + std::string(atoms_key_) + "' has " + std::to_string(atoms_));
+        }
+        return;
+      case Rule::cell:
+        if (ndim != 2 || shape[0] != 3 || shape[1] != 3)
+          throw Error("record field 'cell' must have shape [3, 3], got " + got());
+        return;
+      case Rule::pbc:
+        if (ndim != 1 || shape[0] != 3)
+          throw Error("record field 'pbc' must have shape [3], got " + got());
+        return;
+      case Rule::stress:
+        if (!(ndim == 1 && shape[0] == 6) && !(ndim == 2 && shape[0] == 3 && shape[1] == 3))
+          throw Error("record field 'stress' must have shape [6] or [3, 3], got " + got());
+        return;
+      case Rule::scalar:
+        if (ndim != 0)
+          throw Error("record field '" + k() + "' must be a scalar, got shape " + got());
+        return;
+      default: return;
+    }
+  }
+
+  int positions_type_;
+  npy_intp batch_;
+  std::vector<store::ArrayRef> refs_;
+  std::vector<nb::object> held_;
+  std::vector<std::vector<char>> texts_;
+  std::vector<Slot> slots_;
+  std::vector<double> scalars_;
+  std::string_view atoms_key_;  // the first per-atom key (kept alive by the caller's dict)
+  uint64_t atoms_ = 0;
+};
 
 class PyWriter {
  public:
-  PyWriter(const std::string& path, const std::string& compression, int level, bool overwrite) {
+  PyWriter(const std::string& path, const std::string& compression, int level, bool overwrite,
+           bool recover, const std::string& positions_dtype) {
+    if (positions_dtype != "float32" && positions_dtype != "float64")
+      throw Error("positions_dtype must be 'float32' or 'float64', got '" + positions_dtype + "'");
+    positions_type_ = positions_dtype == "float32" ? NPY_FLOAT32 : NPY_FLOAT64;
     store::WriterOptions o;
     o.codec = store::parse_codec(compression);
     o.level = level;
     o.overwrite = overwrite;
+    o.recover = recover;
     w_ = std::make_unique<store::Writer>(path, o);
   }
 
+  // record: {key: value}, checked against the well-known keys' conventions.
   void append(nb::dict record) {
-    std::vector<std::string> keys;
-    std::vector<Held> held(record.size());
-    std::vector<store::ArrayRef> refs;
-    keys.reserve(record.size());
-    size_t i = 0;
-    for (auto [k, v] : record) {
-      keys.push_back(key_of(k.ptr()));
-      refs.push_back(array_ref(keys.back(), v.ptr(), held[i++], false, 0));
-    }
-    for (size_t f = 0; f < refs.size(); ++f) refs[f].key = keys[f];
-    writer().append(refs);
+    Converter c(positions_type_, 0, size_t(PyDict_GET_SIZE(record.ptr())));
+    PyObject *k, *v;
+    Py_ssize_t pos = 0;
+    while (PyDict_Next(record.ptr(), &pos, &k, &v)) c.add(k, v);
+    writer().append(c.refs());
   }
 
   // columns: {key: array with a leading axis of `count` records}; every record has the same shapes.
   void append_batch(nb::dict columns, int64_t count) {
     TPF_CHECK(count >= 0, "count must be >= 0, got " + std::to_string(count));
-    std::vector<std::string> keys;
-    std::vector<Held> held(columns.size());
-    std::vector<store::ArrayRef> refs;
-    std::vector<size_t> row_bytes;
-    size_t i = 0;
-    for (auto [k, v] : columns) {
-      keys.push_back(key_of(k.ptr()));
-      store::ArrayRef r = array_ref(keys.back(), v.ptr(), held[i++], true, npy_intp(count));
-      uint64_t n = r.itemsize;
-      for (int d = 0; d < r.ndim; ++d) n *= r.shape[d];
-      row_bytes.push_back(size_t(n));
-      refs.push_back(r);
-    }
-    for (size_t f = 0; f < refs.size(); ++f) refs[f].key = keys[f];
+    Converter c(positions_type_, npy_intp(count), size_t(PyDict_GET_SIZE(columns.ptr())));
+    PyObject *k, *v;
+    Py_ssize_t pos = 0;
+    while (PyDict_Next(columns.ptr(), &pos, &k, &v)) c.add(k, v);
+    const std::span<const store::ArrayRef> added = c.refs();
+    std::vector<store::ArrayRef> refs(added.begin(), added.end());
+    std::vector<size_t> row_bytes(refs.size());
     std::vector<const char*> base(refs.size());
-    for (size_t f = 0; f < refs.size(); ++f) base[f] = static_cast<const char*>(refs[f].data);
+    for (size_t f = 0; f < refs.size(); ++f) {
+      uint64_t n = refs[f].itemsize;
+      for (int d = 0; d < refs[f].ndim; ++d) n *= refs[f].shape[d];
+      row_bytes[f] = size_t(n);
+      base[f] = static_cast<const char*>(refs[f].data);
+    }
     store::Writer& w = writer();
     nb::gil_scoped_release release;
     for (int64_t b = 0; b < count; ++b) {
@@ -221,6 +390,7 @@ class PyWriter {
     return *w_;
   }
   std::unique_ptr<store::Writer> w_;
+  int positions_type_ = NPY_FLOAT32;
 };
 
 // ---- read path ----------------------------------------------------------------------------------
@@ -306,11 +476,49 @@ PyObject* field_object(const store::Field& f, const std::byte* data, PyObject* b
   return arr;
 }
 
+// A numpy scalar of type `type` holding the `itemsize` bytes at `data`, made directly (numpy's
+// PyArray_Scalar looks the type up and checks it again for every call).
+PyObject* numeric_scalar(int type, const std::byte* data) {
+  PyTypeObject* cls = nullptr;
+  switch (type) {
+    case NPY_BOOL: return PyArrayScalar_FromLong(uint8_t(*data) != 0);  // the two singletons
+    case NPY_UINT8: cls = &PyUByteArrType_Type; break;
+    case NPY_INT8: cls = &PyByteArrType_Type; break;
+    case NPY_UINT16: cls = &PyUShortArrType_Type; break;
+    case NPY_INT16: cls = &PyShortArrType_Type; break;
+    case NPY_UINT32: cls = &PyUIntArrType_Type; break;
+    case NPY_INT32: cls = &PyIntArrType_Type; break;
+    case NPY_UINT64: cls = &PyULongLongArrType_Type; break;
+    case NPY_INT64: cls = &PyLongLongArrType_Type; break;
+    case NPY_FLOAT16: cls = &PyHalfArrType_Type; break;
+    case NPY_FLOAT32: cls = &PyFloatArrType_Type; break;
+    case NPY_FLOAT64: cls = &PyDoubleArrType_Type; break;
+    default: throw Error("no numpy scalar for type " + std::to_string(type));
+  }
+  PyObject* s = cls->tp_alloc(cls, 0);
+  if (!s) throw nb::python_error();
+  // Every numeric scalar object is PyObject_HEAD followed by its value (see numpy's arrayscalars.h).
+  switch (type) {
+    case NPY_UINT8:
+    case NPY_INT8: std::memcpy(&PyArrayScalar_VAL(s, UByte), data, 1); break;
+    case NPY_UINT16:
+    case NPY_INT16:
+    case NPY_FLOAT16: std::memcpy(&PyArrayScalar_VAL(s, UShort), data, 2); break;
+    case NPY_UINT32:
+    case NPY_INT32:
+    case NPY_FLOAT32: std::memcpy(&PyArrayScalar_VAL(s, UInt), data, 4); break;
+    default: std::memcpy(&PyArrayScalar_VAL(s, ULongLong), data, 8); break;
+  }
+  return s;
+}
+
 class PyReader {
  public:
-  PyReader(const std::string& path, bool verify_checksums) {
+  PyReader(const std::string& path, bool verify_checksums, bool recover) {
     store::ReaderOptions o;
     o.verify_checksums = verify_checksums;
+    o.recover = recover;
+    recover_ = recover;
     r_ = store::Reader::open(path, o);
     mapping_ = owner_capsule(r_);
     for (const std::string& k : r_->index().keys()) {
@@ -319,25 +527,137 @@ class PyReader {
       PyUnicode_InternInPlace(&s);
       keys_.push_back(nb::steal(s));
     }
+    plans_.resize(r_->index().layouts().size());
   }
 
   uint64_t size() const { return r_->size(); }
 
-  nb::object get(int64_t i) const {
+  // Record i as {key: value}. With `copy`, every array is a new, writable numpy array of its own;
+  // without, the arrays of an uncompressed record are read-only views into the mapping (those of
+  // a compressed one are its own, also read-only). One call builds the whole record from a
+  // per-layout plan made once (dtype objects, dims, keys), and the record's bytes are loaded while
+  // the Python objects are made: its lines are requested first and first needed by the checksum.
+  nb::object get(int64_t i, bool copy) const {
     const uint64_t n = r_->size();
     if (i < 0) i += int64_t(n);
     if (i < 0 || uint64_t(i) >= n)
       throw nb::index_error(
           ("record index out of range for " + std::to_string(n) + " records").c_str());
-    const store::Record rec = r_->read(uint64_t(i));
-    nb::object owner = rec.owns_data() ? owner_capsule(rec.owned()) : mapping_;
+    return get_at(uint64_t(i), copy);
+  }
+
+  // `indices` (a 1-d sequence of integers, negative ones counting from the end) as record
+  // numbers; IndexError names the first one out of range.
+  std::vector<uint64_t> indices_of(nb::handle indices) const {
+    nb::object arr = nb::steal(
+        PyArray_FromAny(indices.ptr(), PyArray_DescrFromType(NPY_INT64), 1, 1,
+                        NPY_ARRAY_C_CONTIGUOUS | NPY_ARRAY_ALIGNED | NPY_ARRAY_FORCECAST, nullptr));
+    if (!arr) {
+      PyErr_Clear();
+      throw Error("indices must be a 1-d sequence of integers");
+    }
+    auto* a = reinterpret_cast<PyArrayObject*>(arr.ptr());
+    const npy_intp count = PyArray_DIM(a, 0);
+    std::vector<uint64_t> out(static_cast<size_t>(count));
+    const auto* raw = static_cast<const int64_t*>(PyArray_DATA(a));
+    const int64_t n = int64_t(r_->size());
+    for (npy_intp b = 0; b < count; ++b) {
+      int64_t i = raw[b];
+      if (i < 0) i += n;
+      if (i < 0 || i >= n)
+        throw nb::index_error(("indices[" + std::to_string(b) + "] = " + std::to_string(raw[b]) +
+                               " is out of range for " + std::to_string(n) + " records")
+                                  .c_str());
+      out[size_t(b)] = uint64_t(i);
+    }
+    return out;
+  }
+
+  // Starts loading record i's entry (`entry_only`) or its stored bytes into the CPU's caches, for
+  // a read of it soon (records() works ahead of the reads this way).
+  void prefetch(uint64_t i, bool entry_only) const {
+    const store::Index& ix = r_->index();
+    if (entry_only) return ix.prefetch(i);
+    const store::RecordEntry e = ix.entry(i);
+    const std::byte* p = r_->bytes().data() + e.offset;
+    for (uint64_t line = 0; line < e.stored_length; line += 64) __builtin_prefetch(p + line);
+  }
+
+  // get() of a record number known to be in range.
+  nb::object get_at(uint64_t i, bool copy) const {
+    const store::Index& ix = r_->index();
+    const store::RecordEntry e = ix.entry(i);
+    const std::span<const std::byte> stored = r_->bytes().subspan(e.offset, e.stored_length);
+    for (uint64_t line = 0; line < stored.size(); line += 64)
+      __builtin_prefetch(stored.data() + line);
+    const bool compressed = e.codec != store::Codec::none;
+    const bool own = copy || compressed;
+    const LayoutPlan& fields = plan(e.layout_id);
+
+    // Arrays first (their bytes come later, for owned ones), with None holding the place of a
+    // value made from the bytes (a scalar, text), so the dict keeps the layout's key order.
     nb::object d = nb::steal(PyDict_New());
-    for (size_t f = 0; f < rec.num_fields(); ++f) {
-      const store::Field& field = rec.field(f);
-      nb::object v =
-          nb::steal(field_object(field, rec.data(f), owner.ptr(), r_->path(), uint64_t(i)));
-      if (PyDict_SetItem(d.ptr(), keys_[field.key_id].ptr(), v.ptr()) != 0)
-        throw nb::python_error();
+    if (!d) throw nb::python_error();
+    // Borrowed from d; on the stack for the usual handful of fields.
+    PyArrayObject* inline_arrays[16] = {};
+    std::vector<PyArrayObject*> more(fields.size() > 16 ? fields.size() : 0, nullptr);
+    PyArrayObject** arrays = fields.size() > 16 ? more.data() : inline_arrays;
+    for (size_t k = 0; k < fields.size(); ++k) {
+      const FieldPlan& fp = fields[k];
+      PyObject* v = Py_None;
+      if (!fp.scalar && fp.field->dtype != DType::utf8) {
+        const std::byte* at = own ? nullptr : stored.data() + fp.field->offset;
+        Py_INCREF(fp.descr.ptr());
+        v = PyArray_NewFromDescr(&PyArray_Type, reinterpret_cast<PyArray_Descr*>(fp.descr.ptr()),
+                                 fp.ndim, const_cast<npy_intp*>(fp.dims), nullptr,
+                                 const_cast<std::byte*>(at),
+                                 at ? NPY_ARRAY_C_CONTIGUOUS | NPY_ARRAY_ALIGNED : 0, nullptr);
+        if (!v) throw nb::python_error();
+        arrays[k] = reinterpret_cast<PyArrayObject*>(v);
+        if (!own) {
+          Py_INCREF(mapping_.ptr());
+          if (PyArray_SetBaseObject(arrays[k], mapping_.ptr()) != 0) {
+            Py_DECREF(v);
+            throw nb::python_error();
+          }
+        }
+      } else {
+        Py_INCREF(v);
+      }
+      const int rc = PyDict_SetItem(d.ptr(), fp.key, v);
+      Py_DECREF(v);
+      if (rc != 0) throw nb::python_error();
+    }
+
+    store::detail::check_stored(ix, i, e, stored, r_->verify_checksums());
+    const std::byte* base = stored.data();
+    // A compressed record decodes into per-thread scratch (kept up to 1 MiB), whose bytes are
+    // then copied into the arrays: nothing is allocated or shared per record.
+    thread_local std::vector<uint64_t> scratch;
+    std::vector<uint64_t> large;
+    if (compressed) {
+      const uint64_t raw_size = ix.layout(e.layout_id).raw_size;
+      std::vector<uint64_t>& words = raw_size <= (uint64_t(1) << 20) ? scratch : large;
+      if (words.size() < raw_size / 8 + 1) words.resize(raw_size / 8 + 1);
+      const std::span<std::byte> raw(reinterpret_cast<std::byte*>(words.data()), raw_size);
+      store::detail::decompress_record(ix, i, e, stored, raw);
+      base = raw.data();
+    }
+    for (size_t k = 0; k < fields.size(); ++k) {
+      const FieldPlan& fp = fields[k];
+      const std::byte* data = base + fp.field->offset;
+      if (arrays[k]) {
+        if (own && fp.field->nbytes)
+          std::memcpy(PyArray_DATA(arrays[k]), data, size_t(fp.field->nbytes));
+        if (own && !copy) PyArray_CLEARFLAGS(arrays[k], NPY_ARRAY_WRITEABLE);
+        continue;
+      }
+      const store::Field& f = *fp.field;
+      nb::object v = nb::steal(
+          fp.scalar ? numeric_scalar(fp.type, data)
+                    : utf8_object(reinterpret_cast<const char*>(data), f.itemsize, f.ndim, fp.dims,
+                                  [&] { return r_->path() + ": record " + std::to_string(i); }));
+      if (PyDict_SetItem(d.ptr(), fp.key, v.ptr()) != 0) throw nb::python_error();
     }
     return d;
   }
@@ -346,28 +666,8 @@ class PyReader {
   // [B]; with stack every field becomes [B, *shape]; otherwise fields of 1 or more dims are
   // concatenated along their first axis, with "_len_<key>" (int64 [B]) giving each record's share.
   nb::object read_batch(nb::object indices_obj, bool stack) const {
-    nb::object idx_arr = nb::steal(
-        PyArray_FromAny(indices_obj.ptr(), PyArray_DescrFromType(NPY_INT64), 1, 1,
-                        NPY_ARRAY_C_CONTIGUOUS | NPY_ARRAY_ALIGNED | NPY_ARRAY_FORCECAST, nullptr));
-    if (!idx_arr) {
-      PyErr_Clear();
-      throw Error("indices must be a 1-d sequence of integers");
-    }
-    auto* ia = reinterpret_cast<PyArrayObject*>(idx_arr.ptr());
-    const npy_intp B = PyArray_DIM(ia, 0);
-    std::vector<uint64_t> idx(static_cast<size_t>(B));
-    const auto* raw_idx = static_cast<const int64_t*>(PyArray_DATA(ia));
-    const int64_t n = int64_t(r_->size());
-    for (npy_intp b = 0; b < B; ++b) {
-      int64_t i = raw_idx[b];
-      if (i < 0) i += n;
-      if (i < 0 || i >= n)
-        throw nb::index_error(("indices[" + std::to_string(b) +
-                               "] = " + std::to_string(raw_idx[b]) + " is out of range for " +
-                               std::to_string(n) + " records")
-                                  .c_str());
-      idx[size_t(b)] = uint64_t(i);
-    }
+    const std::vector<uint64_t> idx = indices_of(indices_obj);
+    const npy_intp B = npy_intp(idx.size());
     if (B == 0) return nb::steal(PyDict_New());
     const store::Index& ix = r_->index();
     std::optional<store::BatchPlan> plan;
@@ -444,21 +744,92 @@ class PyReader {
   std::string path() const { return r_->path(); }
   uint64_t file_size() const { return r_->file_size(); }
   bool verify_checksums() const { return r_->verify_checksums(); }
+  bool recover() const { return recover_; }
 
-  // Non-empty when the other header slot is damaged, i.e. an older commit is being read.
+  // Non-empty when an older commit is being read because the newer header slot is damaged
+  // (opened with recover).
   std::string header_warning() const {
     const store::Headers& h = r_->headers();
-    const store::HeaderSlot& other = h.slot[1 - h.current];
-    if (other.valid || other.problem.rfind("never written", 0) == 0) return {};
-    return r_->path() + ": header slot " + std::to_string(1 - h.current) + " is " + other.problem +
-           "; reading generation " + std::to_string(h.slot[h.current].generation) +
-           ", the last intact commit";
+    if (!h.fallback) return {};
+    return store::fallback_message(h, r_->path()) + "; reading generation " +
+           std::to_string(h.slot[h.current].generation) + " (recover=True)";
   }
 
  private:
+  // What building one field's value takes, fixed by its layout.
+  struct FieldPlan {
+    PyObject* key = nullptr;  // interned, owned by keys_
+    nb::object descr;         // the array's dtype (null for utf8)
+    int type = NPY_NOTYPE;
+    int ndim = 0;
+    bool scalar = false;  // a 0-d numeric field: a numpy scalar
+    npy_intp dims[store::kMaxFieldDims] = {};
+    const store::Field* field = nullptr;
+  };
+  using LayoutPlan = std::vector<FieldPlan>;
+
+  const LayoutPlan& plan(uint32_t layout_id) const {
+    std::shared_ptr<const LayoutPlan>& slot = plans_[layout_id];
+    if (slot) return *slot;
+    auto p = std::make_shared<LayoutPlan>();
+    for (const store::Field& f : r_->index().layout(layout_id).fields) {
+      FieldPlan fp;
+      fp.key = keys_[f.key_id].ptr();
+      fp.field = &f;
+      fp.ndim = f.ndim;
+      for (int d = 0; d < f.ndim; ++d) fp.dims[d] = npy_intp(f.shape[d]);
+      if (f.dtype != DType::utf8) {
+        fp.type = numpy_type(f.dtype);
+        fp.descr = nb::steal(reinterpret_cast<PyObject*>(f.dtype == DType::bytes
+                                                             ? text_descr('S', f.itemsize)
+                                                             : PyArray_DescrFromType(fp.type)));
+        fp.scalar = f.ndim == 0 && f.dtype != DType::bytes;
+      }
+      p->push_back(std::move(fp));
+    }
+    slot = std::move(p);
+    return *slot;
+  }
+
   std::shared_ptr<const store::Reader> r_;
+  bool recover_ = false;
   nb::object mapping_;
   std::vector<nb::object> keys_;
+  // By layout id, made on first use; the GIL serialises the filling.
+  mutable std::vector<std::shared_ptr<const LayoutPlan>> plans_;
+};
+
+// Records of a reader in a given order, one dict per step. The order is known ahead, so while one
+// record is handed out the next ones are already loading: each step asks for the entry of the
+// record 2 * kAhead steps on and the bytes of the one kAhead steps on (whose entry is by then in
+// cache), and a read at random then finds its record in cache instead of waiting on memory.
+class PyRecordIter {
+ public:
+  static constexpr size_t kAhead = 4;
+
+  PyRecordIter(nb::object reader, std::vector<uint64_t> indices, bool copy)
+      : reader_obj_(std::move(reader)),
+        reader_(&nb::cast<const PyReader&>(reader_obj_)),
+        indices_(std::move(indices)),
+        copy_(copy) {
+    for (size_t k = 0; k < indices_.size() && k < 2 * kAhead; ++k)
+      reader_->prefetch(indices_[k], /*entry_only=*/k >= kAhead);
+  }
+
+  nb::object next() {
+    if (pos_ >= indices_.size()) throw nb::stop_iteration();
+    if (pos_ + 2 * kAhead < indices_.size()) reader_->prefetch(indices_[pos_ + 2 * kAhead], true);
+    if (pos_ + kAhead < indices_.size()) reader_->prefetch(indices_[pos_ + kAhead], false);
+    return reader_->get_at(indices_[pos_++], copy_);
+  }
+  size_t remaining() const { return indices_.size() - pos_; }
+
+ private:
+  nb::object reader_obj_;  // keeps the reader (and its mapping) alive
+  const PyReader* reader_;
+  std::vector<uint64_t> indices_;
+  bool copy_;
+  size_t pos_ = 0;
 };
 
 }  // namespace
@@ -499,8 +870,10 @@ void bind_store(nb::module_& m) {
   if (_import_array() < 0) throw nb::python_error();
 
   nb::class_<PyWriter>(m, "StoreWriter")
-      .def(nb::init<const std::string&, const std::string&, int, bool>(), nb::arg("path"),
-           nb::arg("compression") = "none", nb::arg("level") = 3, nb::arg("overwrite") = false)
+      .def(nb::init<const std::string&, const std::string&, int, bool, bool, const std::string&>(),
+           nb::arg("path"), nb::arg("compression") = "none", nb::arg("level") = 3,
+           nb::arg("overwrite") = false, nb::arg("recover") = false,
+           nb::arg("positions_dtype") = "float32")
       .def("append", &PyWriter::append, nb::arg("record"))
       .def("append_batch", &PyWriter::append_batch, nb::arg("columns"), nb::arg("count"))
       .def("commit", &PyWriter::commit)
@@ -510,17 +883,40 @@ void bind_store(nb::module_& m) {
       .def_prop_ro("committed", &PyWriter::committed)
       .def_prop_ro("generation", &PyWriter::generation);
 
+  nb::class_<PyRecordIter>(m, "StoreRecordIterator")
+      .def("__iter__", [](nb::handle self) { return nb::borrow(self); })
+      .def("__next__", &PyRecordIter::next)
+      .def("__length_hint__", &PyRecordIter::remaining);
+
   nb::class_<PyReader>(m, "StoreReader")
-      .def(nb::init<const std::string&, bool>(), nb::arg("path"),
-           nb::arg("verify_checksums") = true)
+      .def(nb::init<const std::string&, bool, bool>(), nb::arg("path"),
+           nb::arg("verify_checksums") = true, nb::arg("recover") = false)
       .def("__len__", &PyReader::size)
-      .def("__getitem__", &PyReader::get, nb::arg("index"))
+      .def(
+          "__getitem__", [](const PyReader& r, int64_t i) { return r.get(i, false); },
+          nb::arg("index"))
+      .def("read", &PyReader::get, nb::arg("index"), nb::arg("copy") = true)
+      .def(
+          "records",
+          [](nb::object self, nb::object indices, bool copy) {
+            const PyReader& r = nb::cast<const PyReader&>(self);
+            std::vector<uint64_t> idx;
+            if (indices.is_none()) {
+              idx.resize(r.size());
+              for (uint64_t i = 0; i < idx.size(); ++i) idx[i] = i;
+            } else {
+              idx = r.indices_of(indices);
+            }
+            return PyRecordIter(self, std::move(idx), copy);
+          },
+          nb::arg("indices") = nb::none(), nb::arg("copy") = true)
       .def("read_batch", &PyReader::read_batch, nb::arg("indices"), nb::arg("stack") = false)
       .def_prop_ro("keys", &PyReader::keys)
       .def_prop_ro("generation", &PyReader::generation)
       .def_prop_ro("path", &PyReader::path)
       .def_prop_ro("file_size", &PyReader::file_size)
       .def_prop_ro("verify_checksums", &PyReader::verify_checksums)
+      .def_prop_ro("recover", &PyReader::recover)
       .def_prop_ro("header_warning", &PyReader::header_warning);
 
   m.def("store_describe", &store::describe, nb::arg("path"));

@@ -54,7 +54,7 @@ std::string shape_range(const std::vector<std::vector<uint64_t>>& shapes) {
 std::string describe(const std::string& path) {
   const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd < 0) {
-    if (errno == ENOENT) throw Error("store file " + path + " does not exist");
+    if (errno == ENOENT) throw FileNotFoundError("store file", path);
     throw RuntimeError("cannot open " + path + ": " + std::strerror(errno));
   }
   struct stat st {};
@@ -79,7 +79,15 @@ std::string describe(const std::string& path) {
       else
         o << "invalid: " << slot.problem << "\n";
     }
-    const Index ix = open_index(src);
+    Headers settled;
+    const Index ix = open_index(src, /*recover=*/true, &settled);
+    if (settled.damaged >= 0 && settled.fallback)
+      o << "damaged     " << fallback_message(settled, "") << "; readers refuse the file unless "
+        << "opened with recover=True, which reads generation " << ix.generation() << " (below)\n";
+    else if (settled.damaged >= 0)
+      o << "note        header slot " << settled.damaged << " is damaged but held an older commit "
+        << "than generation " << ix.generation() << ": nothing is lost, and the next commit "
+        << "rewrites that slot\n";
     o << "version     " << ix.header().version << "\n";
     o << "generation  " << ix.generation() << "\n";
     o << "records     " << ix.size() << "\n";

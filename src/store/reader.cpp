@@ -8,6 +8,7 @@
 #include <cerrno>
 #include <cstring>
 
+#include "store/bytes.h"
 #include "tpf/error.h"
 #include "tpf/store.h"
 
@@ -22,7 +23,7 @@ std::string os_error(const std::string& what, const std::string& path) {
 std::shared_ptr<const Reader> Reader::open(const std::string& path, ReaderOptions options) {
   const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd < 0) {
-    if (errno == ENOENT) throw Error("store file " + path + " does not exist");
+    if (errno == ENOENT) throw FileNotFoundError("store file", path);
     throw RuntimeError(os_error("cannot open", path));
   }
   struct stat st {};
@@ -46,7 +47,10 @@ std::shared_ptr<const Reader> Reader::open(const std::string& path, ReaderOption
   // mapping, not a shared file offset).
   ::close(fd);
   const std::span<const std::byte> all(r->map_, r->map_size_);
-  const Headers h = parse_headers(all, r->map_size_, path);
+  Headers h = parse_headers(all, r->map_size_, path);
+  check_fallback(h, path, options.recover, [&](uint64_t offset, uint64_t length) {
+    return detail::checksum(all.data() + offset, length);
+  });
   const HeaderSlot& c = h.slot[h.current];
   r->headers_ = h;
   r->index_ = Index::from_block(c, all.subspan(c.index_offset, c.index_length), nullptr,

@@ -17,8 +17,9 @@ namespace {
 
 constexpr int kIndexAttempts = 3;
 
-// On the last attempt a damaged slot is believed (the store then reads the older commit, which the
-// manifest's record count must still match).
+// Before the last attempt a damaged slot is taken for damage in transit and fetched again; on the
+// last one the store's own check decides (a damaged older slot is harmless, a damaged newest one an
+// error: it may hold a commit the older one lacks), and the manifest's record count must match.
 store::Index open_checked_index(const CancellableSource& source, const ShardSpec& spec,
                                 bool last_attempt) {
   std::byte region[store::kHeaderRegionBytes];

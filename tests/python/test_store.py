@@ -196,6 +196,35 @@ def test_zero_copy_views_are_read_only_and_outlive_the_reader(tmp_path, seed):
     assert pos.tobytes() == records[4]["positions"].tobytes()
 
 
+@pytest.mark.parametrize("codec", CODECS)
+def test_read_copies_and_records_iterate_in_any_order(tmp_path, seed, codec):
+    records = make_records(seed, 40)
+    path = tmp_path / "c.tpf"
+    with RecordWriter(path, compression=codec) as w:
+        w.append_batch(records)
+    r = RecordReader(path)
+    rng = np.random.default_rng(seed)
+    order = list(rng.integers(-40, 40, 100))  # repeats and negative indices
+    for i, got in zip(order, r.records(order), strict=True):
+        assert_same(got, records[i], f"seed={seed} record {i}")
+    for i, got in enumerate(r.records()):
+        assert_same(got, records[i], f"seed={seed} record {i}")
+    assert [float(rec["energy"]) for rec in r] == [rec["energy"] for rec in records]
+    with pytest.raises(IndexError, match="indices\\[1\\] = 40 is out of range"):
+        r.records([0, 40])
+    for i in (0, 3, 39):
+        rec = r.read(i)
+        assert_same(rec, records[i], f"seed={seed} record {i}")
+        assert_same(r.read(i, copy=False), records[i], f"seed={seed} record {i}")
+        pos = rec["positions"]
+        assert pos.flags.writeable and pos.flags.owndata  # a copy of its own
+        pos[...] = 7  # changes nothing stored
+        assert_same(r.read(i), records[i], f"seed={seed} record {i}")
+        assert not r[i]["positions"].flags.writeable  # views stay read-only, compressed or not
+    with pytest.raises(IndexError):
+        r.read(40)
+
+
 def test_uncommitted_records_are_invisible_and_exceptions_do_not_commit(tmp_path, seed):
     records = make_records(seed, 10)
     path = tmp_path / "u.tpf"
@@ -398,32 +427,67 @@ def test_failure_flipped_byte_in_index(store):
         RecordReader(path)
 
 
-def test_failure_flipped_byte_in_header_falls_back_with_a_warning(store, seed):
+def test_failure_flipped_byte_in_current_header_is_an_error_unless_recovering(store, seed, capsys):
+    """Issue 20, item 3: a damaged current slot must not silently drop the last commit."""
+    from turbopairformer.cli import main as tpf_main
+
     path, records = store
-    flip(path, 0 + 20)  # generation 3 lives in slot 0
-    with pytest.warns(RuntimeWarning, match="header slot 0 is checksum mismatch.*generation 2"):
-        r = RecordReader(path)
-    assert len(r) == 6
+    flip(path, 0 + 20)  # generation 3 (10 records) lives in slot 0
+    with pytest.raises(ValueError, match="header slot 0 is damaged.*generation 2.*recover=True"):
+        RecordReader(path)
+    with pytest.raises(ValueError, match="header slot 0 is damaged.*recover=True"):
+        RecordWriter(path)  # appending would drop generation 3's bytes for good
+    with pytest.warns(RuntimeWarning, match="header slot 0 is damaged.*reading generation 2"):
+        r = RecordReader(path, recover=True)
+    assert len(r) == 6 and r.generation == 2
     assert_same(r[5], records[5], f"seed={seed}")
+    capsys.readouterr()
+    assert tpf_main(["inspect", str(path)]) == 1
+    text = capsys.readouterr().out
+    assert "header 0    invalid: checksum mismatch" in text, text
+    assert "damaged     header slot 0" in text and "recover=True" in text, text
+    assert "generation  2" in text and "records     6" in text, text
     flip(path, 64 + 20)
     with pytest.raises(ValueError, match="no intact header"):
+        RecordReader(path, recover=True)
+
+
+def test_failure_flipped_byte_in_the_older_header_is_harmless(store, seed, capsys):
+    """Issue 20, item 2: the version field is read only from a slot whose checksum holds."""
+    from turbopairformer.cli import main as tpf_main
+
+    path, records = store
+    for at in (64 + 8, 64 + 20, 64 + 60):  # slot 1 holds generation 2: version, generation, checksum
+        flip(path, at)
+        r = RecordReader(path)
+        assert len(r) == 10 and r.generation == 3
+        assert_same(r[9], records[9], f"seed={seed}")
+        capsys.readouterr()
+        assert tpf_main(["inspect", str(path)]) == 0
+        assert "header 1    invalid: checksum mismatch" in capsys.readouterr().out
+        flip(path, at)
+    with RecordWriter(path) as w:  # the next commit rewrites the damaged slot
+        w.append(records[0])
+    assert len(RecordReader(path)) == 11
+
+
+def test_failure_unfinished_first_commit(tmp_path):
+    """Issue 20, item 4: a file whose first commit never completed says so."""
+    path = tmp_path / "u.tpf"
+    path.write_bytes(bytes(128) + b"TPFINDEX" + bytes(24))  # header zeroed, index written
+    with pytest.raises(ValueError, match="unfinished first commit"):
         RecordReader(path)
+    with pytest.raises(ValueError, match="unfinished first commit.*overwrite=True"):
+        RecordWriter(path)
+    with RecordWriter(path, overwrite=True) as w:
+        w.append({"energy": 1.0})
+    assert RecordReader(path)[0]["energy"] == 1.0
 
 
 def test_failure_wrong_magic(tmp_path):
     (tmp_path / "m.tpf").write_bytes(b"PK\x03\x04" + bytes(300))
     with pytest.raises(ValueError, match="not a TurboPairFormer store"):
         RecordReader(tmp_path / "m.tpf")
-
-
-def test_failure_newer_format_version(store):
-    path, _ = store
-    b = bytearray(path.read_bytes())
-    b[8:12] = (2).to_bytes(4, "little")
-    b[64 + 8:64 + 12] = (2).to_bytes(4, "little")
-    path.write_bytes(bytes(b))
-    with pytest.raises(ValueError, match="format version 2, newer than this reader's version 1"):
-        RecordReader(path)
 
 
 def test_failure_second_writer(store):
@@ -436,5 +500,67 @@ def test_failure_second_writer(store):
 
 
 def test_failure_missing_file(tmp_path):
-    with pytest.raises(ValueError, match="does not exist"):
+    """Issue 20, item 4: a missing file is FileNotFoundError, as open() says."""
+    with pytest.raises(FileNotFoundError, match="does not exist") as e:
         RecordReader(tmp_path / "nope.tpf")
+    assert e.value.filename == str(tmp_path / "nope.tpf")
+
+
+OVERWRITE_UNDER_A_READER = """
+import sys
+from turbopairformer.data import RecordReader as R, RecordWriter as W
+p = sys.argv[1]
+with W(p, overwrite=True) as w:
+    for i in range(5000):
+        w.append({"energy": float(i)})
+r = R(p)
+with W(p, overwrite=True) as w:
+    w.append({"energy": -1.0})
+assert len(r) == 5000 and r[4999]["energy"] == 4999.0, (len(r), r[4999])
+assert len(R(p)) == 1 and R(p)[0]["energy"] == -1.0
+print("ok")
+"""
+
+
+def test_failure_overwrite_under_a_reader(tmp_path):
+    """Issue 20, item 1: overwrite=True (as `tpf pack` does) replaces the file by a new one, so a
+    reader of the old one keeps reading it. In a subprocess: the failure is a SIGBUS."""
+    import subprocess
+    import sys
+
+    result = subprocess.run([sys.executable, "-c", OVERWRITE_UNDER_A_READER, str(tmp_path / "o.tpf")],
+                            capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0 and result.stdout.strip() == "ok", (result.returncode, result.stderr)
+
+
+def test_failure_crash_during_overwrite_keeps_the_old_contents(tmp_path, seed):
+    """Issue 20, item 1: until the new file commits, a crash (SIGKILL) leaves the old one whole;
+    the next writer removes the dead writer's partial file."""
+    import signal
+
+    records = make_records(seed, 12)
+    path = tmp_path / "k.tpf"
+    with RecordWriter(path) as w:
+        w.append_batch(records)
+    for commit_first in (False, True):
+        pid = os.fork()
+        if pid == 0:
+            try:
+                w = RecordWriter(path, overwrite=True)
+                w.append(records[0])
+                if commit_first:
+                    w.commit()
+                    w.append(records[1])
+            finally:
+                os.kill(os.getpid(), signal.SIGKILL)
+        _, status = os.waitpid(pid, 0)
+        assert os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGKILL
+        # k.tpf, and the dead writer's partial file unless its commit renamed it into place (this
+        # writer removed the previous one's).
+        assert len(os.listdir(tmp_path)) == (1 if commit_first else 2), os.listdir(tmp_path)
+        r = RecordReader(path)
+        want = records[:1] if commit_first else records
+        assert len(r) == len(want)
+        for i, rec in enumerate(want):
+            assert_same(r[i], rec, f"seed={seed} record {i}")
+    assert os.listdir(tmp_path) == ["k.tpf"]

@@ -1,4 +1,5 @@
-"""`tpf inspect FILE`: a store file's headers, generation, record count, schema and sizes."""
+"""`tpf inspect FILE`: a store file's headers, generation, record count, schema and sizes; exits
+with 1 when the file is unreadable or readable only with recover=True."""
 from __future__ import annotations
 
 import argparse
@@ -13,4 +14,5 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     text = _C.store_describe(args.file)
     print(text, end="")
-    return 1 if "\nerror " in text else 0
+    # A damaged current header is an error for readers too (they need recover=True).
+    return 1 if "\nerror " in text or "\ndamaged " in text else 0

@@ -1,8 +1,8 @@
 """The record store's Python API: dicts of numpy arrays in, dicts of numpy arrays out.
 
 A record is one complete structure: a dict from key to a numpy array (or a Python scalar / str).
-Well-known keys are checked for shape and dtype (see `BUILTIN`); any other key holds any typed
-N-d array. FORMAT.md describes the bytes.
+Well-known keys (FORMAT.md, "Well-known keys") are checked for shape and dtype by the writer
+itself, in C++; any other key holds any typed N-d array. FORMAT.md describes the bytes.
 """
 from __future__ import annotations
 
@@ -14,68 +14,6 @@ from typing import Any
 import numpy as np
 
 from turbopairformer import _C
-
-# Per-atom keys: the first axis is the atom axis (its length must match `positions`).
-PER_ATOM = ("positions", "atomic_numbers", "forces", "charges", "velocities", "b_factors",
-            "occupancy", "residue_index", "residue_names", "chain_id", "atom_names")
-# Fixed shapes of per-record arrays.
-FIXED_SHAPES = {"cell": [(3, 3)], "pbc": [(3,)], "stress": [(6,), (3, 3)]}
-SCALARS = ("energy", "resolution")
-# Per-atom trailing shapes where they are fixed.
-ATOM_TRAILING = {"positions": (3,), "forces": (3,), "velocities": (3,)}
-
-
-def _check_record(rec: dict[str, Any], positions_dtype: np.dtype, batch: int | None) -> dict[str, Any]:
-    """Checks well-known keys and applies the positions dtype. With `batch`, arrays carry a leading
-    record axis of that length. Returns a new dict; raises ValueError naming the key."""
-    out: dict[str, Any] = {}
-    lead = 0 if batch is None else 1
-    n_atoms = None
-    for key, value in rec.items():
-        if not isinstance(key, str):
-            raise ValueError(f"record keys must be str, got {key!r}")
-        if key == "identifier":
-            if batch is None:
-                if not isinstance(value, (str, np.str_)):
-                    raise ValueError(f"record field 'identifier' must be a str, got {type(value).__name__}")
-                out[key] = str(value)
-                continue
-            value = np.asarray(value)
-            if value.dtype.kind != "U" or value.shape != (batch,):
-                raise ValueError(f"batch column 'identifier' must be {batch} str, got {value.dtype} {value.shape}")
-            out[key] = value
-            continue
-        arr = np.asarray(value)
-        if arr.dtype == object:
-            raise ValueError(f"record field '{key}' has no numeric or text dtype (got object)")
-        if key == "positions":
-            if arr.dtype.kind != "f":
-                raise ValueError(f"record field 'positions' must be floating point, got {arr.dtype}")
-            arr = arr.astype(positions_dtype, copy=False)
-        if key == "atomic_numbers" and arr.dtype.kind not in "iu":
-            raise ValueError(f"record field 'atomic_numbers' must be integers, got {arr.dtype}")
-        if key == "pbc":
-            arr = arr.astype(bool, copy=False)
-        shape = arr.shape[lead:]
-        if batch is not None and (arr.ndim == 0 or arr.shape[0] != batch):
-            raise ValueError(f"batch column '{key}' must have a leading axis of {batch} records, got shape {arr.shape}")
-        if key in PER_ATOM:
-            if len(shape) < 1:
-                raise ValueError(f"record field '{key}' is per-atom and needs an atom axis, got shape {shape}")
-            if key in ATOM_TRAILING and shape[1:] != ATOM_TRAILING[key]:
-                raise ValueError(f"record field '{key}' must have shape [n_atoms, 3], got {list(shape)}")
-            if n_atoms is None:
-                n_atoms = (key, shape[0])
-            elif shape[0] != n_atoms[1]:
-                raise ValueError(f"record field '{key}' has {shape[0]} atoms but '{n_atoms[0]}' has {n_atoms[1]}")
-        elif key in FIXED_SHAPES and shape not in FIXED_SHAPES[key]:
-            want = " or ".join(str(list(s)) for s in FIXED_SHAPES[key])
-            raise ValueError(f"record field '{key}' must have shape {want}, got {list(shape)}")
-        elif key in SCALARS and shape != ():
-            raise ValueError(f"record field '{key}' must be a scalar, got shape {list(shape)}")
-        out[key] = arr
-    return out
-
 
 def atoms_to_record(atoms) -> dict[str, Any]:
     """An ASE `Atoms` as a record: numbers, positions, cell and pbc (when periodic or a cell is
@@ -143,21 +81,22 @@ class RecordWriter:
 
     compression: "none", "zstd" or "lz4" (per record; a record that would not shrink is stored
     uncompressed). positions_dtype: "float32" (default) or "float64". An existing file is opened
-    for appending after its last commit unless overwrite=True. Used as a context manager, a clean
-    exit commits and closes; an exception closes without committing.
+    for appending after its last commit unless overwrite=True, which builds a new file and renames
+    it over `path` at the first commit (readers of the old file keep reading it; a crash before
+    that commit leaves it whole). recover=True appends to a file whose newest header slot is
+    damaged, after the last intact commit. Used as a context manager, a clean exit commits and
+    closes; an exception closes without committing.
     """
 
     def __init__(self, path: str | os.PathLike, compression: str = "none", level: int = 3,
-                 overwrite: bool = False, positions_dtype: str = "float32"):
-        if positions_dtype not in ("float32", "float64"):
-            raise ValueError(f"positions_dtype must be 'float32' or 'float64', got {positions_dtype!r}")
-        self._positions_dtype = np.dtype(positions_dtype)
-        self._w = _C.StoreWriter(os.fspath(path), compression, level, overwrite)
+                 overwrite: bool = False, positions_dtype: str = "float32", recover: bool = False):
+        self._w = _C.StoreWriter(os.fspath(path), compression, level, overwrite, recover,
+                                 positions_dtype)
         self.path = os.fspath(path)
 
     def append(self, record) -> None:
         """Appends one record (a dict of arrays or an ase.Atoms)."""
-        self._w.append(_check_record(dict(_as_record(record)), self._positions_dtype, None))
+        self._w.append(record if type(record) is dict else dict(_as_record(record)))
 
     def append_batch(self, records) -> None:
         """Appends many records: a sequence of records, or a dict of columns whose arrays share a
@@ -167,7 +106,7 @@ class RecordWriter:
             if len(lengths) != 1 or -1 in lengths:
                 raise ValueError("batch columns must all have the same leading record axis")
             count = lengths.pop()
-            self._w.append_batch(_check_record(dict(records), self._positions_dtype, count), count)
+            self._w.append_batch(dict(records), count)
             return
         if not isinstance(records, Iterable):
             raise ValueError("records must be a sequence of records or a dict of columns")
@@ -207,27 +146,34 @@ class RecordReader(_C.StoreReader):
 
     `reader[i]` is a dict of numpy arrays (read-only, zero-copy for uncompressed records, valid as
     long as you hold them); 0-d numbers come back as numpy scalars and text as str.
+    `read(i)` is the same with every array a writable copy of its own (copy=False: as reader[i]).
+    `records(indices)` yields read(i) for each index in that order (all records when None); it
+    loads the records a few steps ahead of the one it hands out, so a known shuffled order reads
+    faster than the same read(i) calls one by one.
     `read_batch(indices)` copies many records into one array per key: 0-d fields become [B],
     others are concatenated along their first axis with "_len_<key>" giving each record's length
     (stack=True stacks to [B, ...] instead). Safe to share between threads and across fork();
     picklable (it reopens by path).
+
+    A file whose newest header slot is damaged raises ValueError (reading the previous commit
+    could drop records); recover=True reads the last intact commit instead, with a
+    RuntimeWarning. A missing file raises FileNotFoundError.
     """
 
-    def __init__(self, path: str | os.PathLike, verify_checksums: bool = True):
-        super().__init__(os.fspath(path), verify_checksums)
+    def __init__(self, path: str | os.PathLike, verify_checksums: bool = True, recover: bool = False):
+        super().__init__(os.fspath(path), verify_checksums, recover)
         if self.header_warning:
             warnings.warn(self.header_warning, RuntimeWarning, stacklevel=2)
 
     def __iter__(self) -> Iterator[dict[str, Any]]:
-        for i in range(len(self)):
-            yield self[i]
+        return self.records(copy=False)
 
     def atoms(self, index: int):
         """Record `index` as an ase.Atoms."""
         return record_to_atoms(self[index])
 
     def __reduce__(self):
-        return (type(self), (self.path, self.verify_checksums))
+        return (type(self), (self.path, self.verify_checksums, self.recover))
 
     def __repr__(self) -> str:
         return f"RecordReader({self.path!r}, records={len(self)}, generation={self.generation})"

@@ -6,6 +6,13 @@ import torch
 from accuracy import accuracy_failure, assert_accurate, unit_roundoff
 
 
+@pytest.fixture(autouse=True)
+def _not_swept(monkeypatch):
+    """These tests feed the rule wrong results on purpose: their ratios are not accuracy checks of
+    an op, so tests/sweep_accuracy.py does not collect them."""
+    monkeypatch.delenv("TPF_ACCURACY_LOG", raising=False)
+
+
 def noisy(ref, dtype, relative, gen):
     """ref with an error of `relative` x u(dtype) x |ref| per element, random in sign."""
     sign = torch.randint(0, 2, ref.shape, generator=gen).double() * 2 - 1

@@ -39,7 +39,7 @@ def run_pytest(paths, extra, env_extra, log):
     env = dict(os.environ, TPF_ACCURACY_LOG=str(log), **env_extra)
     proc = subprocess.run(pytest_cmd(paths, extra), cwd=ROOT, env=env, capture_output=True,
                           text=True)
-    failed = re.findall(r"^(?:FAILED|ERROR) (\S+)", proc.stdout, flags=re.M)
+    failed = [m[:400] for m in re.findall(r"^(?:FAILED|ERROR) (.+)$", proc.stdout, flags=re.M)]
     if proc.returncode not in (0, 1, 5):  # 1: some tests failed (reported per test); 5: none selected
         # A collection error or a crash: reported as a failure of those files, with pytest's last
         # lines, and the sweep goes on.
@@ -57,6 +57,8 @@ def read_log(path):
 
 
 def git_commit():
+    if os.environ.get("TPF_COMMIT"):  # the commit a copy without its .git was built from
+        return os.environ["TPF_COMMIT"]
     try:
         return subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT,
                               capture_output=True, text=True, check=True).stdout.strip()
@@ -79,7 +81,12 @@ def main(argv=None):
     p.add_argument("--tests", default=None,
                    help="file listing the accuracy tests (one node id per line, as a sweep writes to "
                         "OUT.tests.txt): skips the discovery run")
+    p.add_argument("--merge", nargs="+", default=None, metavar="JSON",
+                   help="combine sweep reports (e.g. thread counts swept on different runs) into "
+                        "one report at --out: per test the worst ratio, runs added")
     args = p.parse_args(argv)
+    if args.merge:
+        return merge(args, argv)
 
     paths = ["tests/gpu"] if args.gpu else ["tests/python"]
     kind = "gpu" if args.gpu else "cpu"
@@ -172,13 +179,20 @@ def main(argv=None):
         "failures": failures, "suite_failures": suite_failures, "never_checked": missing,
         "per_test": table,
     }
+    return write(report, out, kind, args.chunk)
+
+
+def write(report, out, kind, chunk):
+    """The report as JSON, a markdown table and a plot; the exit status (1 on any failure)."""
+    table, failures = report["per_test"], report["failures"]
+    suite_failures, threads = report["suite_failures"], report["threads"]
     out.parent.mkdir(parents=True, exist_ok=True)
     out.with_suffix(".json").write_text(json.dumps(report, indent=1) + "\n")
     lines = [f"# Accuracy sweep ({kind}): {report['command']}", "",
              f"{report['machine']}, commit {report['commit']}, {report['date']}, "
              f"{report['seconds']} s; seeds {report['seeds'][0]}..{report['seeds'][1]}, threads "
-             f"{threads}; {len(tests)} tests; {report['chunks_run']} of {len(jobs)} chunks of "
-             f"{args.chunk} seeds ran; worst ratio {report['worst_ratio'] or 0:.3f}; "
+             f"{threads}; {report['tests']} tests; {report['chunks_run']} of {report['chunks_planned']} chunks of "
+             f"{chunk} seeds ran; worst ratio {report['worst_ratio'] or 0:.3f}; "
              f"{len(failures)} failures; the whole suite at its default seeds first: "
              f"{len(suite_failures)} failures", "",
              "| test | worst error / bound | tensor | seed | threads | runs |", "|---|---|---|---|---|---|"]
@@ -190,6 +204,53 @@ def main(argv=None):
     for f in (failures + [f"{f} (the suite at its default seeds)" for f in suite_failures])[:30]:
         print("FAILED", f)
     return 1 if failures or suite_failures or (table and table[0]["worst_ratio"] > 1) else 0
+
+
+
+
+def merge(args, argv):
+    """One report from several (--merge): per test its worst ratio over them, runs and checks
+    added; machines, commits, seeds and thread counts listed."""
+    reports = [json.loads(Path(f).read_text()) for f in args.merge]
+    worst = {}
+    for r in reports:
+        for row in r["per_test"]:
+            if "test_accuracy_rule.py" in row["test"]:
+                continue  # the rule's self-tests (wrong results on purpose), logged by older sweeps
+            w = worst.get(row["test"])
+            if w is None:
+                worst[row["test"]] = dict(row)
+            else:
+                runs, checks = w["runs"] + row["runs"], w["checks"] + row["checks"]
+                if row["worst_ratio"] > w["worst_ratio"]:
+                    w.update(row)
+                w.update(runs=runs, checks=checks)
+    table = sorted(worst.values(), key=lambda r: -r["worst_ratio"])
+    first = reports[0]
+    report = {
+        "what": first["what"],
+        "command": "python tests/sweep_accuracy.py " + " ".join(argv if argv is not None else sys.argv[1:]),
+        "merged": [{k: r[k] for k in ("command", "machine", "commit", "date", "seeds", "threads",
+                                      "seconds", "chunks_run", "chunks_planned", "worst_ratio")}
+                   for r in reports],
+        "machine": " + ".join(sorted({r["machine"] for r in reports})),
+        "commit": " + ".join(sorted({r["commit"] for r in reports})),
+        "date": max(r["date"] for r in reports),
+        "seeds": [min(r["seeds"][0] for r in reports), max(r["seeds"][1] for r in reports)],
+        "threads": sorted({t for r in reports for t in r["threads"]}),
+        "seconds": round(sum(r["seconds"] for r in reports), 1),
+        "tests": len(table),
+        "chunks_run": sum(r["chunks_run"] for r in reports),
+        "chunks_planned": sum(r["chunks_planned"] for r in reports),
+        "worst_ratio": table[0]["worst_ratio"] if table else None,
+        "failures": [f for r in reports for f in r["failures"]],
+        "suite_failures": [f for r in reports for f in r.get("suite_failures", [])],
+        "never_checked": sorted({t for r in reports for t in r["never_checked"]} - set(worst)),
+        "per_test": table,
+    }
+    kind = "gpu" if "gpu" in first["command"].split() or "--gpu" in first["command"] else "cpu"
+    out = Path(args.out) if args.out else ROOT / "bench" / "results" / f"accuracy-sweep-{kind}"
+    return write(report, out, kind, "several")
 
 
 def plot(table, path, report):

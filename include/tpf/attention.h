@@ -21,6 +21,10 @@ struct AttentionForwardArgs {
   // BF16 residual of O's rounding, r = bf16(O_fp32 - O_out); only for 16-bit outputs.
   OptionalTensor residual;
   double scale = 0.0;
+  // Device scratch for the CUDA path, from the caller's allocator
+  // (attention_forward_workspace_bytes): the bias pre-scaled to fp32 for the kernel.
+  void* workspace = nullptr;
+  size_t workspace_bytes = 0;
 };
 
 struct AttentionBackwardArgs {
@@ -48,6 +52,9 @@ AttentionDims check_attention_backward(const AttentionBackwardArgs& a);
 // CUDA tensors on `stream` (a cudaStream_t; nullptr is the default stream). Never synchronizes.
 void attention_forward(const AttentionForwardArgs& a, void* stream = nullptr);
 void attention_backward(const AttentionBackwardArgs& a, void* stream = nullptr);
+
+// Scratch bytes attention_forward needs in AttentionForwardArgs::workspace (0 on the CPU).
+size_t attention_forward_workspace_bytes(const AttentionDims& d, Device device);
 
 // Scratch bytes attention_backward needs in AttentionBackwardArgs::workspace (0 on the CPU).
 size_t attention_backward_workspace_bytes(const AttentionDims& d, Device device);

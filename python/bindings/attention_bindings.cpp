@@ -53,14 +53,27 @@ void bind_attention(nb::module_& m) {
       "attention_forward",
       [](const Array& q, const Array& k, const Array& v, const Array& bias, const OptArray& mask,
          const Array& o, const Array& lse, const OptArray& residual, double scale,
-         uintptr_t stream) {
+         const OptArray& workspace, uintptr_t stream) {
         AttentionForwardArgs a = forward_args(q, k, v, bias, mask, o, lse, residual, scale);
+        if (workspace) {
+          a.workspace = workspace->data();
+          a.workspace_bytes = workspace->nbytes();
+        }
         nb::gil_scoped_release release;
         attention_forward(a, stream_ptr(stream));
       },
       nb::arg("q"), nb::arg("k"), nb::arg("v"), nb::arg("bias"), nb::arg("mask").none(),
       nb::arg("o"), nb::arg("lse"), nb::arg("residual").none(), nb::arg("scale"),
-      nb::arg("stream") = 0);
+      nb::arg("workspace").none() = nb::none(), nb::arg("stream") = 0);
+
+  m.def(
+      "attention_forward_workspace_bytes",
+      [](int64_t B, int64_t N, int64_t H, int64_t Sq, int64_t Sk, int64_t D, bool cuda) {
+        return attention_forward_workspace_bytes(AttentionDims{B, N, H, Sq, Sk, D},
+                                                 cuda ? Device::cuda : Device::cpu);
+      },
+      nb::arg("B"), nb::arg("N"), nb::arg("H"), nb::arg("Sq"), nb::arg("Sk"), nb::arg("D"),
+      nb::arg("cuda"));
 
   m.def(
       "attention_backward",

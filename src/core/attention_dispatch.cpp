@@ -1,4 +1,7 @@
+#include <string>
+
 #include "kernels/attention/api.h"
+#include "kernels/attention/forward_sm90_heuristics.h"
 #include "tpf/attention.h"
 #include "tpf/error.h"
 
@@ -11,6 +14,10 @@ void attention_forward(const AttentionForwardArgs& a, void* stream) {
   if (a.q.device == Device::cpu) return attention_forward_cpu(a);
   TPF_CHECK(a.o.dtype == a.q.dtype, "o must have q's dtype");
   TPF_CHECK(a.lse.dtype == DType::f32, "lse must be float32 for CUDA tensors");
+  const size_t need = attention_forward_workspace_bytes(d, Device::cuda);
+  TPF_CHECK(a.workspace != nullptr && a.workspace_bytes >= need,
+            "workspace must hold at least " + std::to_string(need) + " bytes, got " +
+                std::to_string(a.workspace ? a.workspace_bytes : 0));
   cuda::attention_forward(a, d, stream);
 }
 
@@ -21,6 +28,12 @@ void attention_backward(const AttentionBackwardArgs& a, void* stream) {
   TPF_CHECK(a.workspace_bytes >= need, "workspace must hold at least " + std::to_string(need) +
                                            " bytes, got " + std::to_string(a.workspace_bytes));
   cuda::attention_backward(a, d, stream);
+}
+
+// Computed here, not in the CUDA library, from the kernels' header-only heuristics: a library
+// built from another commit (the A/B runs swap them under one binding) keeps the same C API.
+size_t attention_forward_workspace_bytes(const AttentionDims& d, Device device) {
+  return device == Device::cpu ? 0 : cuda::fwd90::forward_workspace_bytes(d.B, d.H, d.Sq, d.Sk);
 }
 
 size_t attention_backward_workspace_bytes(const AttentionDims& d, Device device) {

@@ -43,10 +43,15 @@ def _attention_fwd(
 
 def _attention_fwd_impl(q, k, v, bias, mask, scale, keep_residual):
     o, lse, residual = _fwd_outputs(q, keep_residual)
+    workspace = None
+    if q.is_cuda:
+        B, N, H, Sq, D = q.shape
+        nbytes = _C.attention_forward_workspace_bytes(B, N, H, Sq, k.shape[3], D, True)
+        workspace = torch.empty(max(nbytes, 1), dtype=torch.uint8, device=q.device)
     native(
         _C.attention_forward,
         q, k, v, bias, mask, o, lse,
-        residual if residual.numel() else None, scale, stream_of(q))
+        residual if residual.numel() else None, scale, workspace, stream_of(q))
     return o, lse, residual
 
 

@@ -10,6 +10,7 @@
 #include "kernels/attention/api.h"
 #include "kernels/attention/backward_workspace.h"
 #include "kernels/attention/forward.h"
+#include "kernels/attention/forward_sm90.h"
 #include "kernels/attention/params.h"
 #include "tpf/error.h"
 
@@ -26,12 +27,10 @@ bool rows_aligned(const TensorView& t, int row_dim) {
   return true;
 }
 
-void check_cuda_inputs(const TensorView& q, const AttentionDims& d) {
+void check_cuda_device(const TensorView& q, const AttentionDims& d) {
   TPF_CHECK(q.dtype == DType::bf16 || q.dtype == DType::f16,
             std::string("the CUDA kernels take bfloat16 or float16 q, k, v and bias, got ") +
                 dtype_name(q.dtype));
-  TPF_CHECK(d.D == 16 || d.D == 32 || d.D == 64,
-            "the CUDA kernels support head dims D = 16, 32 and 64, got D = " + std::to_string(d.D));
   TPF_CHECK(d.B * d.H <= 65535 && (d.Sq + kTileQ - 1) / kTileQ <= 65535,
             "B * H and the number of query tiles must each be at most 65535");
   int device = -1;
@@ -39,6 +38,20 @@ void check_cuda_inputs(const TensorView& q, const AttentionDims& d) {
   TPF_CHECK(q.device_index == device,
             "q is on cuda:" + std::to_string(q.device_index) + " but the current device is cuda:" +
                 std::to_string(device));
+}
+
+void check_cuda_inputs(const TensorView& q, const AttentionDims& d) {
+  check_cuda_device(q, d);
+  TPF_CHECK(d.D == 16 || d.D == 32 || d.D == 64,
+            "the CUDA kernels support head dims D = 16, 32 and 64, got D = " + std::to_string(d.D));
+}
+
+// K and V go through TMA: 16-byte aligned start and row, slice and batch strides.
+bool tma_ready(const TensorView& t) {
+  if (reinterpret_cast<uintptr_t>(t.data) % 16 != 0) return false;
+  for (int i = 0; i < 4; ++i)
+    if ((t.stride[i] * dtype_size(t.dtype)) % 16 != 0) return false;
+  return true;
 }
 
 void check_launch(const char* what) {
@@ -96,10 +109,24 @@ bool available() {
 }
 
 void attention_forward(const AttentionForwardArgs& a, const AttentionDims& d, void* stream) {
+  auto s = static_cast<cudaStream_t>(stream);
+  if (fwd90::supports(d)) {
+    check_cuda_device(a.q, d);
+    TPF_CHECK(a.bias.dtype == a.q.dtype || a.bias.dtype == DType::f32,
+              "the CUDA forward takes a bias of q's dtype or float32");
+    TPF_CHECK(tma_ready(a.k) && tma_ready(a.v),
+              "k and v must start on 16-byte boundaries, with every stride a multiple of 16 "
+              "bytes (8 elements), for the CUDA forward");
+    if (a.q.dtype == DType::bf16)
+      fwd90::launch<__nv_bfloat16>(a, d, s);
+    else
+      fwd90::launch<__half>(a, d, s);
+    check_launch("triangle attention forward");
+    return;
+  }
   check_cuda_inputs(a.q, d);
   const AttentionForwardParams p =
       forward_params(a.q, a.k, a.v, a.bias, a.mask, a.o, a.lse, a.residual, a.scale, d);
-  auto s = static_cast<cudaStream_t>(stream);
   if (a.q.dtype == DType::bf16)
     attention_forward_launch<__nv_bfloat16>(p, int(d.D), s);
   else

@@ -12,7 +12,8 @@ import turbopairformer as tpf
 from turbopairformer.ops.torch_reference import triangle_attention_torch
 
 from attention_cases import (GRADS, attention_finite_rows_torch, check_fa3_rule, make_case,
-                             reference_fp64, run_with_grads, with_minus_inf_bias)
+                             max_err, reference_fp64, rounding_noise, run_with_grads,
+                             with_minus_inf_bias)
 from conftest import poison_allocator
 
 DTYPES = [torch.bfloat16, torch.float16]
@@ -159,22 +160,6 @@ def test_register_backward_matches_fp64_reference(monkeypatch, S, N, D, seed):
     check_kernel_variant(monkeypatch, "TPF_ATTENTION_BWD_LEAN", "0", S, N, D, seed, "registers")
 
 
-@pytest.mark.parametrize("D", [16, 32])
-@pytest.mark.parametrize("S,N", [(33, 5), (257, 7)])
-def test_uncapped_forward_matches_fp64_reference(monkeypatch, S, N, D, seed):
-    """The forward without the 5-blocks-per-SM register cap (TPF_ATTENTION_FWD_BLOCKS=4; the
-    default at head dims 16 and 32 is the capped one that every other test runs)."""
-    check_kernel_variant(monkeypatch, "TPF_ATTENTION_FWD_BLOCKS", "4", S, N, D, seed, "uncapped forward")
-
-
-@pytest.mark.parametrize("D", [16, 32])
-@pytest.mark.parametrize("masked", [True, False])
-def test_four_block_forward_whole_tiles(monkeypatch, D, masked, seed):
-    """The 4-block forward on whole key tiles (make_case's masks leave none whole)."""
-    monkeypatch.setenv("TPF_ATTENTION_FWD_BLOCKS", "4")
-    check_whole_and_masked_tiles(257, D, torch.bfloat16, masked, seed, "4-block forward")
-
-
 def test_two_row_tile_forward_in_a_subprocess(seed):
     """TPF_ATTENTION_FWD_ROW_TILES=2 (two 64-query row tiles per warp) is read once per process,
     so its tests run in a fresh one: the FP64 rule at S = 257 and the whole/masked tile cases."""
@@ -185,22 +170,6 @@ def test_two_row_tile_forward_in_a_subprocess(seed):
         env=env, cwd=os.path.dirname(__file__), capture_output=True, text=True, timeout=900)
     assert run.returncode == 0, f"MT = 2 forward (seed {seed}):\n{run.stdout[-4000:]}{run.stderr[-2000:]}"
     assert " passed" in run.stdout and "skipped" not in run.stdout.splitlines()[-1], run.stdout[-2000:]
-
-
-# TPF_ATTENTION_FWD_WGMMA=1: the warpgroup-MMA forward (forward_wgmma.cu).
-WGMMA_VERSIONS = ["1"]
-
-
-@pytest.mark.parametrize("version", WGMMA_VERSIONS)
-@pytest.mark.parametrize("D", [16, 32])
-@pytest.mark.parametrize("S,N", [(33, 5), (257, 7), (384, 3)])
-def test_wgmma_forward_matches_fp64_reference(monkeypatch, S, N, D, version, seed):
-    """The warpgroup-MMA forward (TPF_ATTENTION_FWD_WGMMA=1, forward_wgmma.cu); the backward,
-    which reads its O, lse and residual, is the default one. The last slice of the second batch is
-    fully masked: its O must be zero. 1, 5 and 6 key tiles."""
-    ours = check_kernel_variant(monkeypatch, "TPF_ATTENTION_FWD_WGMMA", version, S, N, D, seed,
-                                f"wgmma forward {version}")
-    assert (ours["o"][-1, N - 1] == 0).all(), "O of the fully masked slice is not zero"
 
 
 @pytest.mark.parametrize("D", [16, 32])
@@ -233,43 +202,6 @@ def test_cluster_dq_is_bitwise_the_default(monkeypatch, D, seed):
     ours = run_with_grads(tpf.triangle_attention, *inputs)
     for name in GRADS:
         assert torch.equal(ours[name], base[name]), f"{name} differs from the default backward"
-
-
-@pytest.mark.parametrize("version", WGMMA_VERSIONS)
-@pytest.mark.parametrize("D", [16, 32])
-def test_wgmma_forward_float16(monkeypatch, D, version, seed):
-    check_kernel_variant(monkeypatch, "TPF_ATTENTION_FWD_WGMMA", version, 257, 7, D, seed,
-                         f"wgmma forward {version}", dtype=torch.float16)
-
-
-def forward_with_residual(q, k, v, bias, mask):
-    """The forward op alone (O, lse, residual) on make_case's inputs."""
-    B, N, H, S, D = q.shape
-    o, lse, res = torch.ops.turbopairformer.triangle_attention_fwd(
-        q, k, v, bias.reshape(B, H, S, S), mask.reshape(B, N, S), 1 / math.sqrt(D), True)
-    torch.cuda.synchronize()
-    return o, lse, res
-
-
-@pytest.mark.parametrize("version", WGMMA_VERSIONS)
-@pytest.mark.parametrize("D", [16, 32])
-def test_wgmma_forward_matches_default_forward(monkeypatch, D, version, seed):
-    """O and the lse of the wgmma forward against the default forward on the same inputs, with
-    residual, at a size with a partial last query and key tile: both round P to bf16 and accumulate
-    in fp32, so they agree to a few bf16 ulps (the MMA summation order may differ)."""
-    g = torch.Generator().manual_seed(seed)
-    inputs = make_case(2, 6, 4, 200, D, torch.bfloat16, "cuda", g)[:5]
-    monkeypatch.delenv("TPF_ATTENTION_FWD_WGMMA", raising=False)
-    o0, lse0, res0 = forward_with_residual(*inputs)
-    monkeypatch.setenv("TPF_ATTENTION_FWD_WGMMA", version)
-    o1, lse1, res1 = forward_with_residual(*inputs)
-    finite = torch.isfinite(lse0)
-    assert torch.equal(finite, torch.isfinite(lse1)), "rows without keys differ"
-    assert (lse0[~finite] == lse1[~finite]).all()
-    torch.testing.assert_close(lse1[finite], lse0[finite], rtol=0, atol=1e-3)
-    exact0 = o0.float() + res0.float()
-    exact1 = o1.float() + res1.float()
-    torch.testing.assert_close(exact1, exact0, rtol=2e-2, atol=2e-3)
 
 
 def test_residual_lowers_gradient_error(seed):
@@ -334,6 +266,212 @@ def test_float32_cuda_inputs_fall_back_to_torch_math(seed):
 
 def test_unsupported_head_dim_is_a_clear_error(seed):
     g = torch.Generator().manual_seed(seed)
-    q, k, v, bias, mask, _ = make_case(1, 2, 1, 8, 24, torch.bfloat16, "cuda", g)
+    q, k, v, bias, mask, _ = make_case(1, 2, 1, 8, 20, torch.bfloat16, "cuda", g)
     with pytest.raises(ValueError, match="head dims"):
         tpf.triangle_attention(q, k, v, bias, mask)
+
+
+# ---- the Hopper forward (forward_sm90.cu): every head dim it takes, forward only ----------------
+# (The backward takes D = 16, 32, 64; the tests above run both at those.)
+
+FWD_DIMS = [8, 16, 24, 32]
+
+
+def forward_op(q, k, v, bias, mask, scale, keep_residual=True):
+    """The forward op alone (O, lse, residual), into a poisoned allocator."""
+    B, N, H, Sq, D = q.shape
+    Sk = k.shape[3]
+    poison_allocator()
+    o, lse, res = torch.ops.turbopairformer.triangle_attention_fwd(
+        q, k, v, bias.reshape(B, H, Sq, Sk), None if mask is None else mask.reshape(B, N, Sk),
+        scale, keep_residual)
+    torch.cuda.synchronize()
+    return o, lse, res
+
+
+def forward_fp64(q, k, v, bias, mask, scale):
+    B, N, H, Sq, D = q.shape
+    Sk = k.shape[3]
+    cpu = [t.detach().cpu() for t in (q, k, v, bias)]
+    o = torch.empty(q.shape, dtype=torch.float64)
+    lse = torch.empty((B, N, H, Sq), dtype=torch.float64)
+    tpf._C.attention_forward_reference(
+        cpu[0], cpu[1], cpu[2], cpu[3].reshape(B, H, Sq, Sk),
+        None if mask is None else mask.detach().cpu().reshape(B, N, Sk), o, lse, scale)
+    return o, lse
+
+
+def check_forward(q, k, v, bias, mask, scale, dtype, context, baseline=triangle_attention_torch):
+    """O within FlashAttention-3's rule against FP64 (baseline: PyTorch in the input dtype), O +
+    residual at least as close as O, the lse within 1e-3 where finite and +inf exactly where the
+    reference has no finite score; bitwise reproducible. Returns (o, lse)."""
+    o, lse, res = forward_op(q, k, v, bias, mask, scale)
+    ref_o, ref_lse = forward_fp64(q, k, v, bias, mask, scale)
+    with torch.no_grad():
+        base = baseline(q, k, v, bias, mask, scale) if baseline is triangle_attention_torch else \
+            baseline(q, k, v, bias, mask)
+    assert torch.isfinite(o).all(), f"O has non-finite values {context}"
+    err, err_base = max_err(o, ref_o), max_err(base, ref_o)
+    noise = rounding_noise(ref_o, dtype)
+    assert err <= 2 * err_base + noise, f"O: {err:.3e} > 2 x {err_base:.3e} + {noise:.3e} {context}"
+    exact = o.double().cpu() + res.double().cpu()
+    assert (exact - ref_o).abs().max() <= err + 1e-6, f"O + residual is farther than O {context}"
+    lse_c = lse.double().cpu()
+    finite = torch.isfinite(ref_lse)
+    assert torch.equal(torch.isfinite(lse_c), finite), f"rows without a finite score differ {context}"
+    assert (lse_c[~finite] == float("inf")).all(), context
+    assert (lse_c[finite] - ref_lse[finite]).abs().max() <= 1e-3, f"lse {context}"
+    again = forward_op(q, k, v, bias, mask, scale)
+    for name, x, y in zip(("o", "lse", "residual"), (o, lse, res), again):
+        assert torch.equal(x, y), f"{name} differs between calls {context}"
+    return o, lse
+
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("D", FWD_DIMS)
+@pytest.mark.parametrize("S", [1, 33, 100, 257, 384])
+def test_forward_matches_fp64_reference(S, D, dtype, seed):
+    """B = 2, N = 23 (the last slice group of 4 is partial), random masks, the last slice fully
+    masked: 1 to 6 key tiles, 1 to 3 query blocks."""
+    g = torch.Generator().manual_seed(seed)
+    N = min(S, 23)
+    q, k, v, bias, mask, _ = make_case(2, N, 4, S, D, dtype, "cuda", g)
+    o, lse = check_forward(q, k, v, bias, mask, 1 / math.sqrt(D), dtype,
+                           f"(S={S}, D={D}, {dtype}, seed {seed})")
+    assert (o[-1, N - 1] == 0).all() and (lse[-1, N - 1] == float("inf")).all()
+
+
+def whole_slice_mask(B, N, S, g):
+    """Key masks [B, N, 1, 1, S] of padded crops: in batch 0 the slices past a length L are fully
+    masked (so slice groups of 4 are fully, partly or not masked) and keys past L masked in the
+    others; batch 1 mixes whole 64-key tiles with partial ones (mixed_tile_mask)."""
+    mask = torch.ones(B, N, 1, 1, S, dtype=torch.bool)
+    L = max(1, (2 * N) // 3)
+    mask[0, L:] = False
+    mask[0, :, ..., min(S, L * S // N + 1):] = False
+    mask[1:] = mixed_tile_mask(B - 1, N, S, g)
+    return mask
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("D", [16, 32])
+@pytest.mark.parametrize("S,N", [(64, 9), (200, 13), (300, 11)])
+def test_forward_whole_masked_slices_and_tiles(S, N, D, dtype, seed):
+    g = torch.Generator().manual_seed(seed)
+    q, k, v, bias, _, _ = make_case(2, N, 4, S, D, dtype, "cuda", g)
+    mask = whole_slice_mask(2, N, S, g).to("cuda")
+    o, lse = check_forward(q, k, v, bias, mask, 1 / math.sqrt(D), dtype,
+                           f"(S={S}, N={N}, D={D}, {dtype}, seed {seed})")
+    dead = ~mask.reshape(2, N, S).any(-1)
+    assert (o[dead] == 0).all() and (lse[dead] == float("inf")).all()
+
+
+@pytest.mark.parametrize("D", [16, 32])
+def test_forward_without_mask_and_negative_scale(D, seed):
+    """mask=None (every key tile whole but the tail) and a negative scale (Q's sign flipped)."""
+    g = torch.Generator().manual_seed(seed)
+    q, k, v, bias, _, _ = make_case(2, 6, 4, 150, D, torch.bfloat16, "cuda", g)
+    for scale in (1 / math.sqrt(D), -0.7 / math.sqrt(D)):
+        check_forward(q, k, v, bias, None, scale, torch.bfloat16, f"(D={D}, scale {scale})")
+
+
+@pytest.mark.parametrize("D", [16, 32])
+@pytest.mark.parametrize("kind", ["first-key-tile", "every-key"])
+def test_forward_minus_infinity_in_the_bias(kind, D, seed):
+    g = torch.Generator().manual_seed(seed)
+    q, k, v, bias, mask, _ = make_case(2, 5, 4, 150, D, torch.float16, "cuda", g)
+    bias = with_minus_inf_bias(bias, kind)
+    check_forward(q, k, v, bias, mask, 1 / math.sqrt(D), torch.float16, f"({kind}, D={D})",
+                  baseline=attention_finite_rows_torch)
+
+
+@pytest.mark.parametrize("D", [16, 24, 32])
+def test_forward_strided_inputs(D, seed):
+    """q, k, v as models produce them: permuted views of [B, N, S, H, D] (slice and batch
+    strides merge), of a [B, S, N, H, D] transpose (head and slice strides merge, batch apart),
+    of a fused [.., 3, H, D] projection; a bias with padded rows; k misaligned (copied by the
+    op). Each bitwise equal to the contiguous inputs' result."""
+    g = torch.Generator().manual_seed(seed)
+    B, N, H, S = 2, 7, 3, 90
+    q, k, v, bias, mask, _ = make_case(B, N, H, S, D, torch.bfloat16, "cuda", g)
+    scale = 1 / math.sqrt(D)
+    want = forward_op(q, k, v, bias, mask, scale)
+    views = {
+        "bnshd": lambda x: x.permute(0, 1, 3, 2, 4).contiguous().permute(0, 1, 3, 2, 4),
+        "bsnhd": lambda x: x.permute(0, 3, 1, 2, 4).contiguous().permute(0, 2, 3, 1, 4),
+        "fused": lambda x: torch.stack([x.permute(0, 1, 3, 2, 4)] * 3, 3).permute(0, 1, 4, 2, 3, 5)[:, :, :, :, 1],
+    }
+    for name, view in views.items():
+        qs, ks, vs = view(q), view(k), view(v)
+        assert torch.equal(qs, q) and not qs.is_contiguous(), name
+        got = forward_op(qs, ks, vs, bias, mask, scale)
+        for a, b in zip(got, want):
+            assert torch.equal(a, b), f"{name}: differs from the contiguous inputs"
+    wide = torch.zeros(B, H, S, S + 5, dtype=bias.dtype, device="cuda")
+    wide[..., :S] = bias.reshape(B, H, S, S)
+    got = forward_op(q, k, v, wide[..., :S], mask, scale)
+    assert torch.equal(got[0], want[0]), "strided bias"
+    padded = torch.zeros(B, N, H, S, D + 1, dtype=k.dtype, device="cuda")
+    padded[..., 1:] = k
+    out = tpf.triangle_attention(q, padded[..., 1:], v, bias, mask)
+    assert torch.equal(out, want[0]), "misaligned k"
+
+
+def test_forward_without_saved_state_matches(seed):
+    """No residual kept (residual=False, or no gradient needed): the same O."""
+    g = torch.Generator().manual_seed(seed)
+    q, k, v, bias, mask, _ = make_case(1, 5, 2, 100, 32, torch.bfloat16, "cuda", g)
+    o, _, _ = forward_op(q, k, v, bias, mask, 1 / math.sqrt(32))
+    o2, _, res = forward_op(q, k, v, bias, mask, 1 / math.sqrt(32), keep_residual=False)
+    assert res.numel() == 0 and torch.equal(o, o2)
+    with torch.no_grad():
+        assert torch.equal(tpf.triangle_attention(q, k, v, bias, mask), o)
+
+
+@pytest.mark.parametrize("D", [16, 32])
+def test_forward_bitwise_repeatable(D, seed):
+    """O, lse and residual bitwise identical over 5 calls, on 20 random inputs."""
+    g = torch.Generator().manual_seed(seed)
+    for case in range(20):
+        q, k, v, bias, mask, _ = make_case(1, 9, 4, 257, D, torch.bfloat16, "cuda", g)
+        first = forward_op(q, k, v, bias, mask, 1 / math.sqrt(D))
+        for _ in range(4):
+            for a, b in zip(first, forward_op(q, k, v, bias, mask, 1 / math.sqrt(D))):
+                assert torch.equal(a, b), f"input {case}"
+
+
+def test_forward_cuda_graph_capture(seed):
+    g = torch.Generator().manual_seed(seed)
+    q, k, v, bias, mask, _ = make_case(2, 9, 4, 200, 16, torch.bfloat16, "cuda", g)
+    eager = tpf.triangle_attention(q, k, v, bias, mask)
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        tpf.triangle_attention(q, k, v, bias, mask)
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = tpf.triangle_attention(q, k, v, bias, mask)
+    out.fill_(float("nan"))
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(out, eager)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("D", [16, 32])
+def test_forward_float32_bias(D, dtype, seed):
+    """A float32 bias is read as float32: within the FP64 rule, and closer to FP64 than the same
+    bias rounded to q's dtype (spread 8, where that rounding moves scores by up to 8 x 2^-9)."""
+    g = torch.Generator().manual_seed(seed)
+    q, k, v, bias, mask, _ = make_case(2, 7, 4, 200, D, dtype, "cuda", g)
+    bias = bias.float() * 8
+    scale = 1 / math.sqrt(D)
+    rounded = bias.to(dtype)
+    check_forward(q, k, v, bias, mask, scale, dtype, f"(float32 bias, D={D}, {dtype})",
+                  baseline=lambda q, k, v, b, m: triangle_attention_torch(q, k, v, rounded, m, scale))
+    ref_o, _ = forward_fp64(q, k, v, bias, mask, scale)
+    o32 = forward_op(q, k, v, bias, mask, scale)[0]
+    o16 = forward_op(q, k, v, rounded, mask, scale)[0]
+    assert max_err(o32, ref_o) < max_err(o16, ref_o)

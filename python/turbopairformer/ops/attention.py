@@ -162,8 +162,13 @@ def _check_common(q, k, v, bias):
     for name, x in (("q", q), ("k", k), ("v", v), ("bias", bias)):
         require_tensor(x, name)
     require_float(q, "q")
-    for name, x in (("k", k), ("v", v), ("bias", bias)):
+    for name, x in (("k", k), ("v", v)):
         require_same(x, q, name, "q")
+    if bias.dtype == torch.float32 and q.dtype in (torch.bfloat16, torch.float16):
+        # A float32 bias with 16-bit q, k, v (Protenix passes bias.float()) is read as float32.
+        require_same(bias, bias.new_empty(0, device=q.device), "bias", "q")
+    else:
+        require_same(bias, q, "bias", "q")
     if q.dim() != 5:
         raise ValueError(f"q must have 5 dimensions [B, N, H, S, D], got {list(q.shape)}")
     if q.shape[3] == 0 or q.shape[4] == 0:
@@ -178,14 +183,32 @@ def _check_scale(scale: Optional[float], D: int) -> float:
     return float(scale)
 
 
+def _tma_rows(x: torch.Tensor) -> torch.Tensor:
+    """x as the CUDA forward's TMA copies need it (start and every stride on 16 bytes), copied
+    only when it is not."""
+    x = inner_contiguous(x)
+    if not x.is_cuda:
+        return x
+    item = x.element_size()
+    if x.data_ptr() % 16 == 0 and all(s * item % 16 == 0 for s in x.stride()[:-1]):
+        return x
+    return x.contiguous() if x.shape[-1] * item % 16 == 0 else x
+
+
 def _run(q, k, v, bias, mask, scale, residual):
     if q.is_cuda and q.dtype == torch.float32:
         # The CUDA kernels are BF16/FP16 (tensor cores); float32 CUDA tensors take PyTorch's math.
         return triangle_attention_torch(q, k, v, bias, mask, scale)
     o, _, _ = _attention_call(
-        inner_contiguous(q), inner_contiguous(k), inner_contiguous(v), inner_contiguous(bias),
-        None if mask is None else inner_contiguous(mask), scale, bool(residual))
+        inner_contiguous(q), _tma_rows(k), _tma_rows(v), inner_contiguous(bias),
+        None if mask is None else inner_contiguous(mask), scale,
+        bool(residual) and _needs_grad(q, k, v, bias))
     return o
+
+
+def _needs_grad(*tensors: torch.Tensor) -> bool:
+    """Whether autograd will ask for the backward: when not, the forward keeps no residual."""
+    return torch.is_grad_enabled() and any(t.requires_grad for t in tensors)
 
 
 def triangle_attention(

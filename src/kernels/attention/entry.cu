@@ -141,6 +141,8 @@ size_t attention_backward_workspace_bytes(const AttentionDims& d) {
 
 void attention_backward(const AttentionBackwardArgs& a, const AttentionDims& d, void* stream) {
   check_cuda_inputs(a.q, d);
+  TPF_CHECK(a.bias.dtype == a.q.dtype,
+            "the CUDA backward takes a bias of q's dtype (a float32 bias: forward only for now)");
   TPF_CHECK(a.dq.dtype == a.q.dtype && a.dk.dtype == a.q.dtype && a.dv.dtype == a.q.dtype &&
                 a.dbias.dtype == a.q.dtype && a.dout.dtype == a.q.dtype,
             "grad_out, dq, dk, dv and dbias must have q's dtype for the CUDA kernels");

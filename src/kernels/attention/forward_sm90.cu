@@ -19,6 +19,7 @@
 #include <cuda_runtime.h>
 #include <cudaTypedefs.h>
 
+#include <algorithm>
 #include <cmath>
 #include <string>
 
@@ -140,16 +141,32 @@ PFN_cuTensorMapEncodeTiled_v12000 encode_fn() {
   return fn;
 }
 
-// K or V [B, N, H, S, D] as TMA's 5-d {D, S, H, N, B} with a box of one [64 keys][W] block.
+// K or V [B, N, H, S, D] as a 5-d TMA map with a box of one [64 keys][W] block: dim 0 is D, dims
+// 1..4 are key, h, n, b sorted by stride (the layout TMA's documentation describes, whatever the
+// view), their positions returned in `dims` (Params::k_dims).
 template <int DP>
-CUtensorMap key_tensor_map(const TensorView& x, bool fp16, const char* name) {
+CUtensorMap key_tensor_map(const TensorView& x, bool fp16, const char* name, uint32_t& dims_out) {
   using L = Layout<DP>;
-  const cuuint64_t dims[5] = {cuuint64_t(x.shape[4]), cuuint64_t(x.shape[3]),
-                              cuuint64_t(x.shape[2]), cuuint64_t(x.shape[1]),
-                              cuuint64_t(x.shape[0])};
-  const cuuint64_t strides[4] = {cuuint64_t(x.stride[3]) * 2, cuuint64_t(x.stride[2]) * 2,
-                                 cuuint64_t(x.stride[1]) * 2, cuuint64_t(x.stride[0]) * 2};
-  const cuuint32_t box[5] = {cuuint32_t(L::W), cuuint32_t(kKeys), 1, 1, 1};
+  struct Dim {
+    int64_t size, stride;
+    uint32_t box;
+    int which;  // 0 key, 1 h, 2 n, 3 b
+  };
+  Dim d[4] = {{x.shape[3], x.stride[3], uint32_t(kKeys), 0},
+              {x.shape[2], x.stride[2], 1, 1},
+              {x.shape[1], x.stride[1], 1, 2},
+              {x.shape[0], x.stride[0], 1, 3}};
+  std::stable_sort(d, d + 4, [](const Dim& a, const Dim& b) { return a.stride < b.stride; });
+  cuuint64_t dims[5] = {cuuint64_t(x.shape[4])};
+  cuuint64_t strides[4];
+  cuuint32_t box[5] = {cuuint32_t(L::W)};
+  dims_out = 0;
+  for (int i = 0; i < 4; ++i) {
+    dims[1 + i] = cuuint64_t(d[i].size);
+    strides[i] = cuuint64_t(d[i].stride) * 2;
+    box[1 + i] = d[i].box;
+    dims_out |= uint32_t(i) << (2 * d[i].which);
+  }
   const cuuint32_t elem[5] = {1, 1, 1, 1, 1};
   const CUtensorMapSwizzle swizzle = L::W == 64   ? CU_TENSOR_MAP_SWIZZLE_128B
                                      : L::W == 32 ? CU_TENSOR_MAP_SWIZZLE_64B
@@ -182,8 +199,8 @@ void launch_dp(const AttentionForwardArgs& a, const AttentionDims& d, cudaStream
   using L = Layout<DP>;
   const bool fp16 = std::is_same_v<T, __half>;
   Params p{};
-  p.tma_k = key_tensor_map<DP>(a.k, fp16, "k");
-  p.tma_v = key_tensor_map<DP>(a.v, fp16, "v");
+  p.tma_k = key_tensor_map<DP>(a.k, fp16, "k", p.k_dims);
+  p.tma_v = key_tensor_map<DP>(a.v, fp16, "v", p.v_dims);
   p.bias = static_cast<const float*>(a.workspace);
   p.q = a.q.data;
   p.q_stride = strides4(a.q);

@@ -10,8 +10,12 @@
 namespace tpf::cuda::fwd90 {
 
 struct Params {
-  CUtensorMap tma_k;   // K [B, N, H, Sk, D] as 5-d {D, Sk, H, N, B}, box {W, 64, 1, 1, 1}, swizzled
-  CUtensorMap tma_v;   // V, the same
+  // K and V [B, N, H, Sk, D] as 5-d TMA maps: dim 0 is D (box W, swizzled), dims 1..4 are key,
+  // h, n, b in increasing stride order (the box is 64 along the key's dim, 1 along the others);
+  // k_dims / v_dims hold the map dim of key, h, n, b in 2-bit fields (bits 0-1, 2-3, 4-5, 6-7).
+  CUtensorMap tma_k;
+  CUtensorMap tma_v;
+  uint32_t k_dims, v_dims;
   const float* bias;   // the pre-pass's output (forward_workspace_bytes): fp32, fragment order
   const void* q;       // [B, N, H, Sq, D], any strides (read once per CTA into registers)
   Strides4 q_stride;

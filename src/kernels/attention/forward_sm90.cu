@@ -35,6 +35,7 @@ namespace {
 // G slices. 128 x 24 + 256 x 240 = 64512 of the SM's 65536.
 constexpr int kProducerRegs = 24;
 constexpr int kConsumerRegs = 240;
+constexpr size_t kMaxSmemBytes = 227 * 1024;  // sm_90's opt-in limit per block
 
 template <typename T, int DP>
 __global__ void __launch_bounds__(kThreads, 1)
@@ -239,6 +240,10 @@ void launch_dp(const AttentionForwardArgs& a, const AttentionDims& d, cudaStream
   }
   auto kernel = attention_forward_sm90_kernel<T, DP>;
   const size_t smem = L::smem_bytes(p.key_tiles);
+  // The mask words (8 bytes per slice and key tile) sit in shared memory beside the stages.
+  TPF_CHECK(smem <= kMaxSmemBytes, "the CUDA forward takes at most " +
+                                       std::to_string((kMaxSmemBytes - L::kWords - 1024) / (8 * L::G) * kKeys) +
+                                       " keys at this head dim, got Sk = " + std::to_string(d.Sk));
   cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem));
   kernel<<<grid_of(p), kThreads, smem, stream>>>(p);
 }
@@ -254,6 +259,12 @@ void launch(const AttentionForwardArgs& a, const AttentionDims& d, cudaStream_t 
   switch (padded_head_dim(int(d.D))) {
     case 16: return launch_dp<T, 16>(a, d, stream);
     case 32: return launch_dp<T, 32>(a, d, stream);
+    case 48: return launch_dp<T, 48>(a, d, stream);
+    case 64: return launch_dp<T, 64>(a, d, stream);
+    case 80: return launch_dp<T, 80>(a, d, stream);
+    case 96: return launch_dp<T, 96>(a, d, stream);
+    case 112: return launch_dp<T, 112>(a, d, stream);
+    case 128: return launch_dp<T, 128>(a, d, stream);
   }
   throw Error("the Hopper attention forward has no kernel for head dim " + std::to_string(d.D));
 }

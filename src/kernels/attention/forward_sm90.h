@@ -7,7 +7,7 @@
 namespace tpf::cuda::fwd90 {
 
 // Padded head dims compiled so far (multiples of 16 up to this).
-constexpr int kCompiledHeadDim = 32;
+constexpr int kCompiledHeadDim = 128;
 
 // Head dims this kernel takes: multiples of 8 whose padded size is compiled.
 bool supports(const AttentionDims& d);

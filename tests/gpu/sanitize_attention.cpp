@@ -2,7 +2,7 @@
 // racecheck, synccheck, initcheck). Forward cases of the Hopper kernel: sizes that are not tile
 // multiples, 1 to 5 key tiles (stage reuse past the two stages), two query blocks, slice groups
 // with absent slices (N not a multiple of G), masked keys, a fully masked slice, rows whose bias
-// is -inf everywhere, negative scale, bf16 and fp16, D = 8, 16, 24, 32; outputs poisoned with NaN
+// is -inf everywhere, negative scale, bf16 and fp16, D = 8, 16, 24, 32, 40, 64, 128; outputs poisoned with NaN
 // first and compared with the FP64 reference. Then the backward once on the first case's forward.
 // Exits non-zero on any CUDA error, non-finite gradient or forward outside the tolerance.
 #include <cuda_bf16.h>
@@ -171,6 +171,9 @@ int main() {
       {1, 3, 1, 300, 32, true, false, -1.0},  // 5 key tiles, fp16, negative scale
       {2, 6, 1, 33, 8, false, false, 1.0},    // D = 8 (padded to 16)
       {1, 5, 3, 129, 24, true, true, 1.0},    // D = 24 (padded to 32), one key past a block
+      {1, 3, 2, 100, 64, false, false, 1.0},  // D = 64: 2 slices per CTA, 128-byte swizzle
+      {1, 2, 1, 70, 128, true, false, 1.0},   // D = 128: 1 slice, two K/V blocks, own ones atom
+      {1, 2, 2, 65, 40, false, true, 1.0},    // D = 40 (padded to 48): three 32-byte blocks
   };
   Run first{};
   float worst_all = 0.f;

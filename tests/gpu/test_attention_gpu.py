@@ -342,6 +342,17 @@ def test_forward_matches_fp64_reference(S, D, dtype, seed):
     assert (o[-1, N - 1] == 0).all() and (lse[-1, N - 1] == float("inf")).all()
 
 
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("D", [40, 48, 64, 80, 96, 112, 128])
+@pytest.mark.parametrize("S", [33, 257])
+def test_forward_wide_head_dims(S, D, dtype, seed):
+    """Head dims past 32: two slices per CTA up to 64, one above; K and V in 2 to 8 swizzled
+    blocks per tile (D = 40: padded to 48, three 16-wide blocks), the ones column past them."""
+    g = torch.Generator().manual_seed(seed)
+    q, k, v, bias, mask, _ = make_case(2, 5, 2, S, D, dtype, "cuda", g)
+    check_forward(q, k, v, bias, mask, 1 / math.sqrt(D), dtype, f"(S={S}, D={D}, {dtype})")
+
+
 def whole_slice_mask(B, N, S, g):
     """Key masks [B, N, 1, 1, S] of padded crops: in batch 0 the slices past a length L are fully
     masked (so slice groups of 4 are fully, partly or not masked) and keys past L masked in the

@@ -203,6 +203,19 @@ __device__ __forceinline__ OutputSlice<T> output_slice(const AttentionForwardPar
   return {out, res};
 }
 
+// Two adjacent columns of a normalized output row: O in T, and the BF16 residual of that rounding
+// when `res` is given.
+template <typename T>
+__device__ __forceinline__ void store_o_pair(T* dst, __nv_bfloat16* res, float x0, float x1) {
+  const T y0 = from_float<T>(x0), y1 = from_float<T>(x1);
+  dst[0] = y0;
+  dst[1] = y1;
+  if (res) {
+    res[0] = __float2bfloat16_rn(x0 - to_float(y0));
+    res[1] = __float2bfloat16_rn(x1 - to_float(y1));
+  }
+}
+
 // Finish a warp's 16 rows (the first at query `row0` of the slice): row sums across the lanes of a
 // row, normalize, write O (the input dtype), its BF16 residual when requested and the lse (natural
 // log; +inf for a row with no key, whose O is zero).
@@ -224,16 +237,9 @@ __device__ __forceinline__ void store_rows(const AttentionForwardParams& p, Outp
 #pragma unroll
     for (int i = 0; i < D / 8; ++i) {
       const int col = i * 8 + (lane & 3) * 2;
-      const float x0 = o[i][2 * r] * inv, x1 = o[i][2 * r + 1] * inv;
-      const T y0 = from_float<T>(x0), y1 = from_float<T>(x1);
-      T* dst = out + row * p.o_stride.s + col;
-      dst[0] = y0;
-      dst[1] = y1;
-      if (res) {
-        __nv_bfloat16* rd = res + row * p.residual_stride.s + col;
-        rd[0] = __float2bfloat16_rn(x0 - to_float(y0));
-        rd[1] = __float2bfloat16_rn(x1 - to_float(y1));
-      }
+      store_o_pair<T>(out + row * p.o_stride.s + col,
+                      res ? res + row * p.residual_stride.s + col : nullptr, o[i][2 * r] * inv,
+                      o[i][2 * r + 1] * inv);
     }
     if ((lane & 3) == 0) {
       const float lse = sum > 0.f ? m[r] + log2f(sum) * kLn2 : INFINITY;

@@ -35,16 +35,9 @@ __device__ __forceinline__ void store_slice(const Params& p, int b, int n, int h
     for (int i = 0; i < DP / 8; ++i) {
       const int col = i * 8 + col_pair;
       if (col >= p.D) break;  // D is a multiple of 8: both columns of the pair, or neither
-      const float x0 = o[i][2 * r] * inv, x1 = o[i][2 * r + 1] * inv;
-      const T y0 = from_float<T>(x0), y1 = from_float<T>(x1);
-      T* dst = out + row * p.o_stride.s + col;
-      dst[0] = y0;
-      dst[1] = y1;
-      if (res) {
-        __nv_bfloat16* rd = res + row * p.residual_stride.s + col;
-        rd[0] = __float2bfloat16_rn(x0 - to_float(y0));
-        rd[1] = __float2bfloat16_rn(x1 - to_float(y1));
-      }
+      store_o_pair<T>(out + row * p.o_stride.s + col,
+                      res ? res + row * p.residual_stride.s + col : nullptr, o[i][2 * r] * inv,
+                      o[i][2 * r + 1] * inv);
     }
     if (p.lse && (lane & 3) == 0)
       p.lse[b * p.lse_stride_b + n * p.lse_stride_n + h * p.lse_stride_h + row * p.lse_stride_s] =

@@ -9,9 +9,12 @@
 // so the dQ partials stay within a fixed memory budget. Every sum has a fixed order: results are
 // bitwise reproducible whatever the thread count.
 //
-// Values are stored in FP32; sums (dot products, the online-softmax accumulators, the gradient
-// accumulators) run in FP64, so the CPU path is at least as accurate as PyTorch's FP32 BLAS and
-// passes FlashAttention-3's rule at float32 too.
+// Inputs are read as FP32 (exact for every input dtype); scores, probabilities, dP, delta and dS
+// and every sum (dot products, the online-softmax accumulators, the gradient accumulators) are
+// FP64, so each output rounds once to its dtype. O's rounding is kept as the residual (float32
+// outputs too), so the backward's delta = rowsum(dO * (O + r)) is the FP64 value's, and the
+// cancellation in dP - delta does not amplify it: the CPU path is more accurate than PyTorch's at
+// every dtype.
 #include <algorithm>
 #include <cmath>
 #include <limits>
@@ -49,17 +52,16 @@ void transpose(const float* src, int64_t rows, int64_t cols, int64_t ld_dst, flo
     for (int64_t j = 0; j < cols; ++j) dst[j * ld_dst + i] = src[i * cols + j];
 }
 
-// c[i][j] = sum_d a[i][d] * bt[d][j]: a [m][kd], bt [kd][n], c [m][n]; n <= kKeyTile.
-void matmul_abt(const float* a, const float* bt, int64_t m, int64_t n, int64_t kd, float* c) {
-  double acc[kKeyTile];
+// c[i][j] = sum_d a[i][d] * bt[d][j] in FP64: a [m][kd], bt [kd][n], c [m][n]; n <= kKeyTile.
+void matmul_abt(const float* a, const float* bt, int64_t m, int64_t n, int64_t kd, double* c) {
   for (int64_t i = 0; i < m; ++i) {
+    double* acc = c + i * n;
     std::fill(acc, acc + n, 0.0);
     for (int64_t d = 0; d < kd; ++d) {
       const double ad = a[i * kd + d];
       const float* b = bt + d * n;
       for (int64_t j = 0; j < n; ++j) acc[j] += ad * b[j];
     }
-    for (int64_t j = 0; j < n; ++j) c[i * n + j] = float(acc[j]);
   }
 }
 
@@ -70,15 +72,15 @@ void attention_forward_cpu(const AttentionForwardArgs& a) {
   require_cpu(a.q, "triangle attention CPU path");
   const int64_t D = d.D, Sq = d.Sq, Sk = d.Sk;
   const int64_t jq = ceil_div(Sq, kQueryTile);
-  const float scale = float(a.scale);
+  const double scale = a.scale;
 
   parallel_for(d.B * d.N * d.H * jq, [&](int64_t t) {
     const int64_t qt = t % jq, h = (t / jq) % d.H, n = (t / (jq * d.H)) % d.N,
                   b = t / (jq * d.H * d.N);
     const int64_t q0 = qt * kQueryTile, qn = std::min(kQueryTile, Sq - q0);
     std::vector<float> q(qn * D), kt(D * kKeyTile), v(kKeyTile * D), k(kKeyTile * D);
-    std::vector<float> s(qn * kKeyTile), bias(kKeyTile), m(qn, -kInf);
-    std::vector<double> acc(qn * D, 0.0), l(qn, 0.0);
+    std::vector<float> bias(kKeyTile);
+    std::vector<double> s(qn * kKeyTile), m(qn, -double(kInf)), acc(qn * D, 0.0), l(qn, 0.0);
     std::vector<uint8_t> key_ok(kKeyTile);
     load_rows(a.q, b, n, h, q0, qn, D, q.data());
 
@@ -92,18 +94,18 @@ void attention_forward_cpu(const AttentionForwardArgs& a) {
       if (!any) continue;
       matmul_abt(q.data(), kt.data(), qn, kn, D, s.data());
       for (int64_t i = 0; i < qn; ++i) {
-        float* si = s.data() + i * kn;
+        double* si = s.data() + i * kn;
         load_row(a.bias, offset_of(a.bias, b, h, q0 + i, k0), kn, bias.data());
-        float row_max = -kInf;
+        double row_max = -double(kInf);
         for (int64_t j = 0; j < kn; ++j) {
-          si[j] = key_ok[j] ? scale * si[j] + bias[j] : -kInf;
+          si[j] = key_ok[j] ? scale * si[j] + double(bias[j]) : -double(kInf);
           row_max = std::max(row_max, si[j]);
         }
-        const float m_new = std::max(m[i], row_max);
+        const double m_new = std::max(m[i], row_max);
         // A row with no finite score yet (masked keys, or a bias of -inf) subtracts 0, not -inf,
         // so its p and correction are exp(-inf) = 0 rather than exp(NaN), as in the CUDA kernels.
-        const float m_use = m_new == -kInf ? 0.f : m_new;
-        const double correction = std::exp(double(m[i]) - m_use);  // m[i] = -inf: 0, acc, l are 0
+        const double m_use = m_new == -double(kInf) ? 0.0 : m_new;
+        const double correction = std::exp(m[i] - m_use);  // m[i] = -inf: 0, acc, l are 0
         double row_sum = 0.0;
         for (int64_t j = 0; j < kn; ++j) {
           si[j] = std::exp(si[j] - m_use);
@@ -121,18 +123,20 @@ void attention_forward_cpu(const AttentionForwardArgs& a) {
       }
     }
 
-    std::vector<float> out(D), rounded(D), resid(D);
+    std::vector<float> out(D), resid(D);
     for (int64_t i = 0; i < qn; ++i) {
       const bool empty = l[i] == 0.0;
       const double inv = empty ? 0.0 : 1.0 / l[i];
-      for (int64_t c = 0; c < D; ++c) out[c] = float(acc[i * D + c] * inv);
-      const double lse = empty ? double(kInf) : double(m[i]) + std::log(l[i]);
+      for (int64_t c = 0; c < D; ++c) {
+        const double exact = acc[i * D + c] * inv;
+        out[c] = round_to(a.o.dtype, float(exact));
+        resid[c] = float(exact - double(out[c]));
+      }
+      const double lse = empty ? double(kInf) : m[i] + std::log(l[i]);
       store_row(a.o, offset_of(a.o, b, n, h, q0 + i, 0), D, out.data());
       store_row(a.lse, offset_of(a.lse, b, n, h, q0 + i), 1, &lse);
-      if (a.residual.present) {
-        for (int64_t c = 0; c < D; ++c) resid[c] = out[c] - round_to(a.o.dtype, out[c]);
+      if (a.residual.present)
         store_row(a.residual.view, offset_of(a.residual.view, b, n, h, q0 + i, 0), D, resid.data());
-      }
     }
   });
 }
@@ -142,10 +146,10 @@ void attention_backward_cpu(const AttentionBackwardArgs& a) {
   require_cpu(a.q, "triangle attention CPU path");
   const int64_t B = d.B, N = d.N, H = d.H, Sq = d.Sq, Sk = d.Sk, D = d.D;
   const int64_t jk = ceil_div(Sk, kKeyTile);
-  const float scale = float(a.scale);
+  const double scale = a.scale;
 
-  // Preprocessing: delta[b, n, h, i] = sum_c dO * (O + r), in FP32.
-  std::vector<float> delta(B * N * H * Sq);
+  // Preprocessing: delta[b, n, h, i] = sum_c dO * (O + r), in FP64.
+  std::vector<double> delta(B * N * H * Sq);
   parallel_for(B * N * H, [&](int64_t t) {
     const int64_t h = t % H, n = (t / H) % N, b = t / (H * N);
     std::vector<float> o(D), dout(D), r(D, 0.0f);
@@ -156,7 +160,7 @@ void attention_backward_cpu(const AttentionBackwardArgs& a) {
         load_row(a.residual.view, offset_of(a.residual.view, b, n, h, i, 0), D, r.data());
       double acc = 0.0;
       for (int64_t c = 0; c < D; ++c) acc += double(dout[c]) * (double(o[c]) + double(r[c]));
-      delta[t * Sq + i] = float(acc);
+      delta[t * Sq + i] = acc;
     }
   });
 
@@ -177,8 +181,8 @@ void attention_backward_cpu(const AttentionBackwardArgs& a) {
       double* dbias = dbias_acc.data() + t * Sq * kKeyTile;
       std::vector<float> k(kn * D), v(kn * D), kT(D * kn), vT(D * kn);
       std::vector<double> dk(kn * D), dv(kn * D);
-      std::vector<float> q(kQueryTile * D), dout(kQueryTile * D), p(kQueryTile * kn),
-          dp(kQueryTile * kn), bias(kn);
+      std::vector<float> q(kQueryTile * D), dout(kQueryTile * D), bias(kn);
+      std::vector<double> p(kQueryTile * kn), dp(kQueryTile * kn);
       std::vector<uint8_t> key_ok(kn);
       for (int64_t n = n0; n < n1; ++n) {
         load_rows(a.k, b, n, h, k0, kn, D, k.data());
@@ -188,7 +192,7 @@ void attention_backward_cpu(const AttentionBackwardArgs& a) {
         for (int64_t j = 0; j < kn; ++j) key_ok[j] = mask_at(a.mask, b, n, k0 + j);
         std::fill(dk.begin(), dk.end(), 0.0);
         std::fill(dv.begin(), dv.end(), 0.0);
-        const float* delta_row = delta.data() + ((b * N + n) * H + h) * Sq;
+        const double* delta_row = delta.data() + ((b * N + n) * H + h) * Sq;
         for (int64_t q0 = 0; q0 < Sq; q0 += kQueryTile) {
           const int64_t qn = std::min(kQueryTile, Sq - q0);
           load_rows(a.q, b, n, h, q0, qn, D, q.data());
@@ -200,13 +204,13 @@ void attention_backward_cpu(const AttentionBackwardArgs& a) {
             double lse;
             load_row(a.lse, offset_of(a.lse, b, n, h, q0 + i), 1, &lse);
             load_row(a.bias, offset_of(a.bias, b, h, q0 + i, k0), kn, bias.data());
-            float* pi = p.data() + i * kn;
-            float* dsi = dp.data() + i * kn;  // dP, then dS in place
+            double* pi = p.data() + i * kn;
+            double* dsi = dp.data() + i * kn;  // dP, then dS in place
             for (int64_t j = 0; j < kn; ++j) {
-              // exp in double: with a float64 lse (float32 inputs) p is as accurate as a stored softmax.
+              // lse is the forward's FP64 value (stored as float32): p as exact as the forward's.
               pi[j] = (key_ok[j] && lse != double(kInf))
-                          ? float(std::exp(double(scale * pi[j] + bias[j]) - lse))
-                          : 0.0f;
+                          ? std::exp(scale * pi[j] + double(bias[j]) - lse)
+                          : 0.0;
               dsi[j] = pi[j] * (dsi[j] - delta_row[q0 + i]);
               dbias[(q0 + i) * kKeyTile + j] += dsi[j];
             }

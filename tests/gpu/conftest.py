@@ -23,13 +23,6 @@ def pytest_collection_modifyitems(config, items):
                 item.add_marker(pytest.mark.skip(reason=reason))
 
 
-@pytest.fixture
-def seed(request):
-    value = int(os.environ.get("TPF_SEED", torch.seed() % (2**31)))
-    torch.manual_seed(value)
-    yield value
-
-
 def poison_allocator(nbytes: int = 1 << 30) -> None:
     """Fills free memory of PyTorch's caching allocator with NaN, so an output element that a
     kernel fails to write shows up as NaN instead of a plausible leftover value."""

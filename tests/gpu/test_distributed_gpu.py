@@ -8,6 +8,7 @@ import torch
 import torch.distributed as dist
 
 from distributed_checks import CHECKS, failures_of, run_ranks
+from seeds import seed_for
 
 GPUS = torch.cuda.device_count()
 WORLDS = sorted({2, GPUS}) if GPUS >= 2 else [2]
@@ -18,7 +19,8 @@ pytestmark = pytest.mark.skipif(GPUS < 2 or not dist.is_nccl_available(),
 
 @pytest.fixture(scope="module", params=WORLDS, ids=lambda w: f"{w}gpus")
 def rank_results(request, tmp_path_factory):
-    return request.param, *run_ranks(request.param, tmp_path_factory.mktemp("nccl"),
+    seed = seed_for(f"{request.node.nodeid}::{request.param}gpus")
+    return request.param, *run_ranks(request.param, tmp_path_factory.mktemp("nccl"), seed,
                                      backend="nccl", dtype="bfloat16")
 
 

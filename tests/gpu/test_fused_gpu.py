@@ -8,7 +8,7 @@ import torch
 
 from conftest import poison_allocator
 from fused_cases import GATE_CASES, LN_CASES, SWIGLU_CASES, gate_case, layer_norm_case, swiglu_case
-from test_nn import check_backends_agree, masks, randomize
+from test_nn import BLOCK_ROUNDINGS, check_backends_agree, masks, randomize
 from turbopairformer.nn import PairFormerBlock
 
 DTYPES = [torch.float32, torch.bfloat16, torch.float16]
@@ -77,4 +77,4 @@ def test_pairformer_block_backends_agree_on_gpu(monkeypatch, S, glue, seed):
         return m(s, z, token, pair)
 
     check_backends_agree(block, [s, z, token, pair], call, torch.bfloat16, seed,
-                         parameter_grads=False)
+                         BLOCK_ROUNDINGS, parameter_grads=False)

@@ -6,9 +6,9 @@ spawns P ranks; every rank runs every check (all ranks enter the same collective
 and a check records its failures instead of raising, so one failing rank cannot leave the others
 waiting) and writes DIR/rank<r>.json: {check: {"ok": bool, "detail": str}}.
 
-Each sharded result is compared with FlashAttention-3's rule against an FP64 reference:
-|sharded - ref| <= 2 |single-process same precision - ref| + 2 x the rounding noise at ref's values,
-plus one more rounding noise for each extra partial result the sharded version adds up in working
+Each sharded result is compared by the suite's accuracy rule (accuracy.py) against an FP64
+reference, with the single-process result in the same precision as the baseline and one more
+rounding in the error model for each partial result the sharded version adds up in working
 precision (a gradient summed over P ranks' blocks rounds P - 1 more times than a single kernel's).
 """
 from __future__ import annotations
@@ -18,7 +18,6 @@ import copy
 import datetime
 import json
 import os
-import random
 import subprocess
 import sys
 import traceback
@@ -27,6 +26,13 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from accuracy import accuracy_failure  # noqa: E402
+
+# Roundings of one sharded op's own chain (its output and the one stored intermediate, as the
+# single-process op), before the partial sums across ranks (accuracy.py).
+OP_ROUNDINGS = 2
 
 SIZES = {  # per device kind: token counts are never multiples of P, channels rarely
     "cpu": dict(B=2, H=2, D=5, C=7, c_z=14, c_s=16, pair_heads=2, pair_dim=6, bias_heads=2,
@@ -52,19 +58,14 @@ class Checker:
 
     def fa3(self, name: str, out: torch.Tensor, baseline, ref: torch.Tensor,
             terms: int = 1) -> None:
-        """baseline: the single-process result, or several equally valid ones (the largest
-        error counts); terms: how many partial results (one per rank's block) `out` is the
-        working-precision sum of, each sum rounding once more."""
-        ref = ref.double()
-        err = (out.double() - ref).abs().max().item()
-        baselines = baseline if isinstance(baseline, (list, tuple)) else [baseline]
-        base = max((b.double() - ref).abs().max().item() for b in baselines)
-        r = ref.to(out.dtype)
-        noise = ((r + 0.3 - 0.3) - r).abs().max().item()
-        allowed_noise = terms + 1  # 2 for a single sum, one more per extra partial
-        if not err <= 2 * base + allowed_noise * noise:
-            self.failures.append(f"{name}: max error {err:.3e} > 2 x baseline {base:.3e} + "
-                                 f"{allowed_noise} x noise {noise:.3e} (seed {self.seed})")
+        """The suite's accuracy rule (accuracy.py). baseline: the single-process result, or
+        several equally valid ones (the largest error counts); terms: how many partial results
+        (one per rank's block) `out` is the working-precision sum of, each sum rounding once
+        more on top of the op's own roundings."""
+        failure = accuracy_failure(name, out, baseline, ref.double(), roundings=OP_ROUNDINGS + terms,
+                                   context=f"seed {self.seed}")
+        if failure:
+            self.failures.append(failure)
 
     def equal(self, name: str, a: torch.Tensor, b: torch.Tensor) -> None:
         if a.shape != b.shape or not torch.equal(a, b):
@@ -449,10 +450,9 @@ def worker(rank: int, world: int, args) -> None:
     dist.destroy_process_group()
 
 
-def run_ranks(world: int, out: Path, backend: str = "gloo", dtype: str = "float32"):
+def run_ranks(world: int, out: Path, seed: int, backend: str = "gloo", dtype: str = "float32"):
     """Runs every check on `world` ranks in a fresh process tree; returns the seed and
-    {check: [result of each rank]}. TPF_SEED fixes the seed."""
-    seed = int(os.environ.get("TPF_SEED", random.SystemRandom().randrange(2**31)))
+    {check: [result of each rank]}."""
     env = dict(os.environ, NCCL_NVLS_ENABLE="0", TORCH_SYMM_MEM_DISABLE_MULTICAST="1")
     if backend == "gloo":  # all ranks on this machine: loopback, whatever the host name resolves to
         env.setdefault("GLOO_SOCKET_IFNAME", "lo")

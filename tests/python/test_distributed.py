@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from distributed_checks import CHECKS, failures_of, run_ranks
+from seeds import seed_for
 from turbopairformer.distributed import RowSharding
 
 WORLDS = (2, 3, 4, 8)
@@ -16,7 +17,8 @@ WORLDS = (2, 3, 4, 8)
 
 @pytest.fixture(scope="module", params=WORLDS, ids=lambda w: f"{w}ranks")
 def rank_results(request, tmp_path_factory):
-    return request.param, *run_ranks(request.param, tmp_path_factory.mktemp("ranks"))
+    seed = seed_for(f"{request.node.nodeid}::{request.param}ranks")
+    return request.param, *run_ranks(request.param, tmp_path_factory.mktemp("ranks"), seed)
 
 
 @pytest.mark.parametrize("check", sorted(CHECKS))

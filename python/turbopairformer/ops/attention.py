@@ -62,7 +62,9 @@ def _fwd_outputs(q: torch.Tensor, keep_residual: bool):
     # from it, and a float32 one would cost them a few ulps against a stored softmax.
     lse_dtype = torch.float64 if q.dtype == torch.float32 and not q.is_cuda else torch.float32
     lse = q.new_empty((B, N, H, S), dtype=lse_dtype)
-    with_residual = keep_residual and q.dtype != torch.float32
+    # O's rounding kept for the backward's delta (output-residual compensation); the CPU path
+    # keeps it at float32 too, where it is the rounding of its FP64 accumulator.
+    with_residual = keep_residual and (q.dtype != torch.float32 or not q.is_cuda)
     residual = q.new_empty(q.shape if with_residual else (0,), dtype=torch.bfloat16)
     return o, lse, residual
 

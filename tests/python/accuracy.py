@@ -1,0 +1,120 @@
+"""The one accuracy rule of the test suite (CPU, GPU, nn, fused, trimul, distributed).
+
+For a result `got` of our ops, a `baseline` computed in the same precision by plain PyTorch, and
+`ref`, the same computation in FP64:
+
+    max |got - ref|  <=  2 x max( max |baseline - ref| ,  sqrt(2 ln n) x rms(baseline - ref) ,  model )
+
+    model = roundings x u(dtype) x scale x sqrt(terms)
+
+This is FlashAttention-3's rule (our error at most twice the baseline's), except that the baseline's
+max error is not trusted below what the baseline must cost. It is a random variable: two
+computations with errors of the same distribution have max errors that differ by tens of percent
+from seed to seed, and on small tensors the baseline can land near the exact value by chance (a
+gradient that sums two cancelling terms at S = 1; a PyTorch build whose float32 kernels happen to
+round favourably on this processor). Then the plain rule asks our result to be luckier still.
+Two floors stop that:
+- the baseline's own RMS error times sqrt(2 ln n), the expected maximum of n errors of that spread
+  (n elements): a baseline whose largest error falls below what its spread predicts got lucky;
+- the error model, the worst case of the roundings the design stores: `roundings` is the number of
+  times a value on the longest chain from the inputs to this output is rounded to `dtype` (each
+  costs at most u = 2^-p relative, p the significand's bits: 2^-8 bfloat16, 2^-11 float16, 2^-24
+  float32), at the magnitude where those roundings happen, `scale` (by default max |ref|). `terms`
+  is for results that are sums of cancelling terms, e.g. a gradient that is zero in exact
+  arithmetic: there the roundings happen at the terms' magnitude (`scale`), and the error of a sum
+  of `terms` of them grows like its square root.
+Neither floor loosens the rule where the baseline is a real yardstick: on tensors of realistic size
+the baseline's max error is at its predicted value and above the model (long sums round many more
+times than the stored intermediates).
+
+`ratio` (error / bound) is what tests/sweep_accuracy.py collects: with TPF_ACCURACY_LOG=path set,
+every check appends one JSON line (test, tensor, ratio, seed) to that file.
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+
+import torch
+
+UNIT_ROUNDOFF = {torch.float64: 2.0**-53, torch.float32: 2.0**-24, torch.bfloat16: 2.0**-8,
+                 torch.float16: 2.0**-11}
+
+
+def unit_roundoff(dtype: torch.dtype) -> float:
+    if dtype not in UNIT_ROUNDOFF:
+        raise TypeError(f"dtype must be a floating dtype, got {dtype}")
+    return UNIT_ROUNDOFF[dtype]
+
+
+def _errors(x: torch.Tensor, ref: torch.Tensor) -> torch.Tensor:
+    return (x.detach().to("cpu", torch.float64) - ref.detach().to("cpu", torch.float64)).abs()
+
+
+def max_error(x: torch.Tensor, ref: torch.Tensor) -> float:
+    return _errors(x, ref).max().item()
+
+
+def largest(t: torch.Tensor) -> float:
+    return t.detach().abs().max().item() if t.numel() else 0.0
+
+
+def baseline_error(baseline: torch.Tensor, ref: torch.Tensor) -> tuple[float, float]:
+    """(max error, the max error its RMS error predicts for a tensor of this size)."""
+    e = _errors(baseline, ref)
+    n = e.numel()
+    predicted = math.sqrt(2 * math.log(n)) * e.pow(2).mean().sqrt().item() if n > 1 else 0.0
+    return e.max().item(), predicted
+
+
+def error_bound(baseline_errors: tuple[float, float], ref: torch.Tensor, dtype: torch.dtype,
+                roundings: int, scale: float | None = None, terms: int = 1) -> tuple[float, float]:
+    """(bound, model): the rule's bound on max |got - ref| and the error model inside it."""
+    scale = largest(ref) if scale is None else scale
+    model = roundings * unit_roundoff(dtype) * scale * math.sqrt(terms)
+    return 2.0 * max(*baseline_errors, model), model
+
+
+def accuracy_failure(name: str, got: torch.Tensor, baseline, ref: torch.Tensor, *, roundings: int,
+                     dtype: torch.dtype | None = None, scale: float | None = None, terms: int = 1,
+                     context: str = "") -> str | None:
+    """The rule for one tensor: None if it holds, else what failed. `baseline` may be a list of
+    equally valid baselines (the largest error counts). `dtype` defaults to got's."""
+    dtype = got.dtype if dtype is None else dtype
+    if got.shape != ref.shape:
+        return f"{name}: shape {tuple(got.shape)}, expected {tuple(ref.shape)}; {context}"
+    if not torch.isfinite(got).all():
+        return f"{name} has non-finite values (an unwritten element?); {context}"
+    baselines = baseline if isinstance(baseline, (list, tuple)) else [baseline]
+    base = [baseline_error(b, ref) for b in baselines]
+    base = (max(b[0] for b in base), max(b[1] for b in base))
+    err = max_error(got, ref)
+    bound, model = error_bound(base, ref, dtype, roundings, scale, terms)
+    _record(name, err / bound if bound > 0 else (0.0 if err == 0 else math.inf))
+    if err <= bound:
+        return None
+    return (f"{name}: max error {err:.3e} > bound {bound:.3e} = 2 x max(baseline's {base[0]:.3e}, "
+            f"its spread's {base[1]:.3e}, model {model:.3e} = {roundings} roundings x u({dtype}) x "
+            f"scale{f' x sqrt({terms})' if terms != 1 else ''}); {context}")
+
+
+def assert_accurate(name: str, got: torch.Tensor, baseline, ref: torch.Tensor, *, roundings: int,
+                    dtype: torch.dtype | None = None, scale: float | None = None, terms: int = 1,
+                    context: str = "") -> None:
+    """Raises AssertionError when accuracy_failure finds one."""
+    failure = accuracy_failure(name, got, baseline, ref, roundings=roundings, dtype=dtype,
+                               scale=scale, terms=terms, context=context)
+    assert failure is None, failure
+
+
+def _record(name: str, ratio: float) -> None:
+    path = os.environ.get("TPF_ACCURACY_LOG")
+    if not path:
+        return
+    test = os.environ.get("PYTEST_CURRENT_TEST", os.environ.get("TPF_ACCURACY_TEST", "?"))
+    test = test.rsplit(" ", 1)[0]  # drop pytest's " (call)"
+    row = {"test": test, "tensor": name, "ratio": ratio, "seed": os.environ.get("TPF_TEST_SEED"),
+           "threads": os.environ.get("TPF_NUM_THREADS")}
+    with open(path, "a") as f:
+        f.write(json.dumps(row) + "\n")

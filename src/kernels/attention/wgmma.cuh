@@ -172,11 +172,15 @@ __device__ __forceinline__ void wait_turn(const int* sem, int turn) {
   }
 }
 // Called by every lane of a warp after its stores and reductions of the sum: each lane's fence
-// orders its own writes before the increment that lane 0 issues after the warp's sync.
+// orders its own writes, and lane 0's fence after the warp's sync releases what the others wrote
+// (CUTLASS's GenericBarrier pattern), before its increment.
 __device__ __forceinline__ void pass_turn(int* sem, int lane) {
   asm volatile("fence.acq_rel.gpu;\n" ::: "memory");
   __syncwarp();
-  if (lane == 0) asm volatile("red.relaxed.gpu.global.add.s32 [%0], 1;\n" ::"l"(sem) : "memory");
+  if (lane == 0) {
+    asm volatile("fence.acq_rel.gpu;\n" ::: "memory");
+    asm volatile("red.relaxed.gpu.global.add.s32 [%0], 1;\n" ::"l"(sem) : "memory");
+  }
 }
 // x added to four consecutive floats in global memory (one 16-byte reduction at L2).
 __device__ __forceinline__ void red_add4(float* p, float4 x) {

@@ -115,16 +115,86 @@ def test_bitwise_deterministic(S, N, D, seed):
                 assert torch.equal(first[name], again[name]), f"{name} differs (input {case})"
 
 
-def test_chunked_backward_matches_single_chunk(monkeypatch, seed):
-    """A small workspace budget splits the slices into many chunks; the gradients stay within the
-    FP64 rule and are bitwise equal to... themselves across calls."""
+@pytest.mark.parametrize("D", [16, 32, 64])
+def test_chunked_backward_matches_single_chunk(monkeypatch, D, seed):
+    """A small workspace budget splits the slices into chunks of one slice group (one launch each);
+    the gradients stay within the FP64 rule and are bitwise the single launch's: dQ and dbias are
+    added in the same order (key blocks, then slice groups) however the slices are chunked."""
     g = torch.Generator().manual_seed(seed)
-    q, k, v, bias, mask, grad = make_case(1, 37, 2, 70, 32, torch.bfloat16, "cuda", g)
-    ref = reference_fp64(q, k, v, bias, mask, grad, 1 / math.sqrt(32))
-    monkeypatch.setenv("TPF_ATTENTION_DQ_BUDGET_BYTES", str(2 * 70 * 32 * 4 * 2 * 2))
+    q, k, v, bias, mask, grad = make_case(1, 37, 2, 200, D, torch.bfloat16, "cuda", g)
+    ref = reference_fp64(q, k, v, bias, mask, grad, 1 / math.sqrt(D))
+    monkeypatch.delenv("TPF_ATTENTION_DQ_BUDGET_BYTES", raising=False)
+    whole = run_with_grads(tpf.triangle_attention, q, k, v, bias, mask, grad)
+    monkeypatch.setenv("TPF_ATTENTION_DQ_BUDGET_BYTES", "1")
     ours = run_with_grads(tpf.triangle_attention, q, k, v, bias, mask, grad)
     base = run_with_grads(triangle_attention_torch, q, k, v, bias, mask, grad)
-    check_fa3_rule(ours, base, ref, torch.bfloat16, "(chunked)")
+    check_fa3_rule(ours, base, ref, torch.bfloat16, f"(chunked, D={D})")
+    for name in GRADS:
+        assert torch.equal(ours[name], whole[name]), f"{name}: chunked differs from one launch"
+
+
+def test_workspace_budget_sets_the_chunks():
+    """The budget variable the chunked test relies on changes the workspace the op asks for (so
+    the test above does run many launches)."""
+    import turbopairformer._C as C
+    big = C.attention_backward_workspace_bytes(1, 37, 2, 200, 200, 32, True)
+    os.environ["TPF_ATTENTION_DQ_BUDGET_BYTES"] = "1"
+    try:
+        small = C.attention_backward_workspace_bytes(1, 37, 2, 200, 200, 32, True)
+    finally:
+        del os.environ["TPF_ATTENTION_DQ_BUDGET_BYTES"]
+    assert small < big, (small, big)
+
+
+@pytest.mark.parametrize("D", [16, 32, 64])
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_strided_inputs_backward(D, dtype, seed):
+    """q, k, v and the output gradient as strided views (q and k halves of one packed tensor in
+    [B, N, S, H, 2D] storage, v with rows off 16-byte boundaries, the output gradient permuted): the
+    outputs and gradients are bitwise those of contiguous copies."""
+    g = torch.Generator().manual_seed(seed)
+    B, N, H, S = 2, 5, 3, 150
+    q, k, v, bias, mask, grad = make_case(B, N, H, S, D, dtype, "cuda", g)
+    # Leaves in strided storage (a clone would not keep the strides of a half of a tensor).
+    packed = torch.cat([q, k], dim=-1).transpose(2, 3).contiguous().transpose(2, 3)
+    packed = packed.detach().requires_grad_(True)
+    # v one element past a 16-byte boundary: rows no longer aligned (the copies' scalar path).
+    v_s = torch.empty(*v.shape[:-1], D + 1, dtype=dtype, device="cuda")[..., 1:]
+    v_s.copy_(v)
+    v_s = v_s.detach().requires_grad_(True)
+    bias_s = bias.detach().clone().requires_grad_(True)
+    grad_s = grad.transpose(2, 3).contiguous().transpose(2, 3)
+    q_s, k_s = packed[..., :D], packed[..., D:]
+    assert not q_s.is_contiguous() and not v_s.is_contiguous() and not grad_s.is_contiguous()
+    o = tpf.triangle_attention(q_s, k_s, v_s, bias_s, mask)
+    o.backward(grad_s)
+    strided = {"o": o.detach(), "dq": packed.grad[..., :D], "dk": packed.grad[..., D:],
+               "dv": v_s.grad, "dbias": bias_s.grad}
+    dense = run_with_grads(tpf.triangle_attention, q, k, v, bias, mask, grad)
+    for name in ("o",) + tuple(GRADS):
+        assert torch.equal(strided[name], dense[name]), f"{name} differs with strided inputs"
+
+
+@pytest.mark.parametrize("D", [16, 32, 64])
+def test_dead_key_blocks_and_slices(D, seed):
+    """Keys 128..255 masked in every slice (every CTA of that key block has nothing to compute but
+    still takes its turn in the ordered sums), the last S/8 keys masked, and whole masked slices:
+    FP64 rule, zero gradients where nothing attends, bitwise reproducible."""
+    g = torch.Generator().manual_seed(seed)
+    B, N, S = 2, 7, 300
+    q, k, v, bias, _, grad = make_case(B, N, 2, S, D, torch.bfloat16, "cuda", g)
+    mask = torch.ones(B, N, 1, 1, S, dtype=torch.bool)
+    mask[..., 128:256] = False
+    mask[..., S - S // 8:] = False
+    mask[0, 2] = False
+    mask[1, 6] = False
+    ours = check_fp64_and_repeatable(q, k, v, bias, mask.to("cuda"), grad, torch.bfloat16,
+                                     f"(dead key blocks, D={D}, seed {seed})")
+    for name in ("dk", "dv"):
+        assert (ours[name][..., 128:256, :] == 0).all(), f"{name} of masked keys is not zero"
+    for name in ("o", "dq", "dk", "dv"):
+        assert (ours[name][0, 2] == 0).all() and (ours[name][1, 6] == 0).all(), name
+    assert (ours["dbias"][..., 128:256] == 0).all(), "dbias of keys no slice attends to"
 
 
 def check_fp64_and_repeatable(q, k, v, bias, mask, grad, dtype, context,
@@ -155,10 +225,6 @@ def check_kernel_variant(monkeypatch, variable, value, S, N, D, seed, label, dty
 
 @pytest.mark.parametrize("D", [16, 32])
 @pytest.mark.parametrize("S,N", [(33, 5), (257, 7)])
-def test_register_backward_matches_fp64_reference(monkeypatch, S, N, D, seed):
-    """The backward that keeps dbias in registers (TPF_ATTENTION_BWD_LEAN=0; the default at head
-    dims 16 and 32 is the lean one that every other test runs)."""
-    check_kernel_variant(monkeypatch, "TPF_ATTENTION_BWD_LEAN", "0", S, N, D, seed, "registers")
 
 
 def test_two_row_tile_forward_in_a_subprocess(seed):
@@ -173,36 +239,6 @@ def test_two_row_tile_forward_in_a_subprocess(seed):
     assert " passed" in run.stdout and "skipped" not in run.stdout.splitlines()[-1], run.stdout[-2000:]
 
 
-@pytest.mark.parametrize("D", [16, 32])
-@pytest.mark.parametrize("S,N", [(33, 5), (257, 7), (384, 3)])
-def test_cluster_dq_backward_matches_fp64_reference(monkeypatch, S, N, D, seed):
-    """The lean backward with dQ summed over the key tiles in a thread-block cluster
-    (TPF_ATTENTION_BWD_DQ=cluster): 1, 5 and 6 key tiles, one cluster per slice."""
-    check_kernel_variant(monkeypatch, "TPF_ATTENTION_BWD_DQ", "cluster", S, N, D, seed, "cluster dQ")
-
-
-@pytest.mark.parametrize("D", [16, 32])
-def test_cluster_dq_partials_padding_and_chunks(monkeypatch, D, seed):
-    """Clusters of at most 4 CTAs: S = 257 has 5 key tiles, so 2 clusters of 3 (the last with one
-    CTA past the keys) leave 2 dQ partials for the reduce kernel; a small budget makes 4 chunks."""
-    monkeypatch.setenv("TPF_ATTENTION_DQ_CLUSTER_MAX", "4")
-    monkeypatch.setenv("TPF_ATTENTION_DQ_BUDGET_BYTES", str(5 * 2 * 4 * 257 * D * 4 * 2))
-    check_kernel_variant(monkeypatch, "TPF_ATTENTION_BWD_DQ", "cluster", 257, 7, D, seed,
-                         "cluster dQ, 2 partials")
-
-
-@pytest.mark.parametrize("D", [16, 32])
-def test_cluster_dq_is_bitwise_the_default(monkeypatch, D, seed):
-    """With one cluster per slice the cluster adds the same scaled per-key-tile dQ tiles in the same
-    order, from zero, as the reduce kernel: every gradient is bitwise the default backward's."""
-    g = torch.Generator().manual_seed(seed)
-    inputs = make_case(2, 7, 4, 257, D, torch.bfloat16, "cuda", g)
-    monkeypatch.delenv("TPF_ATTENTION_BWD_DQ", raising=False)
-    base = run_with_grads(tpf.triangle_attention, *inputs)
-    monkeypatch.setenv("TPF_ATTENTION_BWD_DQ", "cluster")
-    ours = run_with_grads(tpf.triangle_attention, *inputs)
-    for name in GRADS:
-        assert torch.equal(ours[name], base[name]), f"{name} differs from the default backward"
 
 
 def test_residual_lowers_gradient_error(seed):

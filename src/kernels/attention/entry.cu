@@ -8,6 +8,7 @@
 #include <string>
 
 #include "kernels/attention/api.h"
+#include "kernels/attention/backward_sm90.h"
 #include "kernels/attention/backward_workspace.h"
 #include "kernels/attention/forward.h"
 #include "kernels/attention/forward_sm90.h"
@@ -135,6 +136,7 @@ void attention_forward(const AttentionForwardArgs& a, const AttentionDims& d, vo
 }
 
 size_t attention_backward_workspace_bytes(const AttentionDims& d) {
+  if (sm90_backward_supports(d.D)) return sm90_backward_workspace(d.B, d.N, d.H, d.Sq, d.Sk, d.D).total;
   if (d.D != 16 && d.D != 32 && d.D != 64) return 0;
   return backward_workspace_layout(d.B, d.N, d.H, d.Sq, d.Sk, d.D).total;
 }
@@ -163,8 +165,26 @@ void attention_backward(const AttentionBackwardArgs& a, const AttentionDims& d, 
   p.dout_aligned = rows_aligned(a.dout, 3);
   p.delta_vectorized = p.dout_aligned && rows_aligned(a.o, 3) &&
                        (!a.residual.present || rows_aligned(a.residual.view, 3));
-  const BackwardWorkspaceLayout w = backward_workspace_layout(d.B, d.N, d.H, d.Sq, d.Sk, d.D);
   char* ws = static_cast<char*>(a.workspace);
+  auto s = static_cast<cudaStream_t>(stream);
+  if (sm90_backward_supports(d.D)) {
+    const Sm90BackwardWorkspace w = sm90_backward_workspace(d.B, d.N, d.H, d.Sq, d.Sk, d.D);
+    p.delta = reinterpret_cast<float*>(ws + w.delta);
+    p.dq_acc = reinterpret_cast<float*>(ws + w.dq_acc);
+    p.dbias_acc_t = reinterpret_cast<float*>(ws + w.dbias_acc);
+    p.dq_sem = reinterpret_cast<int*>(ws + w.sem);
+    const Sm90BackwardGrid grid =
+        sm90_backward_grid(int(d.N), int(d.Sq), int(d.Sk), sm90_backward_slices(d.D));
+    p.dbias_sem = p.dq_sem + int64_t(grid.groups) * d.B * d.H * grid.query_tiles;
+    p.dq_aligned = rows_aligned(a.dq, 3);
+    if (a.q.dtype == DType::bf16)
+      attention_backward_sm90_launch<__nv_bfloat16>(p, int(d.D), s);
+    else
+      attention_backward_sm90_launch<__half>(p, int(d.D), s);
+    check_launch("triangle attention backward");
+    return;
+  }
+  const BackwardWorkspaceLayout w = backward_workspace_layout(d.B, d.N, d.H, d.Sq, d.Sk, d.D);
   p.delta = reinterpret_cast<float*>(ws + w.delta);
   p.dq_partial = reinterpret_cast<float*>(ws + w.dq_partial);
   p.dbias_partial = reinterpret_cast<float*>(ws + w.dbias_partial);
@@ -175,7 +195,6 @@ void attention_backward(const AttentionBackwardArgs& a, const AttentionDims& d, 
     p.dq_cluster = c.size;
     p.dq_parts = c.parts;
   }
-  auto s = static_cast<cudaStream_t>(stream);
   if (a.q.dtype == DType::bf16)
     attention_backward_launch<__nv_bfloat16>(p, int(d.D), s);
   else

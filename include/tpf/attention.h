@@ -31,7 +31,8 @@ struct AttentionBackwardArgs {
   TensorView q, k, v, bias;
   OptionalTensor mask;
   TensorView o, lse, dout;
-  OptionalTensor residual;  // when present, delta = rowsum(dO * (O + r)) ("output-residual compensation")
+  OptionalTensor
+      residual;  // when present, delta = rowsum(dO * (O + r)) ("output-residual compensation")
   TensorView dq, dk, dv, dbias;
   double scale = 0.0;
   // Device scratch for the CUDA path, from the caller's allocator (attention_backward_workspace_bytes).

@@ -20,7 +20,7 @@ class RuntimeError : public std::runtime_error {
 
 }  // namespace tpf
 
-#define TPF_CHECK(cond, msg)                                  \
-  do {                                                        \
-    if (!(cond)) throw ::tpf::Error(std::string() + msg);     \
+#define TPF_CHECK(cond, msg)                              \
+  do {                                                    \
+    if (!(cond)) throw ::tpf::Error(std::string() + msg); \
   } while (0)

@@ -31,8 +31,20 @@ inline constexpr int kMaxFieldDims = 8;
 // fixed-width, zero-padded byte string per element (numpy "S<itemsize>"), for ASCII names; `utf8`
 // is the same for text that reads back as str (numpy "U"), for identifiers.
 enum class DType : uint8_t {
-  boolean = 1, u8 = 2, i8 = 3, u16 = 4, i16 = 5, u32 = 6, i32 = 7, u64 = 8, i64 = 9,
-  f16 = 10, f32 = 11, f64 = 12, bytes = 13, utf8 = 14,
+  boolean = 1,
+  u8 = 2,
+  i8 = 3,
+  u16 = 4,
+  i16 = 5,
+  u32 = 6,
+  i32 = 7,
+  u64 = 8,
+  i64 = 9,
+  f16 = 10,
+  f32 = 11,
+  f64 = 12,
+  bytes = 13,
+  utf8 = 14,
 };
 const char* dtype_name(DType d);
 // Bytes per element; 0 for `bytes` and `utf8`, whose width is per field.
@@ -78,7 +90,8 @@ struct Headers {
   HeaderSlot slot[2];
   int current = -1;
 };
-Headers parse_headers(std::span<const std::byte> region, uint64_t file_size, const std::string& name);
+Headers parse_headers(std::span<const std::byte> region, uint64_t file_size,
+                      const std::string& name);
 
 // One field of a layout: where its bytes sit inside a decoded (uncompressed) record.
 struct Field {
@@ -230,10 +243,10 @@ class BatchPlan {
   const Index* index_ = nullptr;
   std::vector<uint64_t> indices_;
   std::vector<RecordEntry> entries_;
-  std::vector<uint32_t> order_;        // positions in file order
-  std::vector<uint32_t> plan_of_;      // per position: which of copies_
+  std::vector<uint32_t> order_;                 // positions in file order
+  std::vector<uint32_t> plan_of_;               // per position: which of copies_
   std::vector<std::vector<FieldCopy>> copies_;  // per distinct layout in the batch
-  std::vector<uint64_t> start_;        // [position * outputs + t]: byte offset in output t
+  std::vector<uint64_t> start_;                 // [position * outputs + t]: byte offset in output t
   std::vector<BatchOutput> outputs_;
 };
 
@@ -282,8 +295,8 @@ class Reader {
 // only at commit(); a crash at any point leaves the last commit intact and readable.
 struct WriterOptions {
   Codec codec = Codec::none;
-  int level = 3;               // zstd level (1..19); ignored by lz4 and none
-  bool overwrite = false;      // start an empty file even if `path` exists
+  int level = 3;           // zstd level (1..19); ignored by lz4 and none
+  bool overwrite = false;  // start an empty file even if `path` exists
   // Test hook: called at each step of commit() (see CommitStep) so crash tests can kill the
   // process at a chosen point. Unset in normal use.
   std::function<void(int step)> on_commit_step;

@@ -226,16 +226,16 @@ using RecordVerifier = std::function<bool(uint64_t record, const uint8_t* data, 
 using RecordHint = std::function<void(uint64_t record)>;
 
 struct PrefetchStats {
-  uint64_t requests = 0;         // range requests issued
-  uint64_t bytes_fetched = 0;    // bytes those requests returned
-  uint64_t refetches = 0;        // records fetched again after failing verification
-  uint64_t peak_reserved = 0;    // most bytes held at once (never above memory_budget)
-  uint64_t consumer_waits = 0;   // next() calls that found their record not yet fetched
+  uint64_t requests = 0;          // range requests issued
+  uint64_t bytes_fetched = 0;     // bytes those requests returned
+  uint64_t refetches = 0;         // records fetched again after failing verification
+  uint64_t peak_reserved = 0;     // most bytes held at once (never above memory_budget)
+  uint64_t consumer_waits = 0;    // next() calls that found their record not yet fetched
   uint64_t consumer_wait_ns = 0;  // time those calls waited, in all
-  uint64_t ranges = 0;           // byte ranges those requests carried (after coalescing)
-  uint64_t request_ns = 0;       // time from each request's start to its end, summed
-  uint64_t inflight = 0;         // requests running now
-  uint64_t peak_inflight = 0;    // most requests running at once (at most max_inflight)
+  uint64_t ranges = 0;            // byte ranges those requests carried (after coalescing)
+  uint64_t request_ns = 0;        // time from each request's start to its end, summed
+  uint64_t inflight = 0;          // requests running now
+  uint64_t peak_inflight = 0;     // most requests running at once (at most max_inflight)
 };
 
 class Prefetcher {

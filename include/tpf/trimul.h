@@ -31,8 +31,8 @@ struct TrimulWeights {
   TensorView p_in_weight, g_in_weight;      // [2D, D]
   OptionalTensor p_in_bias, g_in_bias;      // [2D]
   TensorView norm_out_weight, norm_out_bias;
-  TensorView p_out_weight, g_out_weight;    // [D, D]
-  OptionalTensor p_out_bias, g_out_bias;    // [D]
+  TensorView p_out_weight, g_out_weight;  // [D, D]
+  OptionalTensor p_out_bias, g_out_bias;  // [D]
 };
 
 // Gradients of TrimulWeights, same shapes; a bias gradient is present iff its bias is.

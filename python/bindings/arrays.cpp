@@ -27,8 +27,7 @@ DType dtype_of(const Array& a, const char* name) {
 }  // namespace
 
 TensorView view_of(const Array& a, const char* name) {
-  TPF_CHECK(a.ndim() <= size_t(kMaxDims),
-            std::string(name) + " has more than 8 dimensions");
+  TPF_CHECK(a.ndim() <= size_t(kMaxDims), std::string(name) + " has more than 8 dimensions");
   TensorView t;
   t.data = a.data();
   t.dtype = dtype_of(a, name);

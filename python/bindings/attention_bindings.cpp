@@ -7,9 +7,9 @@ namespace tpf::py {
 
 namespace {
 
-AttentionForwardArgs forward_args(const Array& q, const Array& k, const Array& v,
-                                  const Array& bias, const OptArray& mask, const Array& o,
-                                  const Array& lse, const OptArray& residual, double scale) {
+AttentionForwardArgs forward_args(const Array& q, const Array& k, const Array& v, const Array& bias,
+                                  const OptArray& mask, const Array& o, const Array& lse,
+                                  const OptArray& residual, double scale) {
   AttentionForwardArgs a;
   a.q = view_of(q, "q");
   a.k = view_of(k, "k");
@@ -91,8 +91,8 @@ void bind_attention(nb::module_& m) {
         attention_backward(a, stream_ptr(stream));
       },
       nb::arg("q"), nb::arg("k"), nb::arg("v"), nb::arg("bias"), nb::arg("mask").none(),
-      nb::arg("o"), nb::arg("lse"), nb::arg("grad_out"), nb::arg("residual").none(),
-      nb::arg("dq"), nb::arg("dk"), nb::arg("dv"), nb::arg("dbias"), nb::arg("scale"),
+      nb::arg("o"), nb::arg("lse"), nb::arg("grad_out"), nb::arg("residual").none(), nb::arg("dq"),
+      nb::arg("dk"), nb::arg("dv"), nb::arg("dbias"), nb::arg("scale"),
       nb::arg("workspace").none() = nb::none(), nb::arg("stream") = 0);
 
   m.def(
@@ -120,8 +120,8 @@ void bind_attention(nb::module_& m) {
       [](const Array& q, const Array& k, const Array& v, const Array& bias, const OptArray& mask,
          const Array& o, const Array& lse, const Array& dout, const Array& dq, const Array& dk,
          const Array& dv, const Array& dbias, double scale) {
-        AttentionBackwardArgs a = backward_args(q, k, v, bias, mask, o, lse, dout, std::nullopt,
-                                                dq, dk, dv, dbias, scale);
+        AttentionBackwardArgs a = backward_args(q, k, v, bias, mask, o, lse, dout, std::nullopt, dq,
+                                                dk, dv, dbias, scale);
         nb::gil_scoped_release release;
         reference::attention_backward_f64(a);
       },

@@ -48,12 +48,13 @@ void bind_fused(nb::module_& m) {
         layer_norm_backward(a, stream_ptr(stream));
       },
       nb::arg("grad_y"), nb::arg("x"), nb::arg("weight"), nb::arg("mean"), nb::arg("rstd"),
-      nb::arg("dx"), nb::arg("dweight"), nb::arg("dbias"),
-      nb::arg("workspace").none() = nb::none(), nb::arg("stream") = 0);
+      nb::arg("dx"), nb::arg("dweight"), nb::arg("dbias"), nb::arg("workspace").none() = nb::none(),
+      nb::arg("stream") = 0);
   m.def(
       "layer_norm_workspace_bytes",
       [](int64_t rows, int64_t channels, bool cuda) {
-        return layer_norm_backward_workspace_bytes(rows, channels, cuda ? Device::cuda : Device::cpu);
+        return layer_norm_backward_workspace_bytes(rows, channels,
+                                                   cuda ? Device::cuda : Device::cpu);
       },
       nb::arg("rows"), nb::arg("channels"), nb::arg("cuda"));
   m.def(
@@ -68,8 +69,10 @@ void bind_fused(nb::module_& m) {
           a.h = view_of(out, "h");
         }
         nb::gil_scoped_release release;
-        if (grad_h) swiglu_backward(a, stream_ptr(stream));
-        else swiglu_forward(a, stream_ptr(stream));
+        if (grad_h)
+          swiglu_backward(a, stream_ptr(stream));
+        else
+          swiglu_forward(a, stream_ptr(stream));
       },
       "Forward (grad_h None): out = h [M, H]; backward: out = d(ab) [M, 2H].", nb::arg("ab"),
       nb::arg("grad_h").none(), nb::arg("out"), nb::arg("stream") = 0);
@@ -90,8 +93,10 @@ void bind_fused(nb::module_& m) {
           a.y = view_of(out, "y");
         }
         nb::gil_scoped_release release;
-        if (backward) gated_output_backward(a, stream_ptr(stream));
-        else gated_output_forward(a, stream_ptr(stream));
+        if (backward)
+          gated_output_backward(a, stream_ptr(stream));
+        else
+          gated_output_forward(a, stream_ptr(stream));
       },
       "Forward (grad_y None): out = y [R, H*D]; backward: out = dg [R, H*D], grad_o = do.",
       nb::arg("g"), nb::arg("o"), nb::arg("grad_y").none(), nb::arg("out"),

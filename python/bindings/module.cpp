@@ -15,7 +15,7 @@ void bind_fused(nb::module_& m);
 void bind_store(nb::module_& m);
 void bind_stream(nb::module_& m);
 #endif
-}
+}  // namespace tpf::py
 
 NB_MODULE(_C, m) {
   m.doc() = "TurboPairFormer core: kernels, CPU path and FP64 references over DLPack arrays";

@@ -98,13 +98,15 @@ void encode_utf8(PyArrayObject* a, const std::string& key, Held& held, uint32_t&
     nb::object u = nb::steal(PyUnicode_FromKindAndData(PyUnicode_4BYTE_KIND, s, Py_ssize_t(len)));
     if (!u) throw nb::python_error();
     encoded[size_t(i)] = nb::steal(PyUnicode_AsUTF8String(u.ptr()));
-    if (!encoded[size_t(i)]) throw Error("record field '" + key + "' holds text that is not valid Unicode");
+    if (!encoded[size_t(i)])
+      throw Error("record field '" + key + "' holds text that is not valid Unicode");
     w = std::max(w, size_t(PyBytes_GET_SIZE(encoded[size_t(i)].ptr())));
   }
   held.text.assign(size_t(n) * w, '\0');
   for (npy_intp i = 0; i < n; ++i) {
     PyObject* b = encoded[size_t(i)].ptr();
-    std::memcpy(held.text.data() + size_t(i) * w, PyBytes_AS_STRING(b), size_t(PyBytes_GET_SIZE(b)));
+    std::memcpy(held.text.data() + size_t(i) * w, PyBytes_AS_STRING(b),
+                size_t(PyBytes_GET_SIZE(b)));
   }
   width = uint32_t(w);
 }
@@ -113,9 +115,9 @@ void encode_utf8(PyArrayObject* a, const std::string& key, Held& held, uint32_t&
 // axis is the record axis and is left out of the shape.
 store::ArrayRef array_ref(const std::string& key, PyObject* value, Held& held, bool batch,
                           npy_intp count) {
-  PyObject* arr = PyArray_FromAny(value, nullptr, 0, 0,
-                                  NPY_ARRAY_C_CONTIGUOUS | NPY_ARRAY_ALIGNED | NPY_ARRAY_NOTSWAPPED,
-                                  nullptr);
+  PyObject* arr =
+      PyArray_FromAny(value, nullptr, 0, 0,
+                      NPY_ARRAY_C_CONTIGUOUS | NPY_ARRAY_ALIGNED | NPY_ARRAY_NOTSWAPPED, nullptr);
   if (!arr) {
     PyErr_Clear();
     throw Error("record field '" + key + "' cannot be converted to a numpy array");
@@ -283,9 +285,8 @@ PyObject* field_object(const store::Field& f, const std::byte* data, PyObject* b
   npy_intp dims[store::kMaxFieldDims];
   for (int d = 0; d < f.ndim; ++d) dims[d] = npy_intp(f.shape[d]);
   if (f.dtype == DType::utf8)
-    return utf8_object(reinterpret_cast<const char*>(data), f.itemsize, f.ndim, dims, [&] {
-      return source_name + ": record " + std::to_string(record);
-    });
+    return utf8_object(reinterpret_cast<const char*>(data), f.itemsize, f.ndim, dims,
+                       [&] { return source_name + ": record " + std::to_string(record); });
   PyArray_Descr* descr = f.dtype == DType::bytes ? text_descr('S', f.itemsize)
                                                  : PyArray_DescrFromType(numpy_type(f.dtype));
   if (f.ndim == 0 && f.dtype != DType::bytes) {
@@ -326,14 +327,17 @@ class PyReader {
     const uint64_t n = r_->size();
     if (i < 0) i += int64_t(n);
     if (i < 0 || uint64_t(i) >= n)
-      throw nb::index_error(("record index out of range for " + std::to_string(n) + " records").c_str());
+      throw nb::index_error(
+          ("record index out of range for " + std::to_string(n) + " records").c_str());
     const store::Record rec = r_->read(uint64_t(i));
     nb::object owner = rec.owns_data() ? owner_capsule(rec.owned()) : mapping_;
     nb::object d = nb::steal(PyDict_New());
     for (size_t f = 0; f < rec.num_fields(); ++f) {
       const store::Field& field = rec.field(f);
-      nb::object v = nb::steal(field_object(field, rec.data(f), owner.ptr(), r_->path(), uint64_t(i)));
-      if (PyDict_SetItem(d.ptr(), keys_[field.key_id].ptr(), v.ptr()) != 0) throw nb::python_error();
+      nb::object v =
+          nb::steal(field_object(field, rec.data(f), owner.ptr(), r_->path(), uint64_t(i)));
+      if (PyDict_SetItem(d.ptr(), keys_[field.key_id].ptr(), v.ptr()) != 0)
+        throw nb::python_error();
     }
     return d;
   }
@@ -342,9 +346,9 @@ class PyReader {
   // [B]; with stack every field becomes [B, *shape]; otherwise fields of 1 or more dims are
   // concatenated along their first axis, with "_len_<key>" (int64 [B]) giving each record's share.
   nb::object read_batch(nb::object indices_obj, bool stack) const {
-    nb::object idx_arr = nb::steal(PyArray_FromAny(
-        indices_obj.ptr(), PyArray_DescrFromType(NPY_INT64), 1, 1,
-        NPY_ARRAY_C_CONTIGUOUS | NPY_ARRAY_ALIGNED | NPY_ARRAY_FORCECAST, nullptr));
+    nb::object idx_arr = nb::steal(
+        PyArray_FromAny(indices_obj.ptr(), PyArray_DescrFromType(NPY_INT64), 1, 1,
+                        NPY_ARRAY_C_CONTIGUOUS | NPY_ARRAY_ALIGNED | NPY_ARRAY_FORCECAST, nullptr));
     if (!idx_arr) {
       PyErr_Clear();
       throw Error("indices must be a 1-d sequence of integers");
@@ -358,8 +362,10 @@ class PyReader {
       int64_t i = raw_idx[b];
       if (i < 0) i += n;
       if (i < 0 || i >= n)
-        throw nb::index_error(("indices[" + std::to_string(b) + "] = " + std::to_string(raw_idx[b]) +
-                               " is out of range for " + std::to_string(n) + " records").c_str());
+        throw nb::index_error(("indices[" + std::to_string(b) +
+                               "] = " + std::to_string(raw_idx[b]) + " is out of range for " +
+                               std::to_string(n) + " records")
+                                  .c_str());
       idx[size_t(b)] = uint64_t(i);
     }
     if (B == 0) return nb::steal(PyDict_New());
@@ -403,7 +409,8 @@ class PyReader {
         std::memcpy(PyArray_DATA(reinterpret_cast<PyArrayObject*>(la)), o.lengths.data(),
                     size_t(B) * sizeof(int64_t));
         const std::string& key = ix.keys()[o.key_id];
-        if (PyDict_SetItemString(out.ptr(), ("_len_" + key).c_str(), la) != 0) throw nb::python_error();
+        if (PyDict_SetItemString(out.ptr(), ("_len_" + key).c_str(), la) != 0)
+          throw nb::python_error();
       }
     }
     {
@@ -423,10 +430,11 @@ class PyReader {
     for (size_t t = 0; t < F; ++t) {
       const store::BatchOutput& o = outputs[t];
       if (o.dtype != DType::utf8) continue;
-      nb::object text = nb::steal(utf8_object(
-          reinterpret_cast<const char*>(scratch[t].data()), o.itemsize, int(dims[t].size()),
-          dims[t].data(), [&] { return r_->path() + ": read_batch"; }));
-      if (PyDict_SetItem(out.ptr(), keys_[o.key_id].ptr(), text.ptr()) != 0) throw nb::python_error();
+      nb::object text = nb::steal(utf8_object(reinterpret_cast<const char*>(scratch[t].data()),
+                                              o.itemsize, int(dims[t].size()), dims[t].data(),
+                                              [&] { return r_->path() + ": read_batch"; }));
+      if (PyDict_SetItem(out.ptr(), keys_[o.key_id].ptr(), text.ptr()) != 0)
+        throw nb::python_error();
     }
     return out;
   }
@@ -459,7 +467,8 @@ nb::object record_to_dict(const store::Record& rec, nb::object owner,
                           const std::string& source_name, uint64_t record) {
   nb::object d = nb::steal(PyDict_New());
   for (size_t f = 0; f < rec.num_fields(); ++f) {
-    nb::object v = nb::steal(field_object(rec.field(f), rec.data(f), owner.ptr(), source_name, record));
+    nb::object v =
+        nb::steal(field_object(rec.field(f), rec.data(f), owner.ptr(), source_name, record));
     if (PyDict_SetItemString(d.ptr(), rec.key(f).c_str(), v.ptr()) != 0) throw nb::python_error();
   }
   return d;
@@ -502,7 +511,8 @@ void bind_store(nb::module_& m) {
       .def_prop_ro("generation", &PyWriter::generation);
 
   nb::class_<PyReader>(m, "StoreReader")
-      .def(nb::init<const std::string&, bool>(), nb::arg("path"), nb::arg("verify_checksums") = true)
+      .def(nb::init<const std::string&, bool>(), nb::arg("path"),
+           nb::arg("verify_checksums") = true)
       .def("__len__", &PyReader::size)
       .def("__getitem__", &PyReader::get, nb::arg("index"))
       .def("read_batch", &PyReader::read_batch, nb::arg("indices"), nb::arg("stack") = false)

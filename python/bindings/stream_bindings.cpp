@@ -37,9 +37,8 @@ std::vector<uint64_t> from_numpy(const U64In& a) {
 // Keeps `bytes` alive for as long as numpy arrays view them.
 nb::object keep_alive(std::shared_ptr<const std::byte[]> bytes) {
   auto* held = new std::shared_ptr<const std::byte[]>(std::move(bytes));
-  return nb::capsule(held, [](void* p) noexcept {
-    delete static_cast<std::shared_ptr<const std::byte[]>*>(p);
-  });
+  return nb::capsule(
+      held, [](void* p) noexcept { delete static_cast<std::shared_ptr<const std::byte[]>*>(p); });
 }
 
 // A prefetcher and the shard set it reads, kept alive together.
@@ -111,12 +110,12 @@ SourceOptions source_options(int max_connections, int http_threads, double conne
   return o;
 }
 
-#define TPF_SOURCE_OPTION_ARGS                                                         \
-  nb::arg("max_connections") = 16, nb::arg("http_threads") = 0,                         \
-      nb::arg("connect_timeout_s") = 10.0,                                             \
-      nb::arg("request_timeout_s") = 60.0, nb::arg("stall_timeout_s") = 15.0,          \
-      nb::arg("max_attempts") = 8, nb::arg("backoff_base_s") = 0.05,                   \
-      nb::arg("backoff_max_s") = 2.0, nb::arg("retry_deadline_s") = 120.0
+#define TPF_SOURCE_OPTION_ARGS                                              \
+  nb::arg("max_connections") = 16, nb::arg("http_threads") = 0,             \
+  nb::arg("connect_timeout_s") = 10.0, nb::arg("request_timeout_s") = 60.0, \
+  nb::arg("stall_timeout_s") = 15.0, nb::arg("max_attempts") = 8,           \
+  nb::arg("backoff_base_s") = 0.05, nb::arg("backoff_max_s") = 2.0,         \
+  nb::arg("retry_deadline_s") = 120.0
 
 }  // namespace
 
@@ -190,25 +189,24 @@ void bind_stream(nb::module_& m) {
              const std::vector<uint64_t>& records, const std::vector<uint64_t>& bytes,
              const std::string& disk_cache_dir, uint64_t disk_cache_bytes, int max_connections,
              int http_threads, double connect_timeout_s, double request_timeout_s,
-             double stall_timeout_s, int max_attempts, double backoff_base_s,
-             double backoff_max_s, double retry_deadline_s) {
+             double stall_timeout_s, int max_attempts, double backoff_base_s, double backoff_max_s,
+             double retry_deadline_s) {
             TPF_CHECK(records.empty() || records.size() == locations.size(),
-                      "records: expected one count per shard (" +
-                          std::to_string(locations.size()) + "), got " +
-                          std::to_string(records.size()));
+                      "records: expected one count per shard (" + std::to_string(locations.size()) +
+                          "), got " + std::to_string(records.size()));
             TPF_CHECK(bytes.empty() || bytes.size() == locations.size(),
                       "bytes: expected one size per shard (" + std::to_string(locations.size()) +
                           "), got " + std::to_string(bytes.size()));
             std::vector<ShardSpec> specs;
             for (size_t i = 0; i < locations.size(); ++i)
-              specs.push_back({locations[i], records.empty() ? 0 : records[i],
-                               bytes.empty() ? 0 : bytes[i]});
-            const SourceOptions o =
-                source_options(max_connections, http_threads, connect_timeout_s,
-                               request_timeout_s, stall_timeout_s, max_attempts, backoff_base_s,
-                               backoff_max_s, retry_deadline_s);
+              specs.push_back(
+                  {locations[i], records.empty() ? 0 : records[i], bytes.empty() ? 0 : bytes[i]});
+            const SourceOptions o = source_options(max_connections, http_threads, connect_timeout_s,
+                                                   request_timeout_s, stall_timeout_s, max_attempts,
+                                                   backoff_base_s, backoff_max_s, retry_deadline_s);
             std::shared_ptr<DiskCache> cache;
-            if (!disk_cache_dir.empty()) cache = DiskCache::create(disk_cache_dir, disk_cache_bytes);
+            if (!disk_cache_dir.empty())
+              cache = DiskCache::create(disk_cache_dir, disk_cache_bytes);
             std::shared_ptr<const ShardSet> set;
             {
               nb::gil_scoped_release release;
@@ -255,8 +253,7 @@ void bind_stream(nb::module_& m) {
           },
           nb::arg("plan"), nb::arg("memory_budget"), nb::arg("max_inflight") = 256,
           nb::arg("coalesce_gap") = 4 << 10, nb::arg("max_request_bytes") = 8 << 20,
-          nb::arg("group_records") = 0, nb::arg("verify") = true,
-          nb::rv_policy::take_ownership);
+          nb::arg("group_records") = 0, nb::arg("verify") = true, nb::rv_policy::take_ownership);
 }
 
 }  // namespace tpf::py

@@ -21,12 +21,12 @@ namespace {
 using ArrayList = std::vector<OptArray>;
 
 constexpr const char* kWeightNames[12] = {
-    "norm_in_weight", "norm_in_bias", "p_in_weight", "p_in_bias", "g_in_weight", "g_in_bias",
+    "norm_in_weight",  "norm_in_bias",  "p_in_weight",  "p_in_bias",  "g_in_weight",  "g_in_bias",
     "norm_out_weight", "norm_out_bias", "p_out_weight", "p_out_bias", "g_out_weight", "g_out_bias"};
 
 TrimulWeights weights_of(const ArrayList& w, const std::string& prefix) {
-  TPF_CHECK(w.size() == 12, prefix + "weights must be a sequence of 12 arrays, got " +
-                                std::to_string(w.size()));
+  TPF_CHECK(w.size() == 12,
+            prefix + "weights must be a sequence of 12 arrays, got " + std::to_string(w.size()));
   auto required = [&](int k) {
     const std::string name = prefix + kWeightNames[k];
     TPF_CHECK(w[k].has_value(), name + " is required");
@@ -111,8 +111,8 @@ void bind_trimul(nb::module_& m) {
         nb::gil_scoped_release release;
         trimul_forward(args, stream_ptr(stream));
       },
-      nb::arg("x"), nb::arg("mask").none(), nb::arg("weights"), nb::arg("outgoing"),
-      nb::arg("eps"), nb::arg("y"), nb::arg("a"), nb::arg("b"), nb::arg("z"), nb::arg("go"),
+      nb::arg("x"), nb::arg("mask").none(), nb::arg("weights"), nb::arg("outgoing"), nb::arg("eps"),
+      nb::arg("y"), nb::arg("a"), nb::arg("b"), nb::arg("z"), nb::arg("go"),
       nb::arg("workspace").none() = nb::none(), nb::arg("stream") = 0);
 
   m.def(
@@ -126,10 +126,9 @@ void bind_trimul(nb::module_& m) {
         nb::gil_scoped_release release;
         trimul_backward(args, stream_ptr(stream));
       },
-      nb::arg("x"), nb::arg("mask").none(), nb::arg("weights"), nb::arg("outgoing"),
-      nb::arg("eps"), nb::arg("a"), nb::arg("b"), nb::arg("z"), nb::arg("go"),
-      nb::arg("grad_out"), nb::arg("dx"), nb::arg("grads"),
-      nb::arg("workspace").none() = nb::none(), nb::arg("stream") = 0);
+      nb::arg("x"), nb::arg("mask").none(), nb::arg("weights"), nb::arg("outgoing"), nb::arg("eps"),
+      nb::arg("a"), nb::arg("b"), nb::arg("z"), nb::arg("go"), nb::arg("grad_out"), nb::arg("dx"),
+      nb::arg("grads"), nb::arg("workspace").none() = nb::none(), nb::arg("stream") = 0);
 
   m.def(
       "trimul_workspace_bytes",
@@ -150,8 +149,8 @@ void bind_trimul(nb::module_& m) {
         nb::gil_scoped_release release;
         reference::trimul_forward_f64(args);
       },
-      nb::arg("x"), nb::arg("mask").none(), nb::arg("weights"), nb::arg("outgoing"),
-      nb::arg("eps"), nb::arg("y"));
+      nb::arg("x"), nb::arg("mask").none(), nb::arg("weights"), nb::arg("outgoing"), nb::arg("eps"),
+      nb::arg("y"));
 
   m.def(
       "trimul_backward_reference",
@@ -161,8 +160,8 @@ void bind_trimul(nb::module_& m) {
         nb::gil_scoped_release release;
         reference::trimul_backward_f64(args);
       },
-      nb::arg("x"), nb::arg("mask").none(), nb::arg("weights"), nb::arg("outgoing"),
-      nb::arg("eps"), nb::arg("grad_out"), nb::arg("dx"), nb::arg("grads"));
+      nb::arg("x"), nb::arg("mask").none(), nb::arg("weights"), nb::arg("outgoing"), nb::arg("eps"),
+      nb::arg("grad_out"), nb::arg("dx"), nb::arg("grads"));
 }
 
 }  // namespace tpf::py

@@ -27,7 +27,8 @@ AttentionDims check_inputs(const TensorView& q, const TensorView& k, const Tenso
   TPF_CHECK(v.dtype == q.dtype, std::string("v must have q's dtype ") + dtype_name(q.dtype) +
                                     ", got " + dtype_name(v.dtype));
   // A float32 bias with 16-bit q, k, v is read as float32 (not rounded to q's dtype).
-  const bool fp32_bias = bias.dtype == DType::f32 && (q.dtype == DType::bf16 || q.dtype == DType::f16);
+  const bool fp32_bias =
+      bias.dtype == DType::f32 && (q.dtype == DType::bf16 || q.dtype == DType::f16);
   TPF_CHECK(bias.dtype == q.dtype || fp32_bias,
             std::string("bias must have q's dtype ") + dtype_name(q.dtype) +
                 (q.dtype == DType::bf16 || q.dtype == DType::f16 ? " or float32" : "") + ", got " +

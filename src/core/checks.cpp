@@ -43,7 +43,8 @@ void check_same_device(const TensorView& t, const TensorView& ref, const char* n
 void check_float_tensor(const TensorView& t, const char* name) {
   TPF_CHECK(is_float(t.dtype), std::string(name) +
                                    " must be float32, bfloat16 or float16 (float64 for the "
-                                   "reference), got " + dtype_name(t.dtype));
+                                   "reference), got " +
+                                   dtype_name(t.dtype));
 }
 
 }  // namespace tpf

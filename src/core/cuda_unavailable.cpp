@@ -8,22 +8,29 @@ namespace tpf::cuda {
 
 namespace {
 [[noreturn]] void unavailable() {
-  throw Error("this build of turbopairformer has no CUDA kernels; use CPU tensors or rebuild "
-              "with nvcc available (TPF_CUDA=ON)");
+  throw Error(
+      "this build of turbopairformer has no CUDA kernels; use CPU tensors or rebuild "
+      "with nvcc available (TPF_CUDA=ON)");
 }
 }  // namespace
 
 bool available() { return false; }
 void attention_forward(const AttentionForwardArgs&, const AttentionDims&, void*) { unavailable(); }
 size_t attention_backward_workspace_bytes(const AttentionDims&) { return 0; }
-void attention_backward(const AttentionBackwardArgs&, const AttentionDims&, void*) { unavailable(); }
+void attention_backward(const AttentionBackwardArgs&, const AttentionDims&, void*) {
+  unavailable();
+}
 size_t trimul_forward_workspace_bytes(const TrimulDims&, DType) { return 0; }
 size_t trimul_backward_workspace_bytes(const TrimulDims&, DType) { return 0; }
 void trimul_forward(const TrimulForwardArgs&, const TrimulDims&, void*) { unavailable(); }
 void trimul_backward(const TrimulBackwardArgs&, const TrimulDims&, void*) { unavailable(); }
 size_t layer_norm_backward_workspace_bytes(int64_t, int64_t) { return 0; }
-void layer_norm_forward(const LayerNormForwardArgs&, const fused::Rows&, int64_t, void*) { unavailable(); }
-void layer_norm_backward(const LayerNormBackwardArgs&, const fused::Rows&, int64_t, void*) { unavailable(); }
+void layer_norm_forward(const LayerNormForwardArgs&, const fused::Rows&, int64_t, void*) {
+  unavailable();
+}
+void layer_norm_backward(const LayerNormBackwardArgs&, const fused::Rows&, int64_t, void*) {
+  unavailable();
+}
 void swiglu_forward(const SwigluArgs&, void*) { unavailable(); }
 void swiglu_backward(const SwigluArgs&, void*) { unavailable(); }
 void gated_output_forward(const GatedOutputArgs&, const fused::Heads&, void*) { unavailable(); }

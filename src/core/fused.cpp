@@ -21,9 +21,9 @@ std::string str(const char* name, const char* what) { return std::string(name) +
 void check_contiguous_like(const TensorView& t, const char* name, const TensorView& ref,
                            const char* ref_name) {
   check_same_device(t, ref, name, ref_name);
-  TPF_CHECK(t.ndim == ref.ndim && t.shape == ref.shape,
-            str(name, " must have ") + ref_name + "'s shape " + ref.shape_string() + ", got " +
-                t.shape_string());
+  TPF_CHECK(t.ndim == ref.ndim && t.shape == ref.shape, str(name, " must have ") + ref_name +
+                                                            "'s shape " + ref.shape_string() +
+                                                            ", got " + t.shape_string());
   TPF_CHECK(t.is_contiguous(), str(name, " must be contiguous"));
 }
 
@@ -116,7 +116,8 @@ void layer_norm_backward_cpu(const LayerNormBackwardArgs& a, const Rows& rows, i
   // FP64 throughout (the saved float32 mean and rstd as given), one rounding per output.
   std::vector<double> partial(size_t(chunks * 2 * C), 0.0);
   parallel_for(chunks, [&](int64_t chunk) {
-    std::vector<double> x(static_cast<size_t>(C)), dy(static_cast<size_t>(C)), dx(static_cast<size_t>(C));
+    std::vector<double> x(static_cast<size_t>(C)), dy(static_cast<size_t>(C)),
+        dx(static_cast<size_t>(C));
     double* dw = &partial[size_t(chunk * 2 * C)];
     double* db = dw + C;
     const int64_t end = std::min(n_rows, (chunk + 1) * kCpuRowsPerChunk);
@@ -187,8 +188,10 @@ void swiglu_cpu(const SwigluArgs& a, bool backward, int64_t M, int64_t H) {
         h[j] = x * s * b;
       }
     }
-    if (backward) store_row(a.dab, m * 2 * H, 2 * H, ab.data());
-    else store_row(a.h, m * H, H, h.data());
+    if (backward)
+      store_row(a.dab, m * 2 * H, 2 * H, ab.data());
+    else
+      store_row(a.h, m * H, H, h.data());
   });
 }
 
@@ -208,7 +211,8 @@ Heads check_gated_output(const GatedOutputArgs& a, bool backward) {
   TPF_CHECK(a.g.shape[0] <= 1 || a.g.stride[0] >= a.g.shape[1],
             "g's rows must not overlap (row stride at least H*D), got row stride " +
                 std::to_string(a.g.stride[0]));
-  auto same = [&](const TensorView& t, const char* name, const TensorView& like, const char* like_name) {
+  auto same = [&](const TensorView& t, const char* name, const TensorView& like,
+                  const char* like_name) {
     check_contiguous_like(t, name, like, like_name);
     TPF_CHECK(t.dtype == a.g.dtype, str(name, " must have g's dtype ") + dtype_name(a.g.dtype));
   };
@@ -240,7 +244,7 @@ void gated_output_cpu(const GatedOutputArgs& a, const Heads& heads, bool backwar
       const double s = 1.0 / (1.0 + std::exp(-g[c]));
       if (backward) {
         out1[c] = dy[c] * o[c] * s * (1.0 - s);  // dg
-        out2[c] = dy[c] * s;                      // do
+        out2[c] = dy[c] * s;                     // do
       } else {
         out1[c] = s * o[c];
       }
@@ -260,7 +264,8 @@ void layer_norm_forward(const LayerNormForwardArgs& a, void* stream) {
   check_f32_vector(a.bias, "bias", a.x.shape[a.x.ndim - 1], a.x);
   check_storage(a.y, "y");
   check_contiguous_like(a.y, "y", a.x, "x");
-  TPF_CHECK(std::isfinite(a.eps) && a.eps > 0, "eps must be a positive number, got " + std::to_string(a.eps));
+  TPF_CHECK(std::isfinite(a.eps) && a.eps > 0,
+            "eps must be a positive number, got " + std::to_string(a.eps));
   if (n_rows == 0) return;
   if (a.x.device == Device::cpu) return layer_norm_forward_cpu(a, rows, n_rows);
   cuda::layer_norm_forward(a, rows, n_rows, stream);

@@ -1,5 +1,6 @@
 #include "parallel.h"
 
+#include <unistd.h>
 #include <algorithm>
 #include <atomic>
 #include <condition_variable>
@@ -8,7 +9,6 @@
 #include <memory>
 #include <mutex>
 #include <thread>
-#include <unistd.h>
 #include <vector>
 
 namespace tpf {

@@ -36,8 +36,8 @@ TrimulDims check_inputs(const TensorView& x, const OptionalTensor& mask, const T
   const TrimulDims d{x.shape[0], x.shape[1], x.shape[3]};
   TPF_CHECK(d.B >= 1 && d.S >= 1 && d.D >= 1,
             "x must have B, S and D of at least 1, got " + x.shape_string());
-  TPF_CHECK(x.shape[2] == d.S, "x must be square in its two middle dimensions [B, S, S, D], got " +
-                                   x.shape_string());
+  TPF_CHECK(x.shape[2] == d.S,
+            "x must be square in its two middle dimensions [B, S, S, D], got " + x.shape_string());
   check_float_tensor(x, "x");
   check_inner_contiguous(x, "x");
   if (mask.present) {
@@ -61,16 +61,16 @@ TrimulDims check_inputs(const TensorView& x, const OptionalTensor& mask, const T
   check_param(w.g_out_weight, "g_out_weight", {d.D, d.D}, "[D, D]", x);
   check_optional_param(w.p_out_bias, "p_out_bias", d.D, "[D]", x);
   check_optional_param(w.g_out_bias, "g_out_bias", d.D, "[D]", x);
-  TPF_CHECK(std::isfinite(eps) && eps > 0, "eps must be a positive number, got " +
-                                               std::to_string(eps));
+  TPF_CHECK(std::isfinite(eps) && eps > 0,
+            "eps must be a positive number, got " + std::to_string(eps));
   return d;
 }
 
 void check_saved_tensor(const TensorView& t, const char* name, std::initializer_list<int64_t> shape,
                         const char* layout, const TensorView& x) {
   check_shape(t, name, shape, layout);
-  TPF_CHECK(t.dtype == x.dtype, std::string(name) + " must have x's dtype " +
-                                    dtype_name(x.dtype) + ", got " + dtype_name(t.dtype));
+  TPF_CHECK(t.dtype == x.dtype, std::string(name) + " must have x's dtype " + dtype_name(x.dtype) +
+                                    ", got " + dtype_name(t.dtype));
   check_same_device(t, x, name, "x");
   TPF_CHECK(t.is_contiguous(), std::string(name) + " must be contiguous");
 }

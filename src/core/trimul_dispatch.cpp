@@ -24,12 +24,12 @@ bool is_kernel_float(DType d) { return d == DType::f32 || d == DType::bf16 || d 
 // and is contiguous; absent biases are skipped.
 void require_weights(const TrimulWeights& w, const char* prefix, DType dtype) {
   const std::pair<const char*, OptionalTensor> all[] = {
-      {"norm_in_weight", {true, w.norm_in_weight}}, {"norm_in_bias", {true, w.norm_in_bias}},
-      {"p_in_weight", {true, w.p_in_weight}},       {"p_in_bias", w.p_in_bias},
-      {"g_in_weight", {true, w.g_in_weight}},       {"g_in_bias", w.g_in_bias},
+      {"norm_in_weight", {true, w.norm_in_weight}},   {"norm_in_bias", {true, w.norm_in_bias}},
+      {"p_in_weight", {true, w.p_in_weight}},         {"p_in_bias", w.p_in_bias},
+      {"g_in_weight", {true, w.g_in_weight}},         {"g_in_bias", w.g_in_bias},
       {"norm_out_weight", {true, w.norm_out_weight}}, {"norm_out_bias", {true, w.norm_out_bias}},
-      {"p_out_weight", {true, w.p_out_weight}},     {"p_out_bias", w.p_out_bias},
-      {"g_out_weight", {true, w.g_out_weight}},     {"g_out_bias", w.g_out_bias}};
+      {"p_out_weight", {true, w.p_out_weight}},       {"p_out_bias", w.p_out_bias},
+      {"g_out_weight", {true, w.g_out_weight}},       {"g_out_bias", w.g_out_bias}};
   for (const auto& [weight, t] : all) {
     if (!t.present) continue;
     const std::string name = std::string(prefix) + weight;
@@ -54,20 +54,22 @@ DType check_cuda(const TrimulDims& d, const TensorView& x, const OptionalTensor&
     const DType m = mask.view.dtype;
     TPF_CHECK(m == DType::boolean || m == DType::u8 || is_kernel_float(m),
               std::string("mask must be bool, uint8, float32, bfloat16 or float16 for the CUDA "
-                          "kernels, got ") + dtype_name(m));
+                          "kernels, got ") +
+                  dtype_name(m));
     require_contiguous(mask.view, "mask");
   }
   const DType dtype = w.norm_in_weight.dtype;
   TPF_CHECK(is_kernel_float(dtype),
             std::string("norm_in_weight (and every other weight) must be float32, bfloat16 or "
-                        "float16 for the CUDA kernels, got ") + dtype_name(dtype));
+                        "float16 for the CUDA kernels, got ") +
+                dtype_name(dtype));
   require_weights(w, "", dtype);
   return dtype;
 }
 
 void check_workspace(size_t given, size_t need) {
-  TPF_CHECK(given >= need, "workspace must hold at least " + std::to_string(need) +
-                               " bytes, got " + std::to_string(given));
+  TPF_CHECK(given >= need, "workspace must hold at least " + std::to_string(need) + " bytes, got " +
+                               std::to_string(given));
 }
 
 }  // namespace

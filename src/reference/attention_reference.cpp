@@ -121,7 +121,8 @@ void attention_backward_f64(const AttentionBackwardArgs& a) {
             dk[j * D + c] += a.scale * g * s.q[i * D + c];
           }
         }
-      for (int64_t i = 0; i < Sq; ++i) store_row(a.dq, offset_of(a.dq, b, n, h, i, 0), D, &dq[i * D]);
+      for (int64_t i = 0; i < Sq; ++i)
+        store_row(a.dq, offset_of(a.dq, b, n, h, i, 0), D, &dq[i * D]);
       for (int64_t j = 0; j < Sk; ++j) {
         store_row(a.dk, offset_of(a.dk, b, n, h, j, 0), D, &dk[j * D]);
         store_row(a.dv, offset_of(a.dv, b, n, h, j, 0), D, &dv[j * D]);

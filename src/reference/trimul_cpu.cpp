@@ -113,8 +113,9 @@ void reduce_tile_sums(const V& partial, int64_t tiles, int64_t cols,
 const TensorView* optional_ptr(const OptionalTensor& t) { return t.present ? &t.view : nullptr; }
 
 void require_cpu(const TensorView& x) {
-  TPF_CHECK(x.device == Device::cpu, "triangle multiplicative update CPU path: tensors must be "
-                                     "on the CPU");
+  TPF_CHECK(x.device == Device::cpu,
+            "triangle multiplicative update CPU path: tensors must be "
+            "on the CPU");
 }
 
 }  // namespace
@@ -276,11 +277,15 @@ void trimul_backward_cpu(const TrimulBackwardArgs& a) {
   linear_weight_grad(dp, xln, R, 2 * D, D, g.p_in_weight);
   linear_weight_grad(dg, xln, R, 2 * D, D, g.g_in_weight);
   reduce_tile_sums(out_sums, tiles.count, 4 * D,
-                   {{&g.norm_out_weight, D}, {&g.norm_out_bias, D},
-                    {optional_ptr(g.p_out_bias), D}, {optional_ptr(g.g_out_bias), D}});
+                   {{&g.norm_out_weight, D},
+                    {&g.norm_out_bias, D},
+                    {optional_ptr(g.p_out_bias), D},
+                    {optional_ptr(g.g_out_bias), D}});
   reduce_tile_sums(in_sums, tiles.count, 6 * D,
-                   {{&g.norm_in_weight, D}, {&g.norm_in_bias, D},
-                    {optional_ptr(g.p_in_bias), 2 * D}, {optional_ptr(g.g_in_bias), 2 * D}});
+                   {{&g.norm_in_weight, D},
+                    {&g.norm_in_bias, D},
+                    {optional_ptr(g.p_in_bias), 2 * D},
+                    {optional_ptr(g.g_in_bias), 2 * D}});
 }
 
 }  // namespace tpf

@@ -60,14 +60,22 @@ struct Params {
       bg_out;
   Vec<T> wp_in_t, wg_in_t, wp_out_t, wg_out_t;
   Params(const TrimulWeights& w, int64_t D)
-      : ln_in_w(load_param<T>(w.norm_in_weight)), ln_in_b(load_param<T>(w.norm_in_bias)),
-        wp_in(load_param<T>(w.p_in_weight)), wg_in(load_param<T>(w.g_in_weight)),
-        bp_in(load_optional<T>(w.p_in_bias, 2 * D)), bg_in(load_optional<T>(w.g_in_bias, 2 * D)),
-        ln_out_w(load_param<T>(w.norm_out_weight)), ln_out_b(load_param<T>(w.norm_out_bias)),
-        wp_out(load_param<T>(w.p_out_weight)), wg_out(load_param<T>(w.g_out_weight)),
-        bp_out(load_optional<T>(w.p_out_bias, D)), bg_out(load_optional<T>(w.g_out_bias, D)),
-        wp_in_t(transposed(wp_in, 2 * D, D)), wg_in_t(transposed(wg_in, 2 * D, D)),
-        wp_out_t(transposed(wp_out, D, D)), wg_out_t(transposed(wg_out, D, D)) {}
+      : ln_in_w(load_param<T>(w.norm_in_weight)),
+        ln_in_b(load_param<T>(w.norm_in_bias)),
+        wp_in(load_param<T>(w.p_in_weight)),
+        wg_in(load_param<T>(w.g_in_weight)),
+        bp_in(load_optional<T>(w.p_in_bias, 2 * D)),
+        bg_in(load_optional<T>(w.g_in_bias, 2 * D)),
+        ln_out_w(load_param<T>(w.norm_out_weight)),
+        ln_out_b(load_param<T>(w.norm_out_bias)),
+        wp_out(load_param<T>(w.p_out_weight)),
+        wg_out(load_param<T>(w.g_out_weight)),
+        bp_out(load_optional<T>(w.p_out_bias, D)),
+        bg_out(load_optional<T>(w.g_out_bias, D)),
+        wp_in_t(transposed(wp_in, 2 * D, D)),
+        wg_in_t(transposed(wg_in, 2 * D, D)),
+        wp_out_t(transposed(wp_out, D, D)),
+        wg_out_t(transposed(wg_out, D, D)) {}
 };
 
 // out[o] = sum_c w[o][c] in[c] + bias[o] (nn.Linear), from w_t = w^T [n_in, n_out]; sums in c order.

@@ -55,9 +55,8 @@ void run_forward(const TensorView& x, const OptionalTensor& mask, const Params<d
     }
   });
   f.z.resize(D * SS);
-  parallel_for(D, [&](int64_t c) {
-    contract(&f.a[c * SS], &f.b[c * SS], S, outgoing, &f.z[c * SS]);
-  });
+  parallel_for(D,
+               [&](int64_t c) { contract(&f.a[c * SS], &f.b[c * SS], S, outgoing, &f.z[c * SS]); });
   f.zhat.resize(SS * D);
   f.zln.resize(SS * D);
   f.rstd_out.resize(SS);

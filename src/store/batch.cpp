@@ -17,8 +17,8 @@ BatchPlan::BatchPlan(const Index& index, std::span<const uint64_t> indices, bool
     : index_(&index), indices_(indices.begin(), indices.end()) {
   const size_t B = indices.size();
   TPF_CHECK(B > 0, "indices: a batch needs at least one record");
-  TPF_CHECK(B <= UINT32_MAX, "indices: a batch holds at most 2^32 - 1 records, got " +
-                                 std::to_string(B));
+  TPF_CHECK(B <= UINT32_MAX,
+            "indices: a batch holds at most 2^32 - 1 records, got " + std::to_string(B));
   entries_.resize(B);
   index.entries(indices, entries_.data());
 
@@ -59,10 +59,10 @@ BatchPlan::BatchPlan(const Index& index, std::span<const uint64_t> indices, bool
       bool same = f.dtype == g.dtype && (text || f.itemsize == g.itemsize) && f.ndim == g.ndim;
       for (int d = stack ? 0 : 1; same && d < f.ndim; ++d) same = f.shape[d] == g.shape[d];
       if (!same)
-        throw fail(record, "has field '" + name + "' of another dtype or shape than record " +
-                               std::to_string(first_record) +
-                               (stack ? " (stacking needs identical shapes)"
-                                      : " (beyond the first axis)"));
+        throw fail(record,
+                   "has field '" + name + "' of another dtype or shape than record " +
+                       std::to_string(first_record) +
+                       (stack ? " (stacking needs identical shapes)" : " (beyond the first axis)"));
       outputs_[t].itemsize = std::max(outputs_[t].itemsize, f.itemsize);
       copies[a] = {f.offset, f.nbytes, 0, f.ndim ? f.shape[0] : 1, uint32_t(t), f.itemsize};
     }
@@ -87,8 +87,7 @@ BatchPlan::BatchPlan(const Index& index, std::span<const uint64_t> indices, bool
 
   // Every record's share of every output, in the order asked for; text widened to the widest.
   for (std::vector<FieldCopy>& copies : copies_)
-    for (FieldCopy& c : copies)
-      c.out_nbytes = c.nbytes / c.itemsize * outputs_[c.output].itemsize;
+    for (FieldCopy& c : copies) c.out_nbytes = c.nbytes / c.itemsize * outputs_[c.output].itemsize;
   start_.resize(B * F);
   std::vector<uint64_t> at(F, 0), rows(F, 0);
   for (BatchOutput& o : outputs_)

@@ -29,7 +29,8 @@ ZstdContexts& zstd() {
 bool compress(Codec codec, int level, std::span<const std::byte> raw, std::vector<std::byte>& out) {
   if (codec == Codec::zstd) {
     out.resize(ZSTD_compressBound(raw.size()));
-    const size_t n = ZSTD_compressCCtx(zstd().c, out.data(), out.size(), raw.data(), raw.size(), level);
+    const size_t n =
+        ZSTD_compressCCtx(zstd().c, out.data(), out.size(), raw.data(), raw.size(), level);
     if (ZSTD_isError(n) || n >= raw.size()) return false;
     out.resize(n);
     return true;
@@ -37,9 +38,9 @@ bool compress(Codec codec, int level, std::span<const std::byte> raw, std::vecto
   if (codec == Codec::lz4) {
     if (raw.size() > size_t(LZ4_MAX_INPUT_SIZE)) return false;
     out.resize(size_t(LZ4_compressBound(int(raw.size()))));
-    const int n = LZ4_compress_default(reinterpret_cast<const char*>(raw.data()),
-                                       reinterpret_cast<char*>(out.data()), int(raw.size()),
-                                       int(out.size()));
+    const int n =
+        LZ4_compress_default(reinterpret_cast<const char*>(raw.data()),
+                             reinterpret_cast<char*>(out.data()), int(raw.size()), int(out.size()));
     if (n <= 0 || size_t(n) >= raw.size()) return false;
     out.resize(size_t(n));
     return true;
@@ -56,7 +57,8 @@ bool may_decompress_to(Codec codec, std::span<const std::byte> stored, uint64_t 
 
 bool decompress(Codec codec, std::span<const std::byte> stored, std::span<std::byte> raw) {
   if (codec == Codec::zstd) {
-    const size_t n = ZSTD_decompressDCtx(zstd().d, raw.data(), raw.size(), stored.data(), stored.size());
+    const size_t n =
+        ZSTD_decompressDCtx(zstd().d, raw.data(), raw.size(), stored.data(), stored.size());
     return !ZSTD_isError(n) && n == raw.size();
   }
   if (codec == Codec::lz4) {

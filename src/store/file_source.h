@@ -11,7 +11,8 @@ namespace tpf::store::detail {
 class FdSource final : public ByteSource {
  public:
   // Does not own `fd`; `size` is the file size to expose.
-  FdSource(int fd, std::string path, uint64_t size) : fd_(fd), path_(std::move(path)), size_(size) {}
+  FdSource(int fd, std::string path, uint64_t size)
+      : fd_(fd), path_(std::move(path)), size_(size) {}
   uint64_t size() const override { return size_; }
   void read(uint64_t offset, size_t length, void* dst) const override;
   std::string name() const override { return path_; }

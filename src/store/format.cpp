@@ -37,11 +37,20 @@ const char* dtype_name(DType d) {
 
 uint32_t dtype_size(DType d) {
   switch (d) {
-    case DType::boolean: case DType::u8: case DType::i8: return 1;
-    case DType::u16: case DType::i16: case DType::f16: return 2;
-    case DType::u32: case DType::i32: case DType::f32: return 4;
-    case DType::u64: case DType::i64: case DType::f64: return 8;
-    case DType::bytes: case DType::utf8: return 0;
+    case DType::boolean:
+    case DType::u8:
+    case DType::i8: return 1;
+    case DType::u16:
+    case DType::i16:
+    case DType::f16: return 2;
+    case DType::u32:
+    case DType::i32:
+    case DType::f32: return 4;
+    case DType::u64:
+    case DType::i64:
+    case DType::f64: return 8;
+    case DType::bytes:
+    case DType::utf8: return 0;
   }
   return 0;
 }
@@ -79,8 +88,8 @@ uint64_t checksum(const void* data, size_t n) {
 
 void Cursor::need(size_t n, const char* field) const {
   if (n > b_.size() - pos_)
-    throw Error(what_ + ": index block ends inside " + field + " (at byte " +
-                std::to_string(pos_) + " of " + std::to_string(b_.size()) + ")");
+    throw Error(what_ + ": index block ends inside " + field + " (at byte " + std::to_string(pos_) +
+                " of " + std::to_string(b_.size()) + ")");
 }
 
 uint64_t field_alignment(uint32_t itemsize) {
@@ -209,7 +218,8 @@ HeaderSlot decode_slot(const std::byte* p, uint64_t file_size) {
 Headers parse_headers(std::span<const std::byte> region, uint64_t file_size,
                       const std::string& name) {
   using namespace detail;
-  if (file_size == 0) throw Error(name + " is empty (0 bytes); a store starts with a 128-byte header region");
+  if (file_size == 0)
+    throw Error(name + " is empty (0 bytes); a store starts with a 128-byte header region");
   if (region.size() < kHeaderRegionBytes || file_size < kHeaderRegionBytes)
     throw Error(name + " is truncated: " + std::to_string(file_size) +
                 " bytes, a store starts with a 128-byte header region");
@@ -274,7 +284,8 @@ Index Index::from_block(const HeaderSlot& header, std::span<const std::byte> blo
   ix.keys_.reserve(key_count);
   for (uint32_t k = 0; k < key_count; ++k) {
     const uint16_t n = c.take<uint16_t>("a key length");
-    if (n == 0 || n > kMaxKeyBytes) throw Error(what + ": key " + std::to_string(k) + " has length " + std::to_string(n));
+    if (n == 0 || n > kMaxKeyBytes)
+      throw Error(what + ": key " + std::to_string(k) + " has length " + std::to_string(n));
     auto s = c.take_bytes(n, "a key");
     ix.keys_.emplace_back(reinterpret_cast<const char*>(s.data()), n);
   }
@@ -292,14 +303,18 @@ Index Index::from_block(const HeaderSlot& header, std::span<const std::byte> blo
       const uint16_t reserved = c.take<uint16_t>("a field's reserved bytes");
       f.itemsize = c.take<uint32_t>("a field itemsize");
       const std::string at = what + ": layout " + std::to_string(l);
-      if (f.key_id >= key_count) throw Error(at + " names key " + std::to_string(f.key_id) + " of " + std::to_string(key_count));
+      if (f.key_id >= key_count)
+        throw Error(at + " names key " + std::to_string(f.key_id) + " of " +
+                    std::to_string(key_count));
       if (!known_dtype(code)) throw Error(at + " has unknown dtype code " + std::to_string(code));
       f.dtype = DType(code);
-      if (f.ndim > kMaxFieldDims) throw Error(at + " has a field with " + std::to_string(f.ndim) + " dims (at most 8)");
+      if (f.ndim > kMaxFieldDims)
+        throw Error(at + " has a field with " + std::to_string(f.ndim) + " dims (at most 8)");
       if (reserved != 0) throw Error(at + " has nonzero reserved bytes");
       const uint32_t size = dtype_size(f.dtype);
       if (size ? f.itemsize != size : f.itemsize == 0)
-        throw Error(at + " has itemsize " + std::to_string(f.itemsize) + " for dtype " + dtype_name(f.dtype));
+        throw Error(at + " has itemsize " + std::to_string(f.itemsize) + " for dtype " +
+                    dtype_name(f.dtype));
       for (int d = 0; d < f.ndim; ++d) f.shape[d] = c.take<uint64_t>("a field dim");
     }
     for (size_t a = 0; a < nf; ++a)
@@ -315,7 +330,8 @@ Index Index::from_block(const HeaderSlot& header, std::span<const std::byte> blo
       (block.size() - entries_offset) / kEntryBytes != ix.record_count_ ||
       (block.size() - entries_offset) % kEntryBytes != 0)
     throw Error(what + ": entry table does not fit the index block (offset " +
-                std::to_string(entries_offset) + ", " + std::to_string(ix.record_count_) + " records)");
+                std::to_string(entries_offset) + ", " + std::to_string(ix.record_count_) +
+                " records)");
   ix.entries_ = block.data() + entries_offset;
   const uint64_t data_end = std::min<uint64_t>(header.index_offset, file_size);
   for (uint64_t i = 0; i < ix.record_count_; ++i) {
@@ -327,10 +343,14 @@ Index Index::from_block(const HeaderSlot& header, std::span<const std::byte> blo
     bool reserved_zero = true;
     for (int b = 17; b < 24; ++b) reserved_zero &= e[b] == std::byte{0};
     const std::string at = what + ": record " + std::to_string(i);
-    if (off < kHeaderRegionBytes || off % kRecordAlignment != 0 || off > data_end || len > data_end - off)
+    if (off < kHeaderRegionBytes || off % kRecordAlignment != 0 || off > data_end ||
+        len > data_end - off)
       throw Error(at + " lies outside the data region [128, " + std::to_string(data_end) + ")");
-    if (lid >= layout_count) throw Error(at + " names layout " + std::to_string(lid) + " of " + std::to_string(layout_count));
-    if (codec > uint8_t(Codec::lz4)) throw Error(at + " has unknown codec " + std::to_string(codec));
+    if (lid >= layout_count)
+      throw Error(at + " names layout " + std::to_string(lid) + " of " +
+                  std::to_string(layout_count));
+    if (codec > uint8_t(Codec::lz4))
+      throw Error(at + " has unknown codec " + std::to_string(codec));
     if (!reserved_zero) throw Error(at + " has nonzero reserved bytes");
     if (Codec(codec) == Codec::none && len != ix.layouts_[lid].raw_size)
       throw Error(at + " is stored uncompressed in " + std::to_string(len) +

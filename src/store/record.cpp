@@ -32,11 +32,13 @@ std::string no_decode(const Index& index, const RecordEntry& e) {
 void check_stored(const Index& index, uint64_t i, const RecordEntry& e,
                   std::span<const std::byte> stored, bool verify) {
   if (stored.size() != e.stored_length)
-    throw record_error(index, i, "was given " + std::to_string(stored.size()) +
-                                     " bytes, its entry says " + std::to_string(e.stored_length));
+    throw record_error(index, i,
+                       "was given " + std::to_string(stored.size()) + " bytes, its entry says " +
+                           std::to_string(e.stored_length));
   if (verify && checksum(stored.data(), stored.size()) != e.checksum)
     throw record_error(index, i, "is corrupt (checksum mismatch)");
-  if (e.codec != Codec::none && !may_decompress_to(e.codec, stored, index.layout(e.layout_id).raw_size))
+  if (e.codec != Codec::none &&
+      !may_decompress_to(e.codec, stored, index.layout(e.layout_id).raw_size))
     throw record_error(index, i, no_decode(index, e));
 }
 

@@ -129,7 +129,8 @@ Writer::Writer(const std::string& path, WriterOptions options) : s_(std::make_un
     // Bytes after the last commit belong to no commit (a crashed writer's appends): drop them.
     if (::ftruncate(s.fd, off_t(end)) != 0) throw RuntimeError(os_error("cannot truncate", path));
     s.data_end = s.buffer_at = detail::align_up(end, detail::kRecordAlignment);
-    if (s.data_end != end) s.buffer.resize(s.data_end - end);  // zero padding before the next record
+    if (s.data_end != end)
+      s.buffer.resize(s.data_end - end);  // zero padding before the next record
     s.buffer_at = end;
   } catch (...) {
     ::close(s.fd);
@@ -217,7 +218,8 @@ void Writer::append(std::span<const ArrayRef> fields) {
   RecordEntry e;
   e.layout_id = layout_id;
   std::span<const std::byte> stored(s.raw);
-  if (s.options.codec != Codec::none && detail::compress(s.options.codec, s.options.level, s.raw, s.packed)) {
+  if (s.options.codec != Codec::none &&
+      detail::compress(s.options.codec, s.options.level, s.raw, s.packed)) {
     e.codec = s.options.codec;
     stored = s.packed;
   }

@@ -180,9 +180,9 @@ class Engine final : public CurlEngine, public std::enable_shared_from_this<Engi
         idle_handles_.push_back(r->handle);
         r->handle = nullptr;
       }
-      complete(r, std::make_exception_ptr(
-                      RuntimeError(r->what + " of '" + r->source_name + "' cancelled: the HTTP "
-                                   "engine stopped")));
+      complete(r, std::make_exception_ptr(RuntimeError(r->what + " of '" + r->source_name +
+                                                       "' cancelled: the HTTP "
+                                                       "engine stopped")));
     }
   }
 
@@ -291,9 +291,8 @@ class Engine final : public CurlEngine, public std::enable_shared_from_this<Engi
                              RuntimeError(r->what + " of '" + r->source_name + "': " + o.message)));
     r->last_error = o.message;
     if (r->attempts >= r->retry.max_attempts) return fail_retries(r);
-    const double delay =
-        std::max(jittered_backoff(*r, r->attempts - 1),
-                 std::min(o.retry_after_s, r->retry.backoff_max_s));
+    const double delay = std::max(jittered_backoff(*r, r->attempts - 1),
+                                  std::min(o.retry_after_s, r->retry.backoff_max_s));
     const double left = std::chrono::duration<double>(r->deadline - Clock::now()).count();
     if (delay >= left) return fail_retries(r);
     if (r->cancel && r->cancel->cancelled()) return fail_cancelled(r);
@@ -364,11 +363,11 @@ class Engine final : public CurlEngine, public std::enable_shared_from_this<Engi
   }
 
   void fail_retries(Request* r) {
-    complete(r, std::make_exception_ptr(RuntimeError(
-                    r->what + " of '" + r->source_name + "' failed after retries (at most " +
-                    std::to_string(r->retry.max_attempts) + " tries within " +
-                    std::to_string(r->retry.retry_deadline_s) + " s); last error: " +
-                    r->last_error)));
+    complete(r,
+             std::make_exception_ptr(RuntimeError(
+                 r->what + " of '" + r->source_name + "' failed after retries (at most " +
+                 std::to_string(r->retry.max_attempts) + " tries within " +
+                 std::to_string(r->retry.retry_deadline_s) + " s); last error: " + r->last_error)));
   }
 
   // Calls done (while the request is still alive: done may read its results), then frees it.

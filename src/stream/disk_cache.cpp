@@ -111,7 +111,8 @@ class Cache final : public DiskCache, public std::enable_shared_from_this<Cache>
     entry->path = dir_ + "/source-" + std::to_string(next_id_++) + ".cache";
     entry->fd = ::open(entry->path.c_str(), O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
     if (entry->fd < 0)
-      throw RuntimeError("cannot create disk cache file '" + entry->path + "': " + std::strerror(errno));
+      throw RuntimeError("cannot create disk cache file '" + entry->path +
+                         "': " + std::strerror(errno));
     lru_.push_front(entry.get());
     entry->lru = lru_.begin();
     Entry* raw = entry.get();
@@ -135,7 +136,9 @@ class Cache final : public DiskCache, public std::enable_shared_from_this<Cache>
     std::shared_lock lock(mutex_);
     for (const ByteRange& r : ranges) {
       auto* dst = static_cast<uint8_t*>(r.dst);
-      auto gap = [&](uint64_t a, uint64_t b) { missing.push_back({a, b - a, dst + (a - r.offset)}); };
+      auto gap = [&](uint64_t a, uint64_t b) {
+        missing.push_back({a, b - a, dst + (a - r.offset)});
+      };
       auto held = [&](uint64_t a, uint64_t b) {
         if (pread_all(e->fd, dst + (a - r.offset), b - a, a)) {
           hits_ += b - a;
@@ -156,8 +159,10 @@ class Cache final : public DiskCache, public std::enable_shared_from_this<Cache>
     std::unique_lock lock(mutex_);
     for (const ByteRange& r : ranges) {
       misses_ += r.length;
-      if (r.length == 0 || r.length > budget_ || e->held.covers(r.offset, r.offset + r.length)) continue;
-      for (auto it = lru_.rbegin(); used_ + r.length > budget_ && it != lru_.rend(); ++it) drop(*it);
+      if (r.length == 0 || r.length > budget_ || e->held.covers(r.offset, r.offset + r.length))
+        continue;
+      for (auto it = lru_.rbegin(); used_ + r.length > budget_ && it != lru_.rend(); ++it)
+        drop(*it);
       if (used_ + r.length > budget_) continue;
       const ssize_t n = ::pwrite(e->fd, r.dst, r.length, off_t(r.offset));
       if (n != ssize_t(r.length)) continue;  // a full disk only means this range is not cached
@@ -242,7 +247,8 @@ std::shared_ptr<DiskCache> DiskCache::create(const std::string& directory, uint6
   TPF_CHECK(!directory.empty(), "disk_cache_dir: expected a directory, got an empty string");
   std::error_code ec;
   std::filesystem::create_directories(directory, ec);
-  if (ec) throw RuntimeError("cannot create disk cache directory '" + directory + "': " + ec.message());
+  if (ec)
+    throw RuntimeError("cannot create disk cache directory '" + directory + "': " + ec.message());
   return std::make_shared<Cache>(directory, budget);
 }
 

@@ -86,8 +86,7 @@ void check_range(const ByteSource& source, uint64_t offset, size_t length) {
   const uint64_t size = source.size();
   if (offset > size || length > size - offset)
     throw Error("read range [" + std::to_string(offset) + ", " + std::to_string(offset + length) +
-                ") of '" + source.name() + "' is past its end (size " + std::to_string(size) +
-                ")");
+                ") of '" + source.name() + "' is past its end (size " + std::to_string(size) + ")");
 }
 
 std::unique_ptr<CancellableSource> open_file_source(const std::string& path) {

@@ -170,10 +170,8 @@ bool retryable_curl_error(CURLcode code) {
     case CURLE_SSL_CONNECT_ERROR:
     case CURLE_HTTP2:
     case CURLE_HTTP2_STREAM:
-    case CURLE_WEIRD_SERVER_REPLY:
-      return true;
-    default:
-      return false;
+    case CURLE_WEIRD_SERVER_REPLY: return true;
+    default: return false;
   }
 }
 
@@ -221,18 +219,19 @@ class HttpSource final : public CancellableSource {
  public:
   HttpSource(std::string url, std::string display_name, const SourceOptions& options,
              std::optional<S3Target> s3)
-      : url_(std::move(url)), name_(std::move(display_name)), options_(options),
+      : url_(std::move(url)),
+        name_(std::move(display_name)),
+        options_(options),
         s3_(std::move(s3)) {
-    TPF_CHECK(options.max_connections >= 1, "max_connections: expected >= 1, got " +
-                                                std::to_string(options.max_connections));
+    TPF_CHECK(options.max_connections >= 1,
+              "max_connections: expected >= 1, got " + std::to_string(options.max_connections));
     TPF_CHECK(options.max_attempts >= 1,
               "max_attempts: expected >= 1, got " + std::to_string(options.max_attempts));
-    TPF_CHECK(options.http_threads >= 0,
-              "http_threads: expected >= 0 (0: automatic), got " +
-                  std::to_string(options.http_threads));
+    TPF_CHECK(options.http_threads >= 0, "http_threads: expected >= 0 (0: automatic), got " +
+                                             std::to_string(options.http_threads));
     // One lane per event loop, the connections split between them (none of them without one).
-    const size_t loops = std::min<size_t>(http_threads(options.http_threads),
-                                          size_t(options.max_connections));
+    const size_t loops =
+        std::min<size_t>(http_threads(options.http_threads), size_t(options.max_connections));
     const auto engines = CurlEngine::pool(loops);
     lanes_ = std::make_unique<Lane[]>(loops);
     num_lanes_ = loops;
@@ -288,8 +287,8 @@ class HttpSource final : public CancellableSource {
     if (ranges.size() == 1 || ranges_per_request() == 1)
       return start_each(std::move(ranges), cancel, std::move(done));
     Lane& lane = next_lane();
-    auto req = new_request(HttpRequest::Kind::ranges,
-                           std::to_string(ranges.size()) + "-range GET", cancel, lane);
+    auto req = new_request(HttpRequest::Kind::ranges, std::to_string(ranges.size()) + "-range GET",
+                           cancel, lane);
     req->ranges = std::move(ranges);
     HttpRequest* raw = req.get();
     req->done = [this, raw, cancel, done = std::move(done)](std::exception_ptr error) mutable {
@@ -373,10 +372,10 @@ class HttpSource final : public CancellableSource {
       }
       case HttpRequest::Kind::range: {
         if (t.overflow) return {Outcome::retry, "the server sent more than the range asked for"};
-        Outcome o = classify(code, status, t,
-                             t.got ? " after " + std::to_string(t.got) + " of " +
-                                         std::to_string(t.length) + " bytes"
-                                   : std::string());
+        Outcome o = classify(
+            code, status, t,
+            t.got ? " after " + std::to_string(t.got) + " of " + std::to_string(t.length) + " bytes"
+                  : std::string());
         if (o.kind != Outcome::ok) return o;
         if (status != 206)
           return {Outcome::fatal, "HTTP " + std::to_string(status) +
@@ -390,7 +389,8 @@ class HttpSource final : public CancellableSource {
         return o;
       }
       case HttpRequest::Kind::ranges: {
-        if (t.body.malformed()) return {Outcome::retry, "a malformed multipart/byteranges response"};
+        if (t.body.malformed())
+          return {Outcome::retry, "a malformed multipart/byteranges response"};
         Outcome o = classify(code, status, t, "");
         if (o.kind != Outcome::ok) return o;
         if (status == 200) {
@@ -449,10 +449,10 @@ class HttpSource final : public CancellableSource {
     join->done = std::move(done);
     for (const ByteRange& r : ranges) {
       Lane& lane = next_lane();
-      auto req = new_request(HttpRequest::Kind::range,
-                             "GET bytes " + std::to_string(r.offset) + "-" +
-                                 std::to_string(r.offset + r.length - 1),
-                             cancel, lane);
+      auto req = new_request(
+          HttpRequest::Kind::range,
+          "GET bytes " + std::to_string(r.offset) + "-" + std::to_string(r.offset + r.length - 1),
+          cancel, lane);
       req->offset = r.offset;
       req->length = r.length;
       req->dst = static_cast<uint8_t*>(r.dst);
@@ -485,7 +485,9 @@ class HttpSource final : public CancellableSource {
 
 void HttpRequest::prepare(CURL* handle) { source->prepare(*this, handle); }
 
-Outcome HttpRequest::judge(CURL* handle, CURLcode code) { return source->judge(*this, handle, code); }
+Outcome HttpRequest::judge(CURL* handle, CURLcode code) {
+  return source->judge(*this, handle, code);
+}
 
 // "http://host:port/path" -> "host:port"
 std::string authority_of(const std::string& url) {

@@ -160,7 +160,9 @@ size_t ByteRangesParser::step(const char* data, size_t n, Piece& piece) {
 }
 
 RangeScatter::RangeScatter(const std::vector<ByteRange>& ranges)
-    : ranges_(&ranges), filled_(ranges.size(), 0), in_order_(ranges.size(), 0),
+    : ranges_(&ranges),
+      filled_(ranges.size(), 0),
+      in_order_(ranges.size(), 0),
       written_(ranges.size()) {}
 
 void RangeScatter::write(uint64_t pos, const char* data, size_t n) {

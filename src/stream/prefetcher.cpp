@@ -111,7 +111,7 @@ struct Request {
 };
 
 struct Group {
-  uint64_t first = 0, count = 0;   // plan entries [first, first + count)
+  uint64_t first = 0, count = 0;  // plan entries [first, first + count)
   std::vector<Request> requests;
   std::vector<uint64_t> record_at;  // per entry: its bytes' offset in the buffer
   // The entries (relative to first) by request: request r's are
@@ -120,8 +120,8 @@ struct Group {
   // Per entry: 1 when the thread that finished its request found it intact. Each job writes its
   // own entries before its finish takes the lock; the consumer reads them once pending is 0.
   std::vector<uint8_t> verified;
-  uint64_t bytes = 0;               // buffer bytes, rounded to kSpanAlign
-  uint64_t start = 0, charge = 0;   // its span of the ring, and what the span costs the budget
+  uint64_t bytes = 0;              // buffer bytes, rounded to kSpanAlign
+  uint64_t start = 0, charge = 0;  // its span of the ring, and what the span costs the budget
   uint8_t* data = nullptr;
   size_t pending = 0;  // jobs not finished
   std::exception_ptr error;
@@ -147,15 +147,15 @@ struct Prefetcher::State {
   uint64_t group_byte_limit = 0;
 
   mutable std::mutex mutex;
-  std::condition_variable budget_cv;    // scheduler: room in the budget, or stop
-  std::condition_variable jobs_cv;      // fetch threads: a job for them, or stop
-  std::condition_variable ready_cv;     // consumer: a group built or a request finished
-  std::condition_variable idle_cv;      // shutdown: no job in flight
+  std::condition_variable budget_cv;  // scheduler: room in the budget, or stop
+  std::condition_variable jobs_cv;    // fetch threads: a job for them, or stop
+  std::condition_variable ready_cv;   // consumer: a group built or a request finished
+  std::condition_variable idle_cv;    // shutdown: no job in flight
   bool stop = false;
   CancelToken cancel;
 
   std::deque<std::unique_ptr<Group>> groups;  // reserved, not yet released, in plan order
-  std::deque<Job> jobs;         // queued, in plan order, not started
+  std::deque<Job> jobs;                       // queued, in plan order, not started
   std::deque<Job> thread_jobs;  // started, for the fetch threads (synchronous sources)
   int inflight = 0;             // started, not finished (at most max_inflight)
   std::unique_ptr<Ring> ring;
@@ -224,7 +224,8 @@ struct Prefetcher::State {
       std::vector<Job> startable;
       {
         std::unique_lock<std::mutex> lock(mutex);
-        budget_cv.wait(lock, [&] { return stop || ring->take(raw->bytes, raw->start, raw->charge); });
+        budget_cv.wait(lock,
+                       [&] { return stop || ring->take(raw->bytes, raw->start, raw->charge); });
         if (stop) return;
         raw->data = ring->at(raw->start);
         stats.peak_reserved = std::max(stats.peak_reserved, ring->used());
@@ -302,8 +303,8 @@ struct Prefetcher::State {
       std::lock_guard<std::mutex> lock(mutex);
       ++stats.requests;
       stats.ranges += job.count;
-      stats.request_ns += uint64_t(
-          std::chrono::duration_cast<std::chrono::nanoseconds>(now - job.started).count());
+      stats.request_ns +=
+          uint64_t(std::chrono::duration_cast<std::chrono::nanoseconds>(now - job.started).count());
       if (error) {
         if (!job.group->error) job.group->error = error;
       } else {
@@ -392,7 +393,8 @@ Prefetcher::Prefetcher(std::vector<std::shared_ptr<CancellableSource>> sources,
   TPF_CHECK(options.verify_attempts >= 1,
             "verify_attempts: expected >= 1, got " + std::to_string(options.verify_attempts));
   for (size_t s = 0; s < sources.size(); ++s)
-    TPF_CHECK(sources[s] != nullptr, "sources[" + std::to_string(s) + "]: expected a source, got null");
+    TPF_CHECK(sources[s] != nullptr,
+              "sources[" + std::to_string(s) + "]: expected a source, got null");
   for (uint64_t entry = 0; entry < plan.size(); ++entry) {
     const uint64_t r = plan[entry];
     TPF_CHECK(r < locations->size(), "plan[" + std::to_string(entry) + "]: record " +
@@ -403,9 +405,8 @@ Prefetcher::Prefetcher(std::vector<std::shared_ptr<CancellableSource>> sources,
                                               std::to_string(loc.shard) + " has no source (" +
                                               std::to_string(sources.size()) + " sources)");
     TPF_CHECK(page_round(std::max<uint64_t>(loc.length, 1)) <= options.memory_budget,
-              "memory_budget: record " + std::to_string(r) + " of '" +
-                  sources[loc.shard]->name() + "' has " + std::to_string(loc.length) +
-                  " bytes, more than the whole budget of " +
+              "memory_budget: record " + std::to_string(r) + " of '" + sources[loc.shard]->name() +
+                  "' has " + std::to_string(loc.length) + " bytes, more than the whole budget of " +
                   std::to_string(options.memory_budget) + " bytes");
   }
   State& s = *state_;
@@ -469,9 +470,9 @@ bool Prefetcher::next(RecordView& out) {
     ++s.stats.consumer_waits;
     const auto t0 = std::chrono::steady_clock::now();
     s.ready_cv.wait(lock, ready);
-    s.stats.consumer_wait_ns += uint64_t(std::chrono::duration_cast<std::chrono::nanoseconds>(
-                                             std::chrono::steady_clock::now() - t0)
-                                             .count());
+    s.stats.consumer_wait_ns += uint64_t(
+        std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - t0)
+            .count());
   }
   if (s.stop) throw RuntimeError("the prefetcher was stopped");
   if (g->error) std::rethrow_exception(g->error);
@@ -498,9 +499,8 @@ bool Prefetcher::next(RecordView& out) {
     while (!s.verify(record, data, loc.length)) {
       if (attempts >= s.options.verify_attempts)
         throw RuntimeError("record " + std::to_string(record) + " of '" +
-                           s.sources[loc.shard]->name() + "' (bytes " +
-                           std::to_string(loc.offset) + "-" +
-                           std::to_string(loc.offset + loc.length - 1) +
+                           s.sources[loc.shard]->name() + "' (bytes " + std::to_string(loc.offset) +
+                           "-" + std::to_string(loc.offset + loc.length - 1) +
                            ") failed its checksum " + std::to_string(attempts) +
                            " times; the data at the source is corrupt");
       // Rewriting the record's bytes in place is safe: any other record sharing them expects the

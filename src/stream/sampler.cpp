@@ -98,9 +98,8 @@ std::vector<uint64_t> rank_slice(const std::vector<uint64_t>& order, uint64_t co
 std::vector<uint64_t> worker_slice(const std::vector<uint64_t>& rank_list, uint32_t worker,
                                    uint32_t num_workers, uint64_t batch_size) {
   TPF_CHECK(num_workers >= 1, "num_workers: expected >= 1, got 0");
-  TPF_CHECK(worker < num_workers, "worker: expected < num_workers (" +
-                                      std::to_string(num_workers) + "), got " +
-                                      std::to_string(worker));
+  TPF_CHECK(worker < num_workers, "worker: expected < num_workers (" + std::to_string(num_workers) +
+                                      "), got " + std::to_string(worker));
   TPF_CHECK(batch_size >= 1, "batch_size: expected >= 1, got 0");
   std::vector<uint64_t> out;
   const uint64_t n = rank_list.size();

@@ -99,8 +99,8 @@ std::shared_ptr<const ShardSet> ShardSet::open(const std::vector<ShardSpec>& sha
 }
 
 std::pair<uint32_t, uint64_t> ShardSet::locate(uint64_t record) const {
-  TPF_CHECK(record < size(), "record: expected < " + std::to_string(size()) + ", got " +
-                                 std::to_string(record));
+  TPF_CHECK(record < size(),
+            "record: expected < " + std::to_string(size()) + ", got " + std::to_string(record));
   const auto it = std::upper_bound(first_record_.begin(), first_record_.end(), record);
   const auto shard = static_cast<uint32_t>(it - first_record_.begin() - 1);
   return {shard, record - first_record_[shard]};

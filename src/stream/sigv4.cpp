@@ -72,8 +72,8 @@ std::vector<std::pair<std::string, std::string>> sigv4_headers(
     const std::string& amz_date) {
   TPF_CHECK(amz_date.size() == 16, "amz_date: expected YYYYMMDDTHHMMSSZ, got '" + amz_date + "'");
   const std::string payload_hash = sha256_hex("");
-  std::vector<std::pair<std::string, std::string>> added = {
-      {"x-amz-content-sha256", payload_hash}, {"x-amz-date", amz_date}};
+  std::vector<std::pair<std::string, std::string>> added = {{"x-amz-content-sha256", payload_hash},
+                                                            {"x-amz-date", amz_date}};
   if (!creds.session_token.empty()) added.push_back({"x-amz-security-token", creds.session_token});
 
   std::vector<std::pair<std::string, std::string>> canon = {{"host", host}};
@@ -86,8 +86,8 @@ std::vector<std::pair<std::string, std::string>> sigv4_headers(
     canonical_headers += k + ":" + v + "\n";
     signed_headers += (signed_headers.empty() ? "" : ";") + k;
   }
-  const std::string canonical_request = method + "\n" + (path.empty() ? "/" : path) + "\n" +
-                                        "\n" + canonical_headers + "\n" + signed_headers + "\n" +
+  const std::string canonical_request = method + "\n" + (path.empty() ? "/" : path) + "\n" + "\n" +
+                                        canonical_headers + "\n" + signed_headers + "\n" +
                                         payload_hash;
   const std::string date = amz_date.substr(0, 8);
   const std::string scope = date + "/" + creds.region + "/s3/aws4_request";
@@ -98,10 +98,10 @@ std::vector<std::pair<std::string, std::string>> sigv4_headers(
   key = hmac(key, "s3");
   key = hmac(key, "aws4_request");
   const std::string sig = hmac(key, string_to_sign);
-  added.push_back({"Authorization",
-                   "AWS4-HMAC-SHA256 Credential=" + creds.access_key + "/" + scope +
-                       ",SignedHeaders=" + signed_headers + ",Signature=" +
-                       hex(reinterpret_cast<const unsigned char*>(sig.data()), sig.size())});
+  added.push_back(
+      {"Authorization", "AWS4-HMAC-SHA256 Credential=" + creds.access_key + "/" + scope +
+                            ",SignedHeaders=" + signed_headers + ",Signature=" +
+                            hex(reinterpret_cast<const unsigned char*>(sig.data()), sig.size())});
   return added;
 }
 

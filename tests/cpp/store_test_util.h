@@ -94,7 +94,8 @@ inline TestRecord record_for(uint64_t seed, uint64_t i) {
 // True when `rec` holds exactly `want`'s keys, dtypes, shapes and bytes.
 inline bool same_record(const Record& rec, const TestRecord& want, std::string* why) {
   if (rec.num_fields() != want.keys.size()) {
-    *why = "field count " + std::to_string(rec.num_fields()) + " != " + std::to_string(want.keys.size());
+    *why = "field count " + std::to_string(rec.num_fields()) +
+           " != " + std::to_string(want.keys.size());
     return false;
   }
   for (size_t f = 0; f < want.keys.size(); ++f) {

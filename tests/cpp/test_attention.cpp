@@ -38,17 +38,18 @@ struct Problem {
     for (int64_t s = 0; s < S; ++s) mask[(B * N - 1) * S + s] = 0;  // one fully masked slice
   }
   TensorView qkv(std::vector<float>& x) { return make_view(x.data(), DType::f32, {B, N, H, S, D}); }
-  OptionalTensor mask_view() {
-    return {true, make_view(mask.data(), DType::boolean, {B, N, S})};
-  }
+  OptionalTensor mask_view() { return {true, make_view(mask.data(), DType::boolean, {B, N, S})}; }
 };
 
 template <typename T>
 struct Outputs {
   std::vector<T> o, lse, dq, dk, dv, dbias;
   explicit Outputs(const Problem& p)
-      : o(p.B * p.N * p.H * p.S * p.D, T(NAN)), lse(p.B * p.N * p.H * p.S, T(NAN)),
-        dq(o.size(), T(NAN)), dk(o.size(), T(NAN)), dv(o.size(), T(NAN)),
+      : o(p.B * p.N * p.H * p.S * p.D, T(NAN)),
+        lse(p.B * p.N * p.H * p.S, T(NAN)),
+        dq(o.size(), T(NAN)),
+        dk(o.size(), T(NAN)),
+        dv(o.size(), T(NAN)),
         dbias(p.B * p.H * p.S * p.S, T(NAN)) {}
 };
 

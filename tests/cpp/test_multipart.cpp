@@ -254,8 +254,8 @@ TEST(StreamMultipart, BadContentRangeMakesTheBodyMalformed) {
   // were copied into the ranges as file bytes.
   Request req({{100, 10}, {200, 10}});
   auto parser = ByteRangesParser::multipart();
-  const std::string body = part(100, 109, "Content-Range: bytes 100--109/1048576\r\n") +
-                           part(200, 209) + kEnd;
+  const std::string body =
+      part(100, 109, "Content-Range: bytes 100--109/1048576\r\n") + part(200, 209) + kEnd;
   EXPECT_FALSE(req.feed(parser, body));
   EXPECT_EQ(req.scatter.filled(0), 0u);
   EXPECT_EQ(req.scatter.filled(1), 0u);

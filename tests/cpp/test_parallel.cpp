@@ -26,7 +26,8 @@ TEST(ThreadPool, EveryTaskRunsExactlyOnceAcrossManyCalls) {
       if (i % 7 == 3) std::this_thread::sleep_for(std::chrono::microseconds(20));
       runs[size_t(i)].fetch_add(1);
     });
-    for (int64_t i = 0; i < n; ++i) ASSERT_EQ(runs[size_t(i)].load(), 1) << "call " << call << " task " << i;
+    for (int64_t i = 0; i < n; ++i)
+      ASSERT_EQ(runs[size_t(i)].load(), 1) << "call " << call << " task " << i;
   }
 }
 

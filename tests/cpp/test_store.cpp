@@ -90,7 +90,8 @@ TEST(Store, RoundTripEveryCodecThroughMmapAndByteSource) {
       std::vector<std::byte> stored(e.stored_length);
       src.read(e.offset, e.stored_length, stored.data());
       std::string why;
-      ASSERT_TRUE(testing::same_record(decode_record(ix, i, stored), testing::record_for(seed, i), &why))
+      ASSERT_TRUE(
+          testing::same_record(decode_record(ix, i, stored), testing::record_for(seed, i), &why))
           << codec_name(codec) << " record " << i << ": " << why;
     }
   }
@@ -126,8 +127,9 @@ TEST(Store, EmptyRecordsZeroAtomsAndEveryDtype) {
   TempDir dir;
   TestRecord empty, zero_atoms, all;
   zero_atoms.add("positions", DType::f32, 4, {0, 3}, rng);
-  const DType types[] = {DType::boolean, DType::u8, DType::i8, DType::u16, DType::i16, DType::u32,
-                         DType::i32, DType::u64, DType::i64, DType::f16, DType::f32, DType::f64};
+  const DType types[] = {DType::boolean, DType::u8,  DType::i8,  DType::u16,
+                         DType::i16,     DType::u32, DType::i32, DType::u64,
+                         DType::i64,     DType::f16, DType::f32, DType::f64};
   for (DType t : types) all.add(std::string("a_") + dtype_name(t), t, dtype_size(t), {5, 3}, rng);
   all.add("text", DType::bytes, 7, {2}, rng);
   all.add("utf", DType::utf8, 3, {}, rng);
@@ -150,7 +152,9 @@ TEST(Store, EmptyRecordsZeroAtomsAndEveryDtype) {
   const Record rec = r->read(2);
   EXPECT_TRUE(testing::same_record(rec, all, &why)) << why;
   for (size_t f = 0; f < rec.num_fields(); ++f)
-    EXPECT_EQ(reinterpret_cast<uintptr_t>(rec.data(f)) % detail::field_alignment(rec.field(f).itemsize), 0u)
+    EXPECT_EQ(
+        reinterpret_cast<uintptr_t>(rec.data(f)) % detail::field_alignment(rec.field(f).itemsize),
+        0u)
         << rec.key(f) << " is not naturally aligned";
 }
 
@@ -380,8 +384,9 @@ TEST(StoreBatch, RejectsRecordsThatDoNotFitTogether) {
     return error_of([&] { BatchPlan(r->index(), indices, stack); });
   };
   EXPECT_EQ(plan_error({0, 1}, false), "no error");
-  EXPECT_NE(plan_error({0, 1}, true).find("record 1 has field 'positions' of another dtype or shape "
-                                          "than record 0 (stacking needs identical shapes)"),
+  EXPECT_NE(plan_error({0, 1}, true)
+                .find("record 1 has field 'positions' of another dtype or shape "
+                      "than record 0 (stacking needs identical shapes)"),
             std::string::npos);
   EXPECT_NE(plan_error({1, 2}, false).find("beyond the first axis"), std::string::npos);
   EXPECT_NE(plan_error({0, 3}, false).find("record 3 has key 'forces' that record 0 lacks"),
@@ -418,15 +423,19 @@ TEST(Store, WriterRejectsBadRecords) {
   ArrayRef dup[2] = {{"x", DType::f32, 4, 1, {3}, x}, {"x", DType::f32, 4, 1, {3}, x}};
   EXPECT_NE(error_of([&] { w.append(dup); }).find("appears twice"), std::string::npos);
   ArrayRef reserved{"_x", DType::f32, 4, 1, {3}, x};
-  EXPECT_NE(error_of([&] { w.append(std::span(&reserved, 1)); }).find("reserved"), std::string::npos);
+  EXPECT_NE(error_of([&] { w.append(std::span(&reserved, 1)); }).find("reserved"),
+            std::string::npos);
   ArrayRef itemsize{"x", DType::f32, 8, 1, {3}, x};
-  EXPECT_NE(error_of([&] { w.append(std::span(&itemsize, 1)); }).find("itemsize"), std::string::npos);
+  EXPECT_NE(error_of([&] { w.append(std::span(&itemsize, 1)); }).find("itemsize"),
+            std::string::npos);
   ArrayRef empty_key{"", DType::f32, 4, 1, {3}, x};
-  EXPECT_NE(error_of([&] { w.append(std::span(&empty_key, 1)); }).find("empty key"), std::string::npos);
+  EXPECT_NE(error_of([&] { w.append(std::span(&empty_key, 1)); }).find("empty key"),
+            std::string::npos);
   ArrayRef huge{"x", DType::f64, 8, 2, {1u << 20, 1u << 20}, x};
   EXPECT_NE(error_of([&] { w.append(std::span(&huge, 1)); }).find("4 GiB"), std::string::npos);
   EXPECT_EQ(w.size(), 0u);
-  EXPECT_NE(error_of([] { parse_codec("gzip"); }).find("'none', 'zstd' or 'lz4'"), std::string::npos);
+  EXPECT_NE(error_of([] { parse_codec("gzip"); }).find("'none', 'zstd' or 'lz4'"),
+            std::string::npos);
 }
 
 // ---- failure modes: one test each -----------------------------------------------------------
@@ -478,7 +487,8 @@ TEST_F(StoreFailure, FlippedByteInRecord) {
   SCOPED_TRACE("seed=" + std::to_string(seed_));
   flip_byte(path_, record5_.offset + record5_.stored_length / 2);
   auto r = Reader::open(path_);
-  EXPECT_NE(error_of([&] { r->read(5); }).find("record 5 is corrupt (checksum mismatch)"), std::string::npos);
+  EXPECT_NE(error_of([&] { r->read(5); }).find("record 5 is corrupt (checksum mismatch)"),
+            std::string::npos);
   std::string why;
   EXPECT_TRUE(testing::same_record(r->read(4), testing::record_for(seed_, 4), &why)) << why;
   EXPECT_TRUE(testing::same_record(r->read(6), testing::record_for(seed_, 6), &why)) << why;
@@ -513,7 +523,8 @@ TEST_F(StoreFailure, FlippedByteInCompressedRecordWithoutChecksumIsAnErrorNotACr
 
 TEST_F(StoreFailure, FlippedByteInIndex) {
   flip_byte(path_, index_offset_ + 40);
-  EXPECT_NE(error_of([&] { Reader::open(path_); }).find("index checksum mismatch"), std::string::npos);
+  EXPECT_NE(error_of([&] { Reader::open(path_); }).find("index checksum mismatch"),
+            std::string::npos);
 }
 
 TEST_F(StoreFailure, FlippedByteInCurrentHeaderFallsBackToThePreviousCommit) {
@@ -536,7 +547,8 @@ TEST_F(StoreFailure, WrongMagic) {
   std::memcpy(bytes.data(), "NOTASTOR", 8);
   std::memcpy(bytes.data() + 64, "NOTASTOR", 8);
   testing::write_file(path_, bytes);
-  EXPECT_NE(error_of([&] { Reader::open(path_); }).find("is not a TurboPairFormer store"), std::string::npos);
+  EXPECT_NE(error_of([&] { Reader::open(path_); }).find("is not a TurboPairFormer store"),
+            std::string::npos);
 }
 
 TEST_F(StoreFailure, NewerFormatVersion) {
@@ -545,38 +557,45 @@ TEST_F(StoreFailure, NewerFormatVersion) {
   h.version = kFormatVersion + 1;
   detail::encode_header_slot(h, std::span<std::byte, 64>(bytes.data() + current_ * 64, 64));
   testing::write_file(path_, bytes);
-  EXPECT_NE(error_of([&] { Reader::open(path_); }).find("newer than this reader's version"), std::string::npos);
+  EXPECT_NE(error_of([&] { Reader::open(path_); }).find("newer than this reader's version"),
+            std::string::npos);
 }
 
 TEST_F(StoreFailure, SecondWriterOnTheSameFile) {
   Writer first(path_);
-  EXPECT_NE(error_of([&] { Writer second(path_); }).find("locked by another writer"), std::string::npos);
+  EXPECT_NE(error_of([&] { Writer second(path_); }).find("locked by another writer"),
+            std::string::npos);
   first.close();
   EXPECT_NO_THROW(Writer third(path_));
 }
 
 TEST_F(StoreFailure, NotAStoreOpenedForWriting) {
   testing::write_file(path_, std::vector<std::byte>(300, std::byte{'x'}));
-  EXPECT_NE(error_of([&] { Writer w(path_); }).find("is not a TurboPairFormer store"), std::string::npos);
+  EXPECT_NE(error_of([&] { Writer w(path_); }).find("is not a TurboPairFormer store"),
+            std::string::npos);
 }
 
 TEST_F(StoreFailure, MissingFile) {
-  EXPECT_NE(error_of([&] { Reader::open(dir_.file("nope.tpf")); }).find("does not exist"), std::string::npos);
+  EXPECT_NE(error_of([&] { Reader::open(dir_.file("nope.tpf")); }).find("does not exist"),
+            std::string::npos);
 }
 
 TEST_F(StoreFailure, FlippedByteInARecordOfABatch) {
   SCOPED_TRACE("seed=" + std::to_string(seed_));
   flip_byte(path_, record5_.offset + record5_.stored_length / 3);
   auto r = Reader::open(path_);
-  const std::vector<uint64_t> indices = {7, 5, 4};  // one set of keys (record_for adds keys to i % 3 == 0)
+  const std::vector<uint64_t> indices = {
+      7, 5, 4};  // one set of keys (record_for adds keys to i % 3 == 0)
   const BatchPlan plan(r->index(), indices, false);
   BatchBuffers out(plan);
-  EXPECT_NE(error_of([&] { plan.decode(r->bytes(), 0, 3, out.ptrs, true); })
-                .find("record 5 is corrupt (checksum mismatch)"),
+  EXPECT_NE(error_of([&] {
+              plan.decode(r->bytes(), 0, 3, out.ptrs, true);
+            }).find("record 5 is corrupt (checksum mismatch)"),
             std::string::npos);
   EXPECT_EQ(error_of([&] { plan.decode(r->bytes(), 0, 3, out.ptrs, false); }), "no error");
-  EXPECT_NE(error_of([&] { plan.decode(r->bytes().first(record5_.offset), 0, 3, out.ptrs, true); })
-                .find("lies outside"),
+  EXPECT_NE(error_of([&] {
+              plan.decode(r->bytes().first(record5_.offset), 0, 3, out.ptrs, true);
+            }).find("lies outside"),
             std::string::npos);
 }
 
@@ -694,7 +713,8 @@ TEST(StoreCrash, KillDuringAppendsKeepsEveryCommittedRecord) {
     // Let it commit a few times, then kill it wherever it is.
     uint64_t committed = 0, n = 0;
     const int commits_before_kill = 2 + int(rng() % 6);
-    for (int c = 0; c < commits_before_kill && read(fds[0], &n, sizeof n) == sizeof n; ++c) committed = n;
+    for (int c = 0; c < commits_before_kill && read(fds[0], &n, sizeof n) == sizeof n; ++c)
+      committed = n;
     std::this_thread::sleep_for(std::chrono::microseconds(rng() % 20000));
     kill(pid, SIGKILL);
     int status = 0;

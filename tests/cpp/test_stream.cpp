@@ -185,12 +185,14 @@ TEST(StreamSampler, WorkerBatchesInterleaveBackToTheRankOrder) {
     const uint64_t batch = 1 + rng() % 9;
     // DataLoader takes batch b from worker b % workers: replay that and expect the rank order back.
     std::vector<std::vector<uint64_t>> parts;
-    for (uint32_t w = 0; w < workers; ++w) parts.push_back(worker_slice(rank_list, w, workers, batch));
+    for (uint32_t w = 0; w < workers; ++w)
+      parts.push_back(worker_slice(rank_list, w, workers, batch));
     std::vector<size_t> pos(workers, 0);
     std::vector<uint64_t> replay;
     for (uint64_t b = 0; replay.size() < rank_list.size(); ++b) {
       const uint32_t w = b % workers;
-      for (uint64_t i = 0; i < batch && pos[w] < parts[w].size(); ++i) replay.push_back(parts[w][pos[w]++]);
+      for (uint64_t i = 0; i < batch && pos[w] < parts[w].size(); ++i)
+        replay.push_back(parts[w][pos[w]++]);
     }
     EXPECT_EQ(replay, rank_list) << "seed " << seed;
   }
@@ -297,7 +299,8 @@ class MemorySource final : public CancellableSource {
   // `done`, as an HTTP source's event loop does.
   void start_ranges(std::vector<ByteRange> ranges, const CancelToken* cancel,
                     Done done) const override {
-    if (!threads_) return CancellableSource::start_ranges(std::move(ranges), cancel, std::move(done));
+    if (!threads_)
+      return CancellableSource::start_ranges(std::move(ranges), cancel, std::move(done));
     threads_->post([this, ranges = std::move(ranges), cancel, done = std::move(done)]() mutable {
       CancellableSource::start_ranges(std::move(ranges), cancel, std::move(done));
     });
@@ -329,7 +332,8 @@ class MemorySource final : public CancellableSource {
 
 struct Layout {
   std::vector<std::shared_ptr<MemorySource>> sources;
-  std::shared_ptr<std::vector<RecordLocation>> locations = std::make_shared<std::vector<RecordLocation>>();
+  std::shared_ptr<std::vector<RecordLocation>> locations =
+      std::make_shared<std::vector<RecordLocation>>();
   std::vector<uint64_t> checksums;  // a sum per record, for the verifier
 };
 
@@ -345,8 +349,8 @@ Layout random_layout(std::mt19937_64& rng, int shards, int records_per_shard, ui
       l.locations->push_back({uint32_t(s), bytes.size(), len});
       for (uint64_t i = 0; i < len; ++i) bytes.push_back(uint8_t(rng()));
     }
-    l.sources.push_back(std::make_shared<MemorySource>(std::move(bytes),
-                                                       "memory://shard-" + std::to_string(s)));
+    l.sources.push_back(
+        std::make_shared<MemorySource>(std::move(bytes), "memory://shard-" + std::to_string(s)));
   }
   for (const auto& loc : *l.locations) {
     uint64_t sum = 0;

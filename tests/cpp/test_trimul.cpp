@@ -41,8 +41,8 @@ struct Problem {
     for (auto& m : mask) m = keep(rng) ? 1.0f : 0.0f;
     const float w_scale = 1.0f / std::sqrt(float(D));
     const int64_t sizes[12] = {D, D, 2 * D * D, 2 * D * D, 2 * D, 2 * D, D, D, D * D, D * D, D, D};
-    const float scales[12] = {0.2f, 0.2f, w_scale, w_scale, 0.5f, 0.5f, 0.2f, 0.2f, w_scale,
-                              w_scale, 0.5f, 0.5f};
+    const float scales[12] = {0.2f, 0.2f, w_scale, w_scale, 0.5f, 0.5f,
+                              0.2f, 0.2f, w_scale, w_scale, 0.5f, 0.5f};
     const float shifts[12] = {1, 0, 0, 0, 0, 0, 1, 0, 0, 0, 0, 0};
     params.resize(12);
     for (int k = 0; k < 12; ++k) fill(params[k], sizes[k], scales[k], shifts[k]);
@@ -83,8 +83,12 @@ struct Outputs {
   std::vector<std::vector<T>> dparams;
   std::vector<T> a, b, z, go;  // saved (float only)
   explicit Outputs(const Problem& p)
-      : y(p.x.size(), T(NAN)), dx(p.x.size(), T(NAN)), a(p.B * p.D * p.S * p.S), b(a.size()),
-        z(a.size()), go(p.x.size()) {
+      : y(p.x.size(), T(NAN)),
+        dx(p.x.size(), T(NAN)),
+        a(p.B * p.D * p.S * p.S),
+        b(a.size()),
+        z(a.size()),
+        go(p.x.size()) {
     for (const auto& q : p.params) dparams.emplace_back(q.size(), T(NAN));
   }
   TensorView grad_view(Problem& p, int k) {
@@ -147,13 +151,12 @@ void run(Problem& p, Outputs<T>& out, bool reference) {
   }
 }
 
-const char* kParamNames[12] = {"norm_in_weight", "norm_in_bias", "p_in_weight", "g_in_weight",
-                               "p_in_bias", "g_in_bias", "norm_out_weight", "norm_out_bias",
-                               "p_out_weight", "g_out_weight", "p_out_bias", "g_out_bias"};
+const char* kParamNames[12] = {"norm_in_weight", "norm_in_bias", "p_in_weight",     "g_in_weight",
+                               "p_in_bias",      "g_in_bias",    "norm_out_weight", "norm_out_bias",
+                               "p_out_weight",   "g_out_weight", "p_out_bias",      "g_out_bias"};
 bool is_bias(int k) { return k == 4 || k == 5 || k == 10 || k == 11; }
 
-class TrimulCpuVsReference
-    : public ::testing::TestWithParam<std::tuple<int, int, bool, bool>> {};
+class TrimulCpuVsReference : public ::testing::TestWithParam<std::tuple<int, int, bool, bool>> {};
 
 TEST_P(TrimulCpuVsReference, MatchesFp64) {
   const auto [S, D, outgoing, with_mask] = GetParam();
@@ -210,7 +213,8 @@ TEST_P(TrimulReferenceGradients, MatchFiniteDifferences) {
     for (size_t i = 0; i < o.y.size(); ++i) l += o.y[i] * p.dy[i];
     return l;
   };
-  auto check = [&](std::vector<float>& v, const std::vector<double>& grad, const std::string& name) {
+  auto check = [&](std::vector<float>& v, const std::vector<double>& grad,
+                   const std::string& name) {
     expect_matches_finite_differences(v, grad, name, loss, 7, 2e-3);
   };
   check(p.x, g.dx, "dx");
@@ -263,9 +267,9 @@ TEST(TrimulErrors, NameTheArgument) {
 
 // Every view of w, biases included (present or not).
 std::vector<TensorView*> views_of(TrimulWeights& w) {
-  return {&w.norm_in_weight,  &w.norm_in_bias,  &w.p_in_weight,      &w.p_in_bias.view,
-          &w.g_in_weight,     &w.g_in_bias.view, &w.norm_out_weight, &w.norm_out_bias,
-          &w.p_out_weight,    &w.p_out_bias.view, &w.g_out_weight,   &w.g_out_bias.view};
+  return {&w.norm_in_weight, &w.norm_in_bias,    &w.p_in_weight,     &w.p_in_bias.view,
+          &w.g_in_weight,    &w.g_in_bias.view,  &w.norm_out_weight, &w.norm_out_bias,
+          &w.p_out_weight,   &w.p_out_bias.view, &w.g_out_weight,    &w.g_out_bias.view};
 }
 
 // The CUDA path's own checks, which run before anything is launched: views that claim to be on a
@@ -288,8 +292,8 @@ TEST(TrimulErrors, CudaChecksNameTheArgument) {
   const int param_of[12] = {0, 1, 2, 4, 3, 5, 6, 7, 8, 10, 9, 11};
   for (int k = 0; k < 12; ++k) *grads[k] = out.grad_view(p, param_of[k]);
   auto on_cuda = [](TrimulBackwardArgs a) {
-    for (TensorView* t : {&a.x, &a.mask.view, &a.saved.a, &a.saved.b, &a.saved.z, &a.saved.go,
-                          &a.dy, &a.dx})
+    for (TensorView* t :
+         {&a.x, &a.mask.view, &a.saved.a, &a.saved.b, &a.saved.z, &a.saved.go, &a.dy, &a.dx})
       t->device = Device::cuda;
     for (TrimulWeights* w : {&a.w, &a.dw})
       for (TensorView* t : views_of(*w)) t->device = Device::cuda;
@@ -305,16 +309,19 @@ TEST(TrimulErrors, CudaChecksNameTheArgument) {
   };
   TrimulBackwardArgs a = b;
   a.mask.view.dtype = DType::i32;
-  expect_error(a, "mask must be bool, uint8, float32, bfloat16 or float16 for the CUDA kernels, "
-                  "got int32");
+  expect_error(a,
+               "mask must be bool, uint8, float32, bfloat16 or float16 for the CUDA kernels, "
+               "got int32");
   a = b;
   a.w.g_out_bias.view.dtype = DType::bf16;
-  expect_error(a, "g_out_bias must have the weights' dtype float32 (norm_in_weight's) for the "
-                  "CUDA kernels, got bfloat16");
+  expect_error(a,
+               "g_out_bias must have the weights' dtype float32 (norm_in_weight's) for the "
+               "CUDA kernels, got bfloat16");
   a = b;
   for (TensorView* t : views_of(a.w)) t->dtype = DType::f64;
-  expect_error(a, "norm_in_weight (and every other weight) must be float32, bfloat16 or float16 "
-                  "for the CUDA kernels, got float64");
+  expect_error(a,
+               "norm_in_weight (and every other weight) must be float32, bfloat16 or float16 "
+               "for the CUDA kernels, got float64");
   a = b;
   a.dw.p_out_weight.dtype = DType::f16;
   expect_error(a, "d_p_out_weight must have the weights' dtype float32");

@@ -23,7 +23,8 @@ inline double max_rel_err(const std::vector<float>& got, const std::vector<doubl
 
 // Every `stride`-th element of x: central finite differences of loss() with an exactly
 // representable step against grad, within tol * (1 + |grad|).
-inline void expect_matches_finite_differences(std::vector<float>& x, const std::vector<double>& grad,
+inline void expect_matches_finite_differences(std::vector<float>& x,
+                                              const std::vector<double>& grad,
                                               const std::string& name,
                                               const std::function<double()>& loss, size_t stride,
                                               double tol) {

@@ -34,13 +34,12 @@ using tpf::stream::ByteRangesParser;
 using tpf::stream::RangeScatter;
 using tpf::stream::fuzz::FuzzInput;
 
-#define FUZZ_CHECK(cond)                                                    \
-  do {                                                                      \
-    if (!(cond)) {                                                          \
-      std::fprintf(stderr, "multipart_fuzz: check failed: %s (line %d)\n", \
-                   #cond, __LINE__);                                        \
-      std::abort();                                                         \
-    }                                                                       \
+#define FUZZ_CHECK(cond)                                                                     \
+  do {                                                                                       \
+    if (!(cond)) {                                                                           \
+      std::fprintf(stderr, "multipart_fuzz: check failed: %s (line %d)\n", #cond, __LINE__); \
+      std::abort();                                                                          \
+    }                                                                                        \
   } while (0)
 
 constexpr size_t kMax = ByteRangesParser::kMaxPartHeader;
@@ -251,9 +250,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   // A malformed parser takes no more.
   const char tail[] = "\r\n--b\r\nContent-Range: bytes 0-0/1\r\n\r\nx";
   if (parser.malformed())
-    FUZZ_CHECK(!parser.feed(tail, sizeof tail - 1, [](uint64_t, const char*, size_t) {
-      FUZZ_CHECK(false);
-    }));
+    FUZZ_CHECK(!parser.feed(tail, sizeof tail - 1,
+                            [](uint64_t, const char*, size_t) { FUZZ_CHECK(false); }));
 
   for (size_t i = 0; i < ranges.size(); ++i) {
     uint64_t n = 0;

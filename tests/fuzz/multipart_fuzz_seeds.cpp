@@ -82,7 +82,7 @@ int main(int argc, char** argv) {
     duplicated = part(ranges[0].first, ranges[0].first + ranges[0].second - 1);
     duplicated += duplicated;
     w.multipart(ranges, valid + kEnd);
-    w.multipart(ranges, valid);                         // no closing boundary
+    w.multipart(ranges, valid);                              // no closing boundary
     w.multipart(ranges, valid.substr(0, valid.size() / 2));  // cut in a part
     w.multipart(ranges, off_by_one + kEnd);
     w.multipart(ranges, no_range + kEnd);
@@ -109,8 +109,8 @@ int main(int argc, char** argv) {
   // Content-Range values, good and bad.
   for (const std::string value :
        {"bytes 100-109/*", "BYTES 100-109/1048576", "bytes\t100-109/1048576", "bytes  100-109",
-        "bytes 100-109", "bytes100-109/1048576", "bytes +100-109/1048576",
-        "bytes 100--109/1048576", "bytes -100-109/1048576", "bytes 109-100/1048576",
+        "bytes 100-109", "bytes100-109/1048576", "bytes +100-109/1048576", "bytes 100--109/1048576",
+        "bytes -100-109/1048576", "bytes 109-100/1048576",
         "bytes 100-99999999999999999999999/1048576", "bytes 0-18446744073709551615/*",
         "bytes 18446744073709551615-18446744073709551615/*", "bytes */1048576",
         "bytes 100-\r\n109/1048576", "bytes\r\n100-109/1048576", "items 100-109/1048576"})
@@ -118,8 +118,8 @@ int main(int argc, char** argv) {
   // A Content-Range line that is not at a line's start, and one in lower case.
   w.multipart(one, "\r\n--b\r\nX-Content-Range: bytes 100-109/1048576\r\n\r\n" +
                        file_bytes(100, 10) + kEnd);
-  w.multipart(one, "\r\n--b\r\ncontent-range:bytes 100-109/1048576\r\n\r\n" + file_bytes(100, 10) +
-                       kEnd);
+  w.multipart(
+      one, "\r\n--b\r\ncontent-range:bytes 100-109/1048576\r\n\r\n" + file_bytes(100, 10) + kEnd);
   // A header block that ends the body, with or without its blank line.
   w.multipart(one, "\r\n--b\r\nContent-Range: bytes 100-109/1048576\r\n\r\n");
   w.multipart(one, "\r\n--b\r\nContent-Range: bytes 100-109/1048576");

@@ -55,8 +55,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
           sink += r.key(f).size() + field.nbytes;
           if (field.nbytes) sink += uint64_t(r.data(f)[0]) + uint64_t(r.data(f)[field.nbytes - 1]);
         }
-      } catch (const tpf::Error&) {
-      }
+      } catch (const tpf::Error&) {}
     }
     // The same records as one batch (bit 2: stacked), decoded in two parts.
     std::vector<uint64_t> batch;
@@ -78,12 +77,10 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
           for (const auto& o : out)
             if (!o.empty()) sink += uint64_t(o.front()) + uint64_t(o.back());
         }
-      } catch (const tpf::Error&) {
-      }
+      } catch (const tpf::Error&) {}
     }
     if (sink == 1) std::memset(&sink, 0, sizeof sink);  // keeps the reads observable
   } catch (const tpf::Error&) {
-  } catch (const tpf::RuntimeError&) {
-  }
+  } catch (const tpf::RuntimeError&) {}
   return 0;
 }

@@ -69,8 +69,8 @@ struct Run {
 };
 
 Run run_forward(const Case& c, float* worst_out) {
-  using tpf::DType;
   using tpf::Device;
+  using tpf::DType;
   const int64_t B = c.B, N = c.N, H = c.H, S = c.S, D = c.D;
   const DType dt = c.fp16 ? DType::f16 : DType::bf16;
   std::mt19937 rng(uint32_t(S * 131 + D * 7 + N));
@@ -89,8 +89,8 @@ Run run_forward(const Case& c, float* worst_out) {
   std::vector<uint8_t> mh(B * N * S);
   for (size_t i = 0; i < mh.size(); ++i) mh[i] = (i % 7) != 3 && (i % S) < S - S / 8;
   for (int64_t s = 0; s < S; ++s) mh[(B * N - 1) * S + s] = 0;  // the last slice: no key
-  Run r{device_copy(qh), device_copy(kh), device_copy(vh), device_copy(bh), nullptr, nullptr,
-        device_copy(mh), nullptr};
+  Run r{device_copy(qh), device_copy(kh), device_copy(vh), device_copy(bh),
+        nullptr,         nullptr,         device_copy(mh), nullptr};
   r.o = static_cast<uint16_t*>(device_nan(qn * 2));
   r.res = static_cast<uint16_t*>(device_nan(qn * 2));
   r.lse = static_cast<float*>(device_nan(B * N * H * S * 4));
@@ -135,7 +135,8 @@ Run run_forward(const Case& c, float* worst_out) {
   check(cudaMemcpy(lse_h.data(), r.lse, lse_h.size() * 4, cudaMemcpyDeviceToHost), "copy back");
   float worst = 0.f;
   for (int64_t i = 0; i < qn; ++i) {
-    const float x = from16(o_h[i], c.fp16) + __bfloat162float(*reinterpret_cast<__nv_bfloat16*>(&res_h[i]));
+    const float x =
+        from16(o_h[i], c.fp16) + __bfloat162float(*reinterpret_cast<__nv_bfloat16*>(&res_h[i]));
     if (!std::isfinite(x)) {
       std::fprintf(stderr, "non-finite O at %lld (S=%lld D=%lld)\n", (long long)i, (long long)S,
                    (long long)D);
@@ -185,11 +186,13 @@ int main() {
   }
 
   // Backward on the first case's forward (bf16, D = 32).
-  using tpf::DType;
   using tpf::Device;
+  using tpf::DType;
   const Case& c = cases[0];
   const int64_t B = c.B, N = c.N, H = c.H, S = c.S, D = c.D, qn = B * N * H * S * D;
-  auto view5 = [&](void* p) { return tpf::make_view(p, DType::bf16, {B, N, H, S, D}, Device::cuda); };
+  auto view5 = [&](void* p) {
+    return tpf::make_view(p, DType::bf16, {B, N, H, S, D}, Device::cuda);
+  };
   std::vector<uint16_t> dout_h(qn);
   std::mt19937 rng(11);
   std::normal_distribution<float> normal;

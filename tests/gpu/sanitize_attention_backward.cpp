@@ -36,8 +36,8 @@ T* device_copy(const std::vector<T>& host) {
 
 // The forward with its workspace (the bias pre-scaled to fp32 for the Hopper kernel).
 void forward(tpf::AttentionForwardArgs& f) {
-  const tpf::AttentionDims dims{f.q.shape[0], f.q.shape[1], f.q.shape[2], f.q.shape[3],
-                                f.k.shape[3], f.q.shape[4]};
+  const tpf::AttentionDims dims{f.q.shape[0], f.q.shape[1], f.q.shape[2],
+                                f.q.shape[3], f.k.shape[3], f.q.shape[4]};
   f.workspace_bytes = tpf::attention_forward_workspace_bytes(dims, tpf::Device::cuda);
   check(cudaMalloc(&f.workspace, f.workspace_bytes), "forward workspace");
   forward(f);
@@ -46,7 +46,6 @@ void forward(tpf::AttentionForwardArgs& f) {
   f.workspace = nullptr;
   f.workspace_bytes = 0;
 }
-
 
 // One forward + backward case for the backward's checks: random bf16 inputs, every 7th key masked
 // and the last slice fully masked.
@@ -64,8 +63,8 @@ std::vector<__nv_bfloat16> randn_bf16(std::mt19937& rng, int64_t n) {
 // The four gradients of one backward call into fresh buffers, copied to the host.
 std::vector<std::vector<__nv_bfloat16>> backward_grads(tpf::AttentionBackwardArgs a,
                                                        const tpf::AttentionDims& d) {
-  using tpf::DType;
   using tpf::Device;
+  using tpf::DType;
   const int64_t qn = d.B * d.N * d.H * d.Sq * d.D, bn = d.B * d.H * d.Sq * d.Sk;
   std::vector<void*> bufs;
   for (int64_t n : {qn, qn, qn, bn}) {
@@ -74,7 +73,9 @@ std::vector<std::vector<__nv_bfloat16>> backward_grads(tpf::AttentionBackwardArg
     check(cudaMemset(p, 0xff, n * 2), "poison");  // NaN: an element never written shows up
     bufs.push_back(p);
   }
-  auto view5 = [&](void* p) { return tpf::make_view(p, DType::bf16, {d.B, d.N, d.H, d.Sq, d.D}, Device::cuda); };
+  auto view5 = [&](void* p) {
+    return tpf::make_view(p, DType::bf16, {d.B, d.N, d.H, d.Sq, d.D}, Device::cuda);
+  };
   a.dq = view5(bufs[0]);
   a.dk = view5(bufs[1]);
   a.dv = view5(bufs[2]);
@@ -96,12 +97,12 @@ std::vector<std::vector<__nv_bfloat16>> backward_grads(tpf::AttentionBackwardArg
 }
 
 bool backward_cases() {
-  using tpf::DType;
   using tpf::Device;
+  using tpf::DType;
   // (S = 70: one key block, two query tiles; S = 200: two key blocks, four query tiles; N = 5:
   // several slice groups with a partial last one at every head dim.)
-  const BackwardCase cases[] = {{2, 5, 2, 70, 32}, {1, 5, 2, 200, 32}, {1, 5, 1, 200, 16},
-                                {1, 3, 1, 150, 64}};
+  const BackwardCase cases[] = {
+      {2, 5, 2, 70, 32}, {1, 5, 2, 200, 32}, {1, 5, 1, 200, 16}, {1, 3, 1, 150, 64}};
   std::mt19937 rng(11);
   for (const BackwardCase& c : cases) {
     const int64_t qn = c.B * c.N * c.H * c.S * c.D;
@@ -117,7 +118,9 @@ bool backward_cases() {
     check(cudaMalloc(&o, qn * 2), "o");
     check(cudaMalloc(&res, qn * 2), "res");
     check(cudaMalloc(&lse, c.B * c.N * c.H * c.S * 4), "lse");
-    auto view5 = [&](void* p) { return tpf::make_view(p, DType::bf16, {c.B, c.N, c.H, c.S, c.D}, Device::cuda); };
+    auto view5 = [&](void* p) {
+      return tpf::make_view(p, DType::bf16, {c.B, c.N, c.H, c.S, c.D}, Device::cuda);
+    };
     tpf::AttentionForwardArgs f;
     f.q = view5(q);
     f.k = view5(k);
@@ -192,9 +195,11 @@ int main() {
   check(cudaMalloc(&res, qn * 2), "res");
   check(cudaMalloc(&lse, B * N * H * S * 4), "lse");
 
-  using tpf::DType;
   using tpf::Device;
-  auto view5 = [&](void* p) { return tpf::make_view(p, DType::bf16, {B, N, H, S, D}, Device::cuda); };
+  using tpf::DType;
+  auto view5 = [&](void* p) {
+    return tpf::make_view(p, DType::bf16, {B, N, H, S, D}, Device::cuda);
+  };
   tpf::AttentionForwardArgs f;
   f.q = view5(q);
   f.k = view5(k);

@@ -19,8 +19,8 @@
 
 namespace {
 
-using tpf::DType;
 using tpf::Device;
+using tpf::DType;
 using tpf::TensorView;
 
 int failures = 0;
@@ -67,7 +67,9 @@ struct Twin {
     }
     upload();
   }
-  void upload() { check(cudaMemcpy(dev, host.data(), host.size(), cudaMemcpyHostToDevice), "upload"); }
+  void upload() {
+    check(cudaMemcpy(dev, host.data(), host.size(), cudaMemcpyHostToDevice), "upload");
+  }
   TensorView view(Device device) const {
     TensorView t;
     t.data = device == Device::cpu ? const_cast<char*>(host.data()) : dev;
@@ -112,7 +114,8 @@ void compare(const Twin& t, const char* what, float tol) {
   failures += bad ? 1 : 0;
 }
 
-void layer_norm_case(std::mt19937& rng, int64_t B, int64_t I, int64_t J, int64_t C, bool transposed) {
+void layer_norm_case(std::mt19937& rng, int64_t B, int64_t I, int64_t J, int64_t C,
+                     bool transposed) {
   std::printf("layer_norm B=%lld I=%lld J=%lld C=%lld%s\n", (long long)B, (long long)I,
               (long long)J, (long long)C, transposed ? " (transposed rows)" : "");
   // x: a [B, I, J, C] tensor read as [B, J, I, C] when transposed.
@@ -139,7 +142,8 @@ void layer_norm_case(std::mt19937& rng, int64_t B, int64_t I, int64_t J, int64_t
   compare(mean, "mean", 1e-5f);
   compare(rstd, "rstd", 1e-4f);
 
-  Twin dy(DType::bf16, shape), dx(DType::f32, shape, stride), dw(DType::f32, {C}), db(DType::f32, {C});
+  Twin dy(DType::bf16, shape), dx(DType::f32, shape, stride), dw(DType::f32, {C}),
+      db(DType::f32, {C});
   dy.fill(rng);
   void* ws = nullptr;
   const size_t ws_bytes = tpf::layer_norm_backward_workspace_bytes(rows, C, Device::cuda);
@@ -225,7 +229,8 @@ int main() {
   gate_case(rng, 6, 4, 37, 32);
   gate_case(rng, 3, 3, 11, 5);
   if (failures) {
-    std::fprintf(stderr, "sanitize_fused: %d outputs differ between the GPU and the CPU path\n", failures);
+    std::fprintf(stderr, "sanitize_fused: %d outputs differ between the GPU and the CPU path\n",
+                 failures);
     return 1;
   }
   std::printf("sanitize_fused: ok\n");

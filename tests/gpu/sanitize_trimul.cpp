@@ -36,14 +36,18 @@ struct Buffer {
 
 template <typename T>
 T convert(float v) {
-  if constexpr (sizeof(T) == 2) return __float2bfloat16(v);
-  else return T(v);
+  if constexpr (sizeof(T) == 2)
+    return __float2bfloat16(v);
+  else
+    return T(v);
 }
 
 template <typename T>
 float back(T v) {
-  if constexpr (sizeof(T) == 2) return __bfloat162float(v);
-  else return v;
+  if constexpr (sizeof(T) == 2)
+    return __bfloat162float(v);
+  else
+    return v;
 }
 
 std::mt19937 rng(7);
@@ -104,9 +108,9 @@ bool run(int64_t B, int64_t S, int64_t D, bool outgoing, bool biases, tpf::DType
     grads.push_back(new Buffer(t.numel() * sizeof(W)));
     t.data = keep(grads.back());
   };
-  for (tpf::TensorView* t : {&g.norm_in_weight, &g.norm_in_bias, &g.p_in_weight, &g.g_in_weight,
-                             &g.norm_out_weight, &g.norm_out_bias, &g.p_out_weight,
-                             &g.g_out_weight})
+  for (tpf::TensorView* t :
+       {&g.norm_in_weight, &g.norm_in_bias, &g.p_in_weight, &g.g_in_weight, &g.norm_out_weight,
+        &g.norm_out_bias, &g.p_out_weight, &g.g_out_weight})
     zeros_like(*t);
   for (tpf::OptionalTensor* t : {&g.p_in_bias, &g.g_in_bias, &g.p_out_bias, &g.g_out_bias})
     if (t->present) zeros_like(t->view);
@@ -117,8 +121,8 @@ bool run(int64_t B, int64_t S, int64_t D, bool outgoing, bool biases, tpf::DType
   auto* mask = new Buffer(mask_h.size() * sizeof(M));
   owned.push_back(mask);
   check(cudaMemcpy(mask->data, mask_h.data(), mask->bytes, cudaMemcpyHostToDevice), "copy mask");
-  Buffer y(n * sizeof(T)), a(n * sizeof(T)), b(n * sizeof(T)), z(n * sizeof(T)),
-      go(n * sizeof(T)), dx(n * sizeof(T));
+  Buffer y(n * sizeof(T)), a(n * sizeof(T)), b(n * sizeof(T)), z(n * sizeof(T)), go(n * sizeof(T)),
+      dx(n * sizeof(T));
 
   const tpf::TrimulDims d{B, S, D};
   Buffer fwd_ws(tpf::trimul_forward_workspace_bytes(d, dtype, cuda));
@@ -153,10 +157,10 @@ bool run(int64_t B, int64_t S, int64_t D, bool outgoing, bool biases, tpf::DType
   bool ok = all_finite<T>(y) && all_finite<T>(dx);
   for (const Buffer* grad : grads) ok = ok && all_finite<W>(*grad);
   for (Buffer* p : owned) delete p;
-  std::printf("trimul B=%lld S=%lld D=%lld %s weights %s mask %s %s biases=%d: %s\n",
-              (long long)B, (long long)S, (long long)D, tpf::dtype_name(dtype),
-              tpf::dtype_name(wdtype), tpf::dtype_name(mdtype), outgoing ? "outgoing" : "incoming",
-              int(biases), ok ? "ok" : "NON-FINITE");
+  std::printf("trimul B=%lld S=%lld D=%lld %s weights %s mask %s %s biases=%d: %s\n", (long long)B,
+              (long long)S, (long long)D, tpf::dtype_name(dtype), tpf::dtype_name(wdtype),
+              tpf::dtype_name(mdtype), outgoing ? "outgoing" : "incoming", int(biases),
+              ok ? "ok" : "NON-FINITE");
   return ok;
 }
 

@@ -72,7 +72,7 @@ __device__ __forceinline__ void store4(T* out, float4 x) {
 template <typename T, int D, bool Lean>
 struct BackwardSmem {
   static constexpr int G = BackwardTiles<D, Lean>::kSlices;
-  static constexpr int LDB = kTileK + 4;     // lean dbias tiles, [query][key] fp32, conflict-free
+  static constexpr int LDB = kTileK + 4;  // lean dbias tiles, [query][key] fp32, conflict-free
   static constexpr int LD = D + kPad;
   static constexpr int LDT = kTileK + kPad;  // bias and dS tiles, [query][key]
   T k[G][kTileK * LD];
@@ -100,7 +100,8 @@ __device__ __forceinline__ void cluster_dq_sum(const AttentionBackwardParams& p,
                                                int n_end, int q0, int qrows) {
   const AttentionForwardParams& f = p.fwd;
   constexpr int U4 = kTileQ * (D / 4), U = 2 * U4;
-  constexpr int BATCH = D == 32 ? 2 : 4;  // remote loads in flight per thread; more spills at D = 32
+  constexpr int BATCH =
+      D == 32 ? 2 : 4;  // remote loads in flight per thread; more spills at D = 32
   const int C = p.dq_cluster, u_end = (rank + 1) * U / C;
   for (int u = rank * U / C + threadIdx.x; u < u_end; u += THREADS) {
     const int g = u / U4, row = (u % U4) / (D / 4), c = (u % (D / 4)) * 4, n = n_first + g;
@@ -129,7 +130,8 @@ __device__ __forceinline__ void cluster_dq_sum(const AttentionBackwardParams& p,
     } else {
       *reinterpret_cast<float4*>(
           p.dq_partial +
-          ((((int64_t(part) * p.chunk + (n - n_begin)) * f.B + b) * f.H + h) * f.Sq + q0 + row) * D +
+          ((((int64_t(part) * p.chunk + (n - n_begin)) * f.B + b) * f.H + h) * f.Sq + q0 + row) *
+              D +
           c) = acc;
     }
   }
@@ -143,7 +145,7 @@ __global__ void __launch_bounds__(BackwardTiles<D, Lean>::kWarps * 32,
   using Tiles = BackwardTiles<D, Lean>;
   using Smem = BackwardSmem<T, D, Lean>;
   static_assert(!Cluster || sizeof(float) * kTileQ * Smem::LDQ <= sizeof(Smem::ds[0]) &&
-                    offsetof(Smem, ds) % 16 == 0,
+                                offsetof(Smem, ds) % 16 == 0,
                 "a quad's fp32 dQ tile fits in its dS tile, 16-byte aligned");
   constexpr int G = Tiles::kSlices, GQ = Tiles::kSlicesPerQuad, THREADS = Tiles::kWarps * 32;
   constexpr int LD = Smem::LD, LDT = Smem::LDT;
@@ -169,10 +171,12 @@ __global__ void __launch_bounds__(BackwardTiles<D, Lean>::kWarps * 32,
   for (int g = 0; g < G; ++g) {
     const int n = n_first + g;
     const bool valid = n < n_end;
-    load_tile<T, kTileK, D, THREADS>(sm.k[g], valid ? slice_ptr(f.k, f.k_stride, n) + k0 * f.k_stride.s : safe,
-                                     f.k_stride.s, valid ? krows : 0, D, f.qkv_aligned, safe);
-    load_tile<T, kTileK, D, THREADS>(sm.v[g], valid ? slice_ptr(f.v, f.v_stride, n) + k0 * f.v_stride.s : safe,
-                                     f.v_stride.s, valid ? krows : 0, D, f.qkv_aligned, safe);
+    load_tile<T, kTileK, D, THREADS>(
+        sm.k[g], valid ? slice_ptr(f.k, f.k_stride, n) + k0 * f.k_stride.s : safe, f.k_stride.s,
+        valid ? krows : 0, D, f.qkv_aligned, safe);
+    load_tile<T, kTileK, D, THREADS>(
+        sm.v[g], valid ? slice_ptr(f.v, f.v_stride, n) + k0 * f.v_stride.s : safe, f.v_stride.s,
+        valid ? krows : 0, D, f.qkv_aligned, safe);
     for (int j = threadIdx.x; j < kTileK; j += THREADS)
       sm.key_ok[g][j] = valid && j < krows &&
                         (f.mask == nullptr ||
@@ -187,7 +191,8 @@ __global__ void __launch_bounds__(BackwardTiles<D, Lean>::kWarps * 32,
 #pragma unroll
       for (int e = 0; e < 4; ++e) dk[gi][i][e] = dv[gi][i][e] = 0.f;
 
-  const T* bias_base = static_cast<const T*>(f.bias) + b * f.bias_stride_b + h * f.bias_stride_h + k0;
+  const T* bias_base =
+      static_cast<const T*>(f.bias) + b * f.bias_stride_b + h * f.bias_stride_h + k0;
   const float scale = in_register(f.scale);  // see in_register (mma.cuh)
   const int query_tiles = (f.Sq + kTileQ - 1) / kTileQ;
   for (int qt = 0; qt < query_tiles; ++qt) {
@@ -211,7 +216,8 @@ __global__ void __launch_bounds__(BackwardTiles<D, Lean>::kWarps * 32,
       float lse2 = INFINITY, delta = 0.f;
       if (n < n_end && r < qrows) {
         lse2 = f.lse[b * f.lse_stride_b + int64_t(n) * f.lse_stride_n + h * f.lse_stride_h +
-                     (q0 + r) * f.lse_stride_s] * kLog2e;
+                     (q0 + r) * f.lse_stride_s] *
+               kLog2e;
         delta = p.delta[((int64_t(b) * f.N + n) * f.H + h) * f.Sq + q0 + r];
       }
       sm.lse2[g][r] = lse2;
@@ -231,7 +237,8 @@ __global__ void __launch_bounds__(BackwardTiles<D, Lean>::kWarps * 32,
     // This warp's 16 keys x 64 queries of dS, summed over its quad's slices.
     float dbias[kTileQ / 8][4];
 #pragma unroll
-    for (int j = 0; j < kTileQ / 8; ++j) dbias[j][0] = dbias[j][1] = dbias[j][2] = dbias[j][3] = 0.f;
+    for (int j = 0; j < kTileQ / 8; ++j)
+      dbias[j][0] = dbias[j][1] = dbias[j][2] = dbias[j][3] = 0.f;
 
 #pragma unroll
     for (int gi = 0; gi < GQ; ++gi) {
@@ -279,9 +286,14 @@ __global__ void __launch_bounds__(BackwardTiles<D, Lean>::kWarps * 32,
           for (int r = 0; r < 2; ++r) {  // key g, then g + 8
             const float2 bias = unpack2<T>(bias2[half * 2 + r]);
             // p = exp(s scale + bias - lse) = 2^((s scale + bias) log2e - lse log2e).
-            const float p0 = key_ok[r] ? fast_exp2(fmaf(fmaf(st[j][2 * r], scale, bias.x), kLog2e, -lse2.x)) : 0.f;
-            const float p1 = key_ok[r] ? fast_exp2(fmaf(fmaf(st[j][2 * r + 1], scale, bias.y), kLog2e, -lse2.y)) : 0.f;
-            const float ds0 = p0 * (dpt[j][2 * r] - delta.x), ds1 = p1 * (dpt[j][2 * r + 1] - delta.y);
+            const float p0 =
+                key_ok[r] ? fast_exp2(fmaf(fmaf(st[j][2 * r], scale, bias.x), kLog2e, -lse2.x))
+                          : 0.f;
+            const float p1 =
+                key_ok[r] ? fast_exp2(fmaf(fmaf(st[j][2 * r + 1], scale, bias.y), kLog2e, -lse2.y))
+                          : 0.f;
+            const float ds0 = p0 * (dpt[j][2 * r] - delta.x),
+                        ds1 = p1 * (dpt[j][2 * r + 1] - delta.y);
             st[j][2 * r] = p0;
             st[j][2 * r + 1] = p1;
             dpt[j][2 * r] = ds0;
@@ -299,7 +311,8 @@ __global__ void __launch_bounds__(BackwardTiles<D, Lean>::kWarps * 32,
         for (int j = 0; j < kTileQ / 8; ++j)
 #pragma unroll
           for (int e = 0; e < 4; ++e)
-            tile[(j * 8 + (lane & 3) * 2 + (e & 1)) * Smem::LDB + key_lo + (e >> 1) * 8] = dpt[j][e];
+            tile[(j * 8 + (lane & 3) * 2 + (e & 1)) * Smem::LDB + key_lo + (e >> 1) * 8] =
+                dpt[j][e];
       }
       // dv += p^T do, dk += ds^T q (scaled at the end). The packed ds^T fragments are also
       // exactly what stmatrix.trans needs to store ds as [query][key] for dq.
@@ -353,8 +366,9 @@ __global__ void __launch_bounds__(BackwardTiles<D, Lean>::kWarps * 32,
         }
         continue;  // one slice per quad: sds is not rewritten before the next query tile
       }
-      float* part = p.dq_partial +
-                    ((((int64_t(kt) * p.chunk + (n - n_begin)) * f.B + b) * f.H + h) * f.Sq + q0) * D;
+      float* part =
+          p.dq_partial +
+          ((((int64_t(kt) * p.chunk + (n - n_begin)) * f.B + b) * f.H + h) * f.Sq + q0) * D;
 #pragma unroll
       for (int r = 0; r < 2; ++r) {
         const int row = wq * kWarpRows + (lane >> 2) + r * 8;
@@ -419,8 +433,10 @@ __global__ void __launch_bounds__(BackwardTiles<D, Lean>::kWarps * 32,
   for (int gi = 0; gi < GQ; ++gi) {
     const int n = n_first + quad * GQ + gi;
     if (n >= n_end) continue;
-    T* dk_out = static_cast<T*>(p.dk) + b * p.dk_stride.b + int64_t(n) * p.dk_stride.n + h * p.dk_stride.h;
-    T* dv_out = static_cast<T*>(p.dv) + b * p.dv_stride.b + int64_t(n) * p.dv_stride.n + h * p.dv_stride.h;
+    T* dk_out =
+        static_cast<T*>(p.dk) + b * p.dk_stride.b + int64_t(n) * p.dk_stride.n + h * p.dk_stride.h;
+    T* dv_out =
+        static_cast<T*>(p.dv) + b * p.dv_stride.b + int64_t(n) * p.dv_stride.n + h * p.dv_stride.h;
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
       const int key = wq * kWarpRows + (lane >> 2) + r * 8;
@@ -454,7 +470,8 @@ __global__ void attention_dq_reduce_kernel(const AttentionBackwardParams p, int 
        idx += int64_t(gridDim.x) * blockDim.x) {
     const int64_t row = idx / (D / 4);
     const int c = int(idx % (D / 4)) * 4;
-    const int s = int(row % f.Sq), h = int((row / f.Sq) % f.H), b = int((row / (int64_t(f.Sq) * f.H)) % f.B);
+    const int s = int(row % f.Sq), h = int((row / f.Sq) % f.H),
+              b = int((row / (int64_t(f.Sq) * f.H)) % f.B);
     const int nn = int(row / (int64_t(f.Sq) * f.H * f.B));
     const float* part = p.dq_partial + (((int64_t(nn) * f.B + b) * f.H + h) * f.Sq + s) * D + c;
     float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
@@ -487,7 +504,8 @@ __global__ void attention_dbias_reduce_kernel(const AttentionBackwardParams p, i
     }
     const int k = int(idx % f.Sk), q = int((idx / f.Sk) % f.Sq), h = int((idx / plane) % f.H),
               b = int(idx / (plane * f.H));
-    static_cast<T*>(p.dbias)[b * p.dbias_stride_b + h * p.dbias_stride_h + int64_t(q) * p.dbias_stride_q + k] =
+    static_cast<T*>(
+        p.dbias)[b * p.dbias_stride_b + h * p.dbias_stride_h + int64_t(q) * p.dbias_stride_q + k] =
         from_float<T>(acc);
   }
 }
@@ -538,15 +556,16 @@ void launch(const AttentionBackwardParams& p, cudaStream_t stream) {
       attention_dq_reduce_kernel<T, D>
           <<<grid_for(dq_work, 256), 256, 0, stream>>>(p, n_begin, n_end, dq_parts);
     const int64_t dbias_work = int64_t(f.B) * f.H * f.Sq * f.Sk;
-    attention_dbias_reduce_kernel<T><<<grid_for(dbias_work, 256), 256, 0, stream>>>(
-        p, groups, n_begin == 0, n_end == f.N);
+    attention_dbias_reduce_kernel<T>
+        <<<grid_for(dbias_work, 256), 256, 0, stream>>>(p, groups, n_begin == 0, n_end == f.N);
   }
 }
 
 }  // namespace
 
 template <typename T>
-void attention_backward_launch(const AttentionBackwardParams& p, int head_dim, cudaStream_t stream) {
+void attention_backward_launch(const AttentionBackwardParams& p, int head_dim,
+                               cudaStream_t stream) {
   switch (head_dim) {
     case 16:
       if (p.dq_cluster > 0) return launch<T, 16, true, true>(p, stream);
@@ -558,7 +577,8 @@ void attention_backward_launch(const AttentionBackwardParams& p, int head_dim, c
   }
 }
 
-template void attention_backward_launch<__nv_bfloat16>(const AttentionBackwardParams&, int, cudaStream_t);
+template void attention_backward_launch<__nv_bfloat16>(const AttentionBackwardParams&, int,
+                                                       cudaStream_t);
 template void attention_backward_launch<__half>(const AttentionBackwardParams&, int, cudaStream_t);
 
 }  // namespace tpf::cuda

@@ -18,17 +18,16 @@ __global__ void attention_delta_kernel(const AttentionBackwardParams p) {
   const int64_t rows = int64_t(f.B) * f.N * f.H * f.Sq;
   for (int64_t r = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; r < rows;
        r += int64_t(gridDim.x) * blockDim.x) {
-    const int s = int(r % f.Sq), h = int((r / f.Sq) % f.H), n = int((r / (int64_t(f.Sq) * f.H)) % f.N),
-              b = int(r / (int64_t(f.Sq) * f.H * f.N));
+    const int s = int(r % f.Sq), h = int((r / f.Sq) % f.H),
+              n = int((r / (int64_t(f.Sq) * f.H)) % f.N), b = int(r / (int64_t(f.Sq) * f.H * f.N));
     const T* o = static_cast<const T*>(f.o) + b * f.o_stride.b + n * f.o_stride.n +
                  h * f.o_stride.h + s * f.o_stride.s;
     const T* dout = static_cast<const T*>(p.dout) + b * p.dout_stride.b + n * p.dout_stride.n +
                     h * p.dout_stride.h + s * p.dout_stride.s;
-    const __nv_bfloat16* res =
-        f.residual ? static_cast<const __nv_bfloat16*>(f.residual) + b * f.residual_stride.b +
-                         n * f.residual_stride.n + h * f.residual_stride.h +
-                         s * f.residual_stride.s
-                   : nullptr;
+    const __nv_bfloat16* res = f.residual ? static_cast<const __nv_bfloat16*>(f.residual) +
+                                                b * f.residual_stride.b + n * f.residual_stride.n +
+                                                h * f.residual_stride.h + s * f.residual_stride.s
+                                          : nullptr;
     float acc = 0.f;
 #pragma unroll
     for (int c = 0; c < D; ++c) {
@@ -50,12 +49,14 @@ __global__ void attention_delta_vec_kernel(const AttentionBackwardParams p) {
   const int64_t rows = int64_t(f.B) * f.N * f.H * f.Sq, total = rows * L;
   const int part = threadIdx.x % L;
   for (int64_t base = int64_t(blockIdx.x) * blockDim.x; base < total;
-       base += int64_t(gridDim.x) * blockDim.x) {  // uniform over the block: shuffles see every lane
+       base +=
+       int64_t(gridDim.x) * blockDim.x) {  // uniform over the block: shuffles see every lane
     const int64_t idx = base + threadIdx.x, r = idx / L;
     float acc = 0.f;
     if (idx < total) {
       const int s = int(r % f.Sq), h = int((r / f.Sq) % f.H),
-                n = int((r / (int64_t(f.Sq) * f.H)) % f.N), b = int(r / (int64_t(f.Sq) * f.H * f.N));
+                n = int((r / (int64_t(f.Sq) * f.H)) % f.N),
+                b = int(r / (int64_t(f.Sq) * f.H * f.N));
       const uint4 o = *reinterpret_cast<const uint4*>(
           static_cast<const T*>(f.o) + b * f.o_stride.b + n * f.o_stride.n + h * f.o_stride.h +
           s * f.o_stride.s + part * 8);

@@ -37,7 +37,8 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
   S& sm = *reinterpret_cast<S*>(smem_raw);
   const AttentionForwardParams& f = p.fwd;
   const Sm90BackwardGrid grid = sm90_backward_grid(f.N, f.Sq, f.Sk, S::A);
-  const Sm90BackwardBlock blk = sm90_backward_block(blockIdx.x, group_begin, f.B, f.H, grid.key_blocks);
+  const Sm90BackwardBlock blk =
+      sm90_backward_block(blockIdx.x, group_begin, f.B, f.H, grid.key_blocks);
 
   if (threadIdx.x == 0) {
     mbar_init(&sm.kv_full, kBwdLoadThreads);

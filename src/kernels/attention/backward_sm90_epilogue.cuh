@@ -74,7 +74,8 @@ __device__ __forceinline__ void sm90_backward_write_dq(const AttentionBackwardPa
       if (n < f.N && (first || last || v0 || v1)) {
         const float* s0 = sm.dq_stage[buf][0];
         const float* s1 = sm.dq_stage[buf][1];
-        float* acc = p.dq_acc + ((int64_t(n - chunk_first_slice) * f.B + b) * f.H + h) * sq_pad * D +
+        float* acc = p.dq_acc +
+                     ((int64_t(n - chunk_first_slice) * f.B + b) * f.H + h) * sq_pad * D +
                      int64_t(q0) * D;
         T* out = static_cast<T*>(p.dq) + b * p.dq_stride.b + int64_t(n) * p.dq_stride.n +
                  h * p.dq_stride.h;
@@ -126,7 +127,8 @@ __device__ __forceinline__ void sm90_backward_write_dbias(const AttentionBackwar
       const float* src = sm.dbias_stage[w];
       float* acc = p.dbias_acc_t +
                    ((int64_t(b) * f.H + h) * (int64_t(J) * kBwdKeyBlock) + jb * kBwdKeyBlock +
-                    w * kBwdKeysPerWarpgroup) * sq_pad +
+                    w * kBwdKeysPerWarpgroup) *
+                       sq_pad +
                    int64_t(i) * kTileQ;
 #pragma unroll 4
       for (int e = lane; e < kBwdKeysPerWarpgroup * C4; e += 32) {
@@ -149,19 +151,22 @@ __device__ __forceinline__ void sm90_backward_write_dbias(const AttentionBackwar
 // A consumer's dK (scaled) and dV for its 64 keys of each slice, from registers.
 template <typename T, int D, int A>
 __device__ __forceinline__ void sm90_backward_store_dkdv(const AttentionBackwardParams& p,
-                                                         const ConsumerAccumulators<D, A>& acc, int g,
-                                                         int b, int h, int jb, int w) {
+                                                         const ConsumerAccumulators<D, A>& acc,
+                                                         int g, int b, int h, int jb, int w) {
   const AttentionForwardParams& f = p.fwd;
   const int ctid = threadIdx.x - 128 * (1 + w), warp = ctid >> 5, lane = ctid & 31;
 #pragma unroll
   for (int u = 0; u < A; ++u) {
     const int n = g * A + u;
     if (n >= f.N) continue;
-    T* dk_out = static_cast<T*>(p.dk) + b * p.dk_stride.b + int64_t(n) * p.dk_stride.n + h * p.dk_stride.h;
-    T* dv_out = static_cast<T*>(p.dv) + b * p.dv_stride.b + int64_t(n) * p.dv_stride.n + h * p.dv_stride.h;
+    T* dk_out =
+        static_cast<T*>(p.dk) + b * p.dk_stride.b + int64_t(n) * p.dk_stride.n + h * p.dk_stride.h;
+    T* dv_out =
+        static_cast<T*>(p.dv) + b * p.dv_stride.b + int64_t(n) * p.dv_stride.n + h * p.dv_stride.h;
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
-      const int key = jb * kBwdKeyBlock + w * kBwdKeysPerWarpgroup + warp * kWarpRows + (lane >> 2) + r * 8;
+      const int key =
+          jb * kBwdKeyBlock + w * kBwdKeysPerWarpgroup + warp * kWarpRows + (lane >> 2) + r * 8;
       if (key >= f.Sk) continue;
 #pragma unroll
       for (int c = 0; c < D / 8; ++c) {
@@ -195,7 +200,8 @@ __global__ void attention_dbias_finish_kernel(const AttentionBackwardParams p, i
   T* out = static_cast<T*>(p.dbias) + b * p.dbias_stride_b + h * p.dbias_stride_h;
   for (int r = threadIdx.y; r < 32; r += blockDim.y) {  // rows: queries
     const int q = q0 + r, k = k0 + threadIdx.x;
-    if (q < f.Sq && k < f.Sk) out[int64_t(q) * p.dbias_stride_q + k] = from_float<T>(tile[threadIdx.x][r]);
+    if (q < f.Sq && k < f.Sk)
+      out[int64_t(q) * p.dbias_stride_q + k] = from_float<T>(tile[threadIdx.x][r]);
   }
 }
 

@@ -38,31 +38,33 @@ template <typename T, int D>
 struct Sm90BackwardSmem {
   using Config = Sm90BackwardConfig<D>;
   static constexpr int A = Config::kSlices, DQS = Config::kDqStages;
-  static constexpr int TILE = kTileQ * D;              // a 64-row core-matrix tile, elements
-  static constexpr int LDBIAS = kBwdKeyBlock + kPad;   // bias rows [query][key], padded
-  static constexpr int LDQ = D + 8;                    // dQ staging rows (floats): conflict-free float2
-  static constexpr int LDDB = kTileQ + 4;              // dbias^T staging rows [key][query] (floats)
-  alignas(128) T k[A][2][TILE];        // [slice][warpgroup]: its 64 keys, core-matrix layout
+  static constexpr int TILE = kTileQ * D;             // a 64-row core-matrix tile, elements
+  static constexpr int LDBIAS = kBwdKeyBlock + kPad;  // bias rows [query][key], padded
+  static constexpr int LDQ = D + 8;        // dQ staging rows (floats): conflict-free float2
+  static constexpr int LDDB = kTileQ + 4;  // dbias^T staging rows [key][query] (floats)
+  alignas(128) T k[A][2][TILE];            // [slice][warpgroup]: its 64 keys, core-matrix layout
   alignas(128) T v[A][2][TILE];
-  alignas(128) T q[2][A][TILE];        // [stage][slice]
+  alignas(128) T q[2][A][TILE];  // [stage][slice]
   alignas(128) T dout[2][A][TILE];
-  alignas(128) T ds[2][2][kTileQ * kBwdKeysPerWarpgroup];  // [warpgroup][parity]: dS, [key/8][query][8]
-  alignas(16) T bias[2][kTileQ * LDBIAS];                  // [stage]
-  alignas(16) float dq_stage[DQS][2][kTileQ * LDQ];         // [stage][warpgroup], [query][feature]
+  alignas(
+      128) T ds[2][2][kTileQ * kBwdKeysPerWarpgroup];  // [warpgroup][parity]: dS, [key/8][query][8]
+  alignas(16) T bias[2][kTileQ * LDBIAS];              // [stage]
+  alignas(16) float dq_stage[DQS][2][kTileQ * LDQ];    // [stage][warpgroup], [query][feature]
   alignas(16) float dbias_stage[2][kBwdKeysPerWarpgroup * LDDB];  // [warpgroup], [key][query]
-  alignas(16) float lse2[2][A][kTileQ];   // lse log2e (+inf past Sq: no probability)
+  alignas(16) float lse2[2][A][kTileQ];  // lse log2e (+inf past Sq: no probability)
   alignas(16) float delta[2][A][kTileQ];
   uint8_t key_ok[A][kBwdKeyBlock];
-  uint8_t tile_state[A][2];   // kTileSkip / kTileMasked / kTileWhole per slice and warpgroup
-  int cta_alive;              // some tile is not kTileSkip
-  int dq_valid[DQS][2];       // the staged dQ partial holds data (else: zero)
+  uint8_t tile_state[A][2];  // kTileSkip / kTileMasked / kTileWhole per slice and warpgroup
+  int cta_alive;             // some tile is not kTileSkip
+  int dq_valid[DQS][2];      // the staged dQ partial holds data (else: zero)
   int dbias_valid[2];
   uint64_t kv_full, full[2], empty[2], dq_full[DQS], dq_empty[DQS], dbias_full, dbias_empty;
 };
 
 // The slice (b, n, h) of a [B, N, H, S, D] tensor.
 template <typename T>
-__device__ __forceinline__ const T* slice_of(const void* base, const Strides4& st, int b, int n, int h) {
+__device__ __forceinline__ const T* slice_of(const void* base, const Strides4& st, int b, int n,
+                                             int h) {
   return static_cast<const T*>(base) + b * st.b + int64_t(n) * st.n + h * st.h;
 }
 
@@ -112,8 +114,11 @@ __device__ __forceinline__ void sm90_backward_load(const AttentionBackwardParams
   if (tid < 2 * A) {
     const int u = tid / 2, w = tid % 2;
     int alive = 0;
-    for (int j = 0; j < kBwdKeysPerWarpgroup; ++j) alive += sm.key_ok[u][w * kBwdKeysPerWarpgroup + j];
-    sm.tile_state[u][w] = alive == 0 ? kTileSkip : alive == kBwdKeysPerWarpgroup ? kTileWhole : kTileMasked;
+    for (int j = 0; j < kBwdKeysPerWarpgroup; ++j)
+      alive += sm.key_ok[u][w * kBwdKeysPerWarpgroup + j];
+    sm.tile_state[u][w] = alive == 0                      ? kTileSkip
+                          : alive == kBwdKeysPerWarpgroup ? kTileWhole
+                                                          : kTileMasked;
   }
   named_barrier(kBwdLoadBarrier, kBwdLoadThreads);
   if (tid == 0) {
@@ -130,8 +135,8 @@ __device__ __forceinline__ void sm90_backward_load(const AttentionBackwardParams
   mbar_arrive(&sm.kv_full);
 
   // Per query tile: Q, dO of the slices, the bias tile, lse and delta, into stage i % 2.
-  const T* bias_base = static_cast<const T*>(f.bias) + b * f.bias_stride_b + h * f.bias_stride_h +
-                       jb * kBwdKeyBlock;
+  const T* bias_base =
+      static_cast<const T*>(f.bias) + b * f.bias_stride_b + h * f.bias_stride_h + jb * kBwdKeyBlock;
   const int kcols = min(kBwdKeyBlock, f.Sk - jb * kBwdKeyBlock);
 #pragma unroll 1
   for (int i = 0; i < T_tiles; ++i) {
@@ -209,10 +214,9 @@ struct ConsumerAccumulators {
 };
 
 template <typename T, int D>
-__device__ __forceinline__ void sm90_backward_consume(const AttentionBackwardParams& p,
-                                                      Sm90BackwardSmem<T, D>& sm,
-                                                      ConsumerAccumulators<D, Sm90BackwardSmem<T, D>::A>& acc,
-                                                      int w, int T_tiles) {
+__device__ __forceinline__ void sm90_backward_consume(
+    const AttentionBackwardParams& p, Sm90BackwardSmem<T, D>& sm,
+    ConsumerAccumulators<D, Sm90BackwardSmem<T, D>::A>& acc, int w, int T_tiles) {
   using S = Sm90BackwardSmem<T, D>;
   constexpr int A = S::A, DQS = S::DQS;
   const int ctid = threadIdx.x - 128 * (1 + w);  // 0..127 in the warpgroup
@@ -274,7 +278,8 @@ __device__ __forceinline__ void sm90_backward_consume(const AttentionBackwardPar
       wgmma_fence();
 #pragma unroll
       for (int ks = 0; ks < D / 16; ++ks) {
-        const uint64_t a = desc_k_major(kt + ks * 2 * 64 * 8), bq = desc_k_major(qt + ks * 2 * 64 * 8);
+        const uint64_t a = desc_k_major(kt + ks * 2 * 64 * 8),
+                       bq = desc_k_major(qt + ks * 2 * 64 * 8);
         if (ks == 0)
           Wgmma<T, 64>::template ss<0, 0, 0>(st, a, bq);
         else
@@ -282,7 +287,8 @@ __device__ __forceinline__ void sm90_backward_consume(const AttentionBackwardPar
       }
 #pragma unroll
       for (int ks = 0; ks < D / 16; ++ks) {
-        const uint64_t a = desc_k_major(vt + ks * 2 * 64 * 8), bd = desc_k_major(dot + ks * 2 * 64 * 8);
+        const uint64_t a = desc_k_major(vt + ks * 2 * 64 * 8),
+                       bd = desc_k_major(dot + ks * 2 * 64 * 8);
         if (ks == 0)
           Wgmma<T, 64>::template ss<0, 0, 0>(dpt, a, bd);
         else
@@ -341,7 +347,8 @@ __device__ __forceinline__ void sm90_backward_consume(const AttentionBackwardPar
         Wgmma<T, D>::template rs<1, 1>(acc.dk[u], da[kk], desc_mn_major(qt + kk * 16 * 8));
 #pragma unroll
       for (int kk = 0; kk < 4; ++kk) {  // dQ_w = dS K: K = 16 keys per step
-        const uint64_t a = desc_k_major(ds + kk * 2 * kTileQ * 8), bk = desc_mn_major(kt + kk * 16 * 8);
+        const uint64_t a = desc_k_major(ds + kk * 2 * kTileQ * 8),
+                       bk = desc_mn_major(kt + kk * 16 * 8);
         if (kk == 0)
           Wgmma<T, D>::template ss<0, 0, 1>(dq, a, bk);
         else

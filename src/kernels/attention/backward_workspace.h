@@ -51,8 +51,9 @@ inline DqClusters dq_clusters(int64_t key_tiles) {
 inline int backward_slices_per_block(int head_dim) {
   if (backward_lean(head_dim))
     return head_dim == 16 ? BackwardTiles<16, true>::kSlices : BackwardTiles<32, true>::kSlices;
-  return head_dim == 16 ? BackwardTiles<16>::kSlices
-                        : head_dim == 32 ? BackwardTiles<32>::kSlices : BackwardTiles<64>::kSlices;
+  return head_dim == 16   ? BackwardTiles<16>::kSlices
+         : head_dim == 32 ? BackwardTiles<32>::kSlices
+                          : BackwardTiles<64>::kSlices;
 }
 
 inline BackwardWorkspaceLayout backward_workspace_layout(int64_t B, int64_t N, int64_t H,
@@ -70,9 +71,10 @@ inline BackwardWorkspaceLayout backward_workspace_layout(int64_t B, int64_t N, i
   const int64_t groups = (chunk + G - 1) / G;
   // The same chunks with the cluster dQ (so that it changes nothing else), but dQ partials only
   // when the key tiles need more than one cluster: parts instead of key_tiles per slice.
-  const int64_t dq_slots = backward_dq_cluster(int(D))
-                               ? (dq_clusters(key_tiles).parts > 1 ? dq_clusters(key_tiles).parts : 0)
-                               : key_tiles;
+  const int64_t dq_slots =
+      backward_dq_cluster(int(D))
+          ? (dq_clusters(key_tiles).parts > 1 ? dq_clusters(key_tiles).parts : 0)
+          : key_tiles;
   BackwardWorkspaceLayout w;
   w.chunk = int(chunk);
   w.delta = 0;

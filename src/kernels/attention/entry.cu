@@ -18,7 +18,9 @@
 namespace tpf::cuda {
 namespace {
 
-Strides4 strides4(const TensorView& t) { return {t.stride[0], t.stride[1], t.stride[2], t.stride[3]}; }
+Strides4 strides4(const TensorView& t) {
+  return {t.stride[0], t.stride[1], t.stride[2], t.stride[3]};
+}
 
 bool rows_aligned(const TensorView& t, int row_dim) {
   const int64_t elem = dtype_size(t.dtype);
@@ -37,8 +39,8 @@ void check_cuda_device(const TensorView& q, const AttentionDims& d) {
   int device = -1;
   cudaGetDevice(&device);
   TPF_CHECK(q.device_index == device,
-            "q is on cuda:" + std::to_string(q.device_index) + " but the current device is cuda:" +
-                std::to_string(device));
+            "q is on cuda:" + std::to_string(q.device_index) +
+                " but the current device is cuda:" + std::to_string(device));
 }
 
 void check_cuda_inputs(const TensorView& q, const AttentionDims& d) {
@@ -136,7 +138,8 @@ void attention_forward(const AttentionForwardArgs& a, const AttentionDims& d, vo
 }
 
 size_t attention_backward_workspace_bytes(const AttentionDims& d) {
-  if (sm90_backward_supports(d.D)) return sm90_backward_workspace(d.B, d.N, d.H, d.Sq, d.Sk, d.D).total;
+  if (sm90_backward_supports(d.D))
+    return sm90_backward_workspace(d.B, d.N, d.H, d.Sq, d.Sk, d.D).total;
   if (d.D != 16 && d.D != 32 && d.D != 64) return 0;
   return backward_workspace_layout(d.B, d.N, d.H, d.Sq, d.Sk, d.D).total;
 }

@@ -145,8 +145,10 @@ void launch_tiles(const AttentionForwardParams& p, cudaStream_t stream) {
   using S = ForwardSmem<T, D, MT>;
   const size_t smem = sizeof(S);
   auto kernel = [] {
-    if constexpr (MinBlocks == 5) return attention_forward_5_kernel<T, D, MT>;
-    else return attention_forward_kernel<T, D, MT>;
+    if constexpr (MinBlocks == 5)
+      return attention_forward_5_kernel<T, D, MT>;
+    else
+      return attention_forward_kernel<T, D, MT>;
   }();
   cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem));
   if (MinBlocks > 1)
@@ -194,7 +196,8 @@ void attention_forward_launch(const AttentionForwardParams& p, int head_dim, cud
   }
 }
 
-template void attention_forward_launch<__nv_bfloat16>(const AttentionForwardParams&, int, cudaStream_t);
+template void attention_forward_launch<__nv_bfloat16>(const AttentionForwardParams&, int,
+                                                      cudaStream_t);
 template void attention_forward_launch<__half>(const AttentionForwardParams&, int, cudaStream_t);
 
 }  // namespace tpf::cuda

@@ -34,8 +34,8 @@ struct SliceInputs {
   const T* safe;
 };
 template <typename T>
-__device__ __forceinline__ SliceInputs<T> slice_inputs(const AttentionForwardParams& p, int b, int n,
-                                                       int h, int q0) {
+__device__ __forceinline__ SliceInputs<T> slice_inputs(const AttentionForwardParams& p, int b,
+                                                       int n, int h, int q0) {
   SliceInputs<T> in;
   in.q = static_cast<const T*>(p.q) + b * p.q_stride.b + n * p.q_stride.n + h * p.q_stride.h;
   in.k = static_cast<const T*>(p.k) + b * p.k_stride.b + n * p.k_stride.n + h * p.k_stride.h;
@@ -108,10 +108,10 @@ __device__ __forceinline__ void load_query_tile(T* q_dst, const ForwardTile<T>& 
 // key flags (1 = attend) of the tile. Out: s = exp(x - m_new) with x = s * scale + bias (-inf for a
 // masked key), m and l updated, and correction = exp(m_old - m_new) for the caller's O.
 template <typename T>
-__device__ __forceinline__ void softmax_tile(float (&s)[kTileK / 8][4], float (&m)[2], float (&l)[2],
-                                             float (&correction)[2], const T* bias_tile, int ldb,
-                                             int row0, const uint8_t* key_ok, float scale,
-                                             int lane) {
+__device__ __forceinline__ void softmax_tile(float (&s)[kTileK / 8][4], float (&m)[2],
+                                             float (&l)[2], float (&correction)[2],
+                                             const T* bias_tile, int ldb, int row0,
+                                             const uint8_t* key_ok, float scale, int lane) {
   // Scale, bias, mask (log2 domain) and the running row maxima. Each thread's elements come in pairs
   // of adjacent keys: ldmatrix gives the bias pairs of two 8-key blocks at once (the A-fragment
   // layout), and one 16-bit load gives a pair's key flags.
@@ -193,13 +193,13 @@ struct OutputSlice {
   __nv_bfloat16* residual;
 };
 template <typename T>
-__device__ __forceinline__ OutputSlice<T> output_slice(const AttentionForwardParams& p, int b, int n,
-                                                       int h) {
+__device__ __forceinline__ OutputSlice<T> output_slice(const AttentionForwardParams& p, int b,
+                                                       int n, int h) {
   T* out = static_cast<T*>(p.o) + b * p.o_stride.b + n * p.o_stride.n + h * p.o_stride.h;
-  __nv_bfloat16* res = p.residual ? static_cast<__nv_bfloat16*>(p.residual) +
-                                        b * p.residual_stride.b + n * p.residual_stride.n +
-                                        h * p.residual_stride.h
-                                  : nullptr;
+  __nv_bfloat16* res = p.residual
+                           ? static_cast<__nv_bfloat16*>(p.residual) + b * p.residual_stride.b +
+                                 n * p.residual_stride.n + h * p.residual_stride.h
+                           : nullptr;
   return {out, res};
 }
 
@@ -220,8 +220,8 @@ __device__ __forceinline__ void store_o_pair(T* dst, __nv_bfloat16* res, float x
 // row, normalize, write O (the input dtype), its BF16 residual when requested and the lse (natural
 // log; +inf for a row with no key, whose O is zero).
 template <typename T, int D>
-__device__ __forceinline__ void store_rows(const AttentionForwardParams& p, OutputSlice<T> dst_slice,
-                                           int b, int n, int h, int row0,
+__device__ __forceinline__ void store_rows(const AttentionForwardParams& p,
+                                           OutputSlice<T> dst_slice, int b, int n, int h, int row0,
                                            const float (&o)[D / 8][4], const float (&m)[2],
                                            const float (&l)[2], int lane) {
   T* out = dst_slice.o;

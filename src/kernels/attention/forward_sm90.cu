@@ -14,10 +14,10 @@
 // results are bitwise reproducible. Files: heuristics (tile shapes), layout (shared memory),
 // params, scheduler (CTA -> work), mainloop (producer, consumers), softmax, epilogue.
 #include <cuda.h>
+#include <cudaTypedefs.h>
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
-#include <cudaTypedefs.h>
 
 #include <algorithm>
 #include <cmath>
@@ -53,7 +53,7 @@ __global__ void __launch_bounds__(kThreads, 1)
 
   if (threadIdx.x == 0) {
     for (int s = 0; s < kStages; ++s) {
-      Barrier::init(&full[s], 1);                 // the producer's arrive (plus the TMA bytes)
+      Barrier::init(&full[s], 1);                  // the producer's arrive (plus the TMA bytes)
       Barrier::init(&empty[s], kConsumers * 128);  // every consumer thread
     }
     cutlass::arch::fence_barrier_init();
@@ -92,7 +92,8 @@ __global__ void __launch_bounds__(kThreads, 1)
       load_q_fragments<T, DP>(p, t.b, t.n0 + g, t.h, row0, lane, st.qf[g]);
       st.m[g][0] = st.m[g][1] = -INFINITY;
 #pragma unroll
-      for (int i = 0; i < L::kPvBlocks; ++i) st.o[g][i][0] = st.o[g][i][1] = st.o[g][i][2] = st.o[g][i][3] = 0.f;
+      for (int i = 0; i < L::kPvBlocks; ++i)
+        st.o[g][i][0] = st.o[g][i][1] = st.o[g][i][2] = st.o[g][i][3] = 0.f;
     }
     consume<T, DP>(p, t, smem, words, st, wg, warp, lane);
 #pragma unroll
@@ -107,10 +108,9 @@ __global__ void __launch_bounds__(kThreads, 1)
 // (row, col + 1), (row + 8, col), (row + 8, col + 1). Keys past Sk are -inf (masked), rows past
 // Sq 0.
 template <typename TB>
-__global__ void __launch_bounds__(256) bias_prepass_kernel(const TB* bias, int64_t sb, int64_t sh,
-                                                           int64_t sq, int H, int Sq, int Sk,
-                                                           int q_blocks, int key_tiles,
-                                                           float inv_scale, float4* out) {
+__global__ void __launch_bounds__(256)
+    bias_prepass_kernel(const TB* bias, int64_t sb, int64_t sh, int64_t sq, int H, int Sq, int Sk,
+                        int q_blocks, int key_tiles, float inv_scale, float4* out) {
   const int kt = blockIdx.x, qb = blockIdx.y, bh = blockIdx.z, b = bh / H, h = bh % H;
   const TB* src = bias + b * sb + h * sh;
   float4* dst = out + (int64_t(bh) * q_blocks + qb) * int64_t(key_tiles) * (kBiasTileFloats / 4) +
@@ -132,8 +132,8 @@ PFN_cuTensorMapEncodeTiled_v12000 encode_fn() {
   static PFN_cuTensorMapEncodeTiled_v12000 fn = [] {
     void* f = nullptr;
     cudaDriverEntryPointQueryResult q{};
-    const cudaError_t e =
-        cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &f, 12000, cudaEnableDefault, &q);
+    const cudaError_t e = cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &f, 12000,
+                                                           cudaEnableDefault, &q);
     TPF_CHECK(e == cudaSuccess && q == cudaDriverEntryPointSuccess && f != nullptr,
               "the CUDA driver has no cuTensorMapEncodeTiled (a driver for CUDA 12 or newer is "
               "needed)");
@@ -173,17 +173,19 @@ CUtensorMap key_tensor_map(const TensorView& x, bool fp16, const char* name, uin
                                      : L::W == 32 ? CU_TENSOR_MAP_SWIZZLE_64B
                                                   : CU_TENSOR_MAP_SWIZZLE_32B;
   CUtensorMap map;
-  const CUresult r = encode_fn()(
-      &map, fp16 ? CU_TENSOR_MAP_DATA_TYPE_FLOAT16 : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 5, x.data,
-      dims, strides, box, elem, CU_TENSOR_MAP_INTERLEAVE_NONE, swizzle,
-      CU_TENSOR_MAP_L2_PROMOTION_L2_128B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
-  TPF_CHECK(r == CUDA_SUCCESS, std::string("could not describe ") + name +
-                                   " for TMA (cuTensorMapEncodeTiled error " + std::to_string(int(r)) +
-                                   "): rows must start on 16-byte boundaries");
+  const CUresult r =
+      encode_fn()(&map, fp16 ? CU_TENSOR_MAP_DATA_TYPE_FLOAT16 : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16,
+                  5, x.data, dims, strides, box, elem, CU_TENSOR_MAP_INTERLEAVE_NONE, swizzle,
+                  CU_TENSOR_MAP_L2_PROMOTION_L2_128B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  TPF_CHECK(r == CUDA_SUCCESS,
+            std::string("could not describe ") + name + " for TMA (cuTensorMapEncodeTiled error " +
+                std::to_string(int(r)) + "): rows must start on 16-byte boundaries");
   return map;
 }
 
-Strides4 strides4(const TensorView& t) { return {t.stride[0], t.stride[1], t.stride[2], t.stride[3]}; }
+Strides4 strides4(const TensorView& t) {
+  return {t.stride[0], t.stride[1], t.stride[2], t.stride[3]};
+}
 
 template <typename TB>
 void launch_prepass(const AttentionForwardArgs& a, const AttentionDims& d, const Params& p,
@@ -241,9 +243,10 @@ void launch_dp(const AttentionForwardArgs& a, const AttentionDims& d, cudaStream
   auto kernel = attention_forward_sm90_kernel<T, DP>;
   const size_t smem = L::smem_bytes(p.key_tiles);
   // The mask words (8 bytes per slice and key tile) sit in shared memory beside the stages.
-  TPF_CHECK(smem <= kMaxSmemBytes, "the CUDA forward takes at most " +
-                                       std::to_string((kMaxSmemBytes - L::kWords - 1024) / (8 * L::G) * kKeys) +
-                                       " keys at this head dim, got Sk = " + std::to_string(d.Sk));
+  TPF_CHECK(smem <= kMaxSmemBytes,
+            "the CUDA forward takes at most " +
+                std::to_string((kMaxSmemBytes - L::kWords - 1024) / (8 * L::G) * kKeys) +
+                " keys at this head dim, got Sk = " + std::to_string(d.Sk));
   cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem));
   kernel<<<grid_of(p), kThreads, smem, stream>>>(p);
 }
@@ -269,7 +272,8 @@ void launch(const AttentionForwardArgs& a, const AttentionDims& d, cudaStream_t 
   throw Error("the Hopper attention forward has no kernel for head dim " + std::to_string(d.D));
 }
 
-template void launch<__nv_bfloat16>(const AttentionForwardArgs&, const AttentionDims&, cudaStream_t);
+template void launch<__nv_bfloat16>(const AttentionForwardArgs&, const AttentionDims&,
+                                    cudaStream_t);
 template void launch<__half>(const AttentionForwardArgs&, const AttentionDims&, cudaStream_t);
 
 }  // namespace tpf::cuda::fwd90

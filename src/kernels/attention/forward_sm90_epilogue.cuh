@@ -20,10 +20,10 @@ __device__ __forceinline__ void store_slice(const Params& p, int b, int n, int h
                                             int lane) {
   if (n >= p.N) return;
   T* out = static_cast<T*>(p.o) + b * p.o_stride.b + n * p.o_stride.n + h * p.o_stride.h;
-  __nv_bfloat16* res =
-      p.residual ? static_cast<__nv_bfloat16*>(p.residual) + b * p.residual_stride.b +
-                       n * p.residual_stride.n + h * p.residual_stride.h
-                 : nullptr;
+  __nv_bfloat16* res = p.residual
+                           ? static_cast<__nv_bfloat16*>(p.residual) + b * p.residual_stride.b +
+                                 n * p.residual_stride.n + h * p.residual_stride.h
+                           : nullptr;
   const int col_pair = (lane & 3) * 2;
 #pragma unroll
   for (int r = 0; r < 2; ++r) {

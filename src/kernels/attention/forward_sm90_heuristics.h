@@ -12,9 +12,9 @@ constexpr int kRows = 128;
 constexpr int kRowsPerWarpgroup = 64;
 constexpr int kKeys = 64;
 constexpr int kStages = 2;
-constexpr int kConsumers = 2;                      // consumer warpgroups
-constexpr int kThreads = 128 * (1 + kConsumers);   // + the producer warpgroup
-constexpr int kBiasTileFloats = kRows * kKeys;     // one stage's bias, fp32 in fragment order
+constexpr int kConsumers = 2;                     // consumer warpgroups
+constexpr int kThreads = 128 * (1 + kConsumers);  // + the producer warpgroup
+constexpr int kBiasTileFloats = kRows * kKeys;    // one stage's bias, fp32 in fragment order
 constexpr int kMaxHeadDim = 128;
 
 // The head dim rounded up to whole k-steps of the QK^T MMA (16); the padding columns are zero.
@@ -39,7 +39,8 @@ inline int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 // Workspace of the forward: the bias pre-scaled to fp32 in the consumers' fragment order, one
 // 32 KB block per (b, h, 128-query block, 64-key tile).
 inline size_t forward_workspace_bytes(int64_t B, int64_t H, int64_t Sq, int64_t Sk) {
-  return size_t(B * H * ceil_div(Sq, kRows) * ceil_div(Sk, kKeys)) * kBiasTileFloats * sizeof(float);
+  return size_t(B * H * ceil_div(Sq, kRows) * ceil_div(Sk, kKeys)) * kBiasTileFloats *
+         sizeof(float);
 }
 
 }  // namespace tpf::cuda::fwd90

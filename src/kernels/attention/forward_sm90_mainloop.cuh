@@ -35,8 +35,8 @@ __device__ __forceinline__ void load_mask_words(const Params& p, const Tile& t, 
   for (int w = warp; w < G * p.key_tiles; w += kThreads / 32) {
     const int g = w / p.key_tiles, kt = w % p.key_tiles, n = t.n0 + g;
     const int k_lo = kt * kKeys + lane, k_hi = k_lo + 32;
-    const uint8_t* mask = p.mask ? p.mask + t.b * p.mask_stride_b + int64_t(n) * p.mask_stride_n
-                                 : nullptr;
+    const uint8_t* mask =
+        p.mask ? p.mask + t.b * p.mask_stride_b + int64_t(n) * p.mask_stride_n : nullptr;
     const bool ok_lo = n < p.N && k_lo < p.Sk && (mask == nullptr || mask[k_lo] != 0);
     const bool ok_hi = n < p.N && k_hi < p.Sk && (mask == nullptr || mask[k_hi] != 0);
     const uint32_t lo = __ballot_sync(0xffffffffu, ok_lo), hi = __ballot_sync(0xffffffffu, ok_hi);
@@ -148,8 +148,8 @@ __device__ __forceinline__ void consume(const Params& p, const Tile& t, uint8_t*
     const uint32_t stage = smem_base + s * L::kStageBytes;
     // This thread's bias values: float4 j of the warp's 16 x 64 block (the pre-pass wrote them
     // in this order), conflict-free 16-byte loads.
-    const float4* bias = reinterpret_cast<const float4*>(smem + s * L::kStageBytes) +
-                         (wg * 4 + warp) * 256 + lane;
+    const float4* bias =
+        reinterpret_cast<const float4*>(smem + s * L::kStageBytes) + (wg * 4 + warp) * 256 + lane;
     const uint64_t valid = valid_keys(kt, p.Sk);
 #pragma unroll
     for (int g = 0; g < L::G; ++g) {
@@ -171,8 +171,8 @@ __device__ __forceinline__ void consume(const Params& p, const Tile& t, uint8_t*
 #pragma unroll
       for (int ks = 0; ks < DP / 16; ++ks) {
         const int col = ks * 16;
-        const uint32_t addr = stage + L::k_offset(g) + (col / L::W) * L::kBlockBytes +
-                              (col % L::W) * 2;
+        const uint32_t addr =
+            stage + L::k_offset(g) + (col / L::W) * L::kBlockBytes + (col % L::W) * 2;
         wgmma_rs<T, kKeys, gmma::Major::K>(sc, st.qf[g][ks], smem_desc<L::W>(addr, 16));
       }
       cute::warpgroup_commit_batch();
@@ -188,7 +188,7 @@ __device__ __forceinline__ void consume(const Params& p, const Tile& t, uint8_t*
 #pragma unroll
       for (int kk = 0; kk < kKeys / 16; ++kk)
         wgmma_rs<T, L::kPvN, gmma::Major::MN>(st.o[g], pa[kk],
-                                               smem_desc<L::W>(v_tile + kk * 16 * 2 * L::W, lbo));
+                                              smem_desc<L::W>(v_tile + kk * 16 * 2 * L::W, lbo));
       cute::warpgroup_commit_batch();
     }
     cute::warpgroup_wait<0>();  // every MMA that read this stage is done

@@ -12,11 +12,11 @@
 #ifndef CUTE_SM90_EXTENDED_MMA_SHAPES_ENABLED
 #define CUTE_SM90_EXTENDED_MMA_SHAPES_ENABLED
 #endif
+#include <cutlass/arch/barrier.h>
+#include <cutlass/arch/reg_reconfig.h>
 #include <cute/arch/copy_sm90_tma.hpp>
 #include <cute/arch/mma_sm90_desc.hpp>
 #include <cute/arch/mma_sm90_gmma.hpp>
-#include <cutlass/arch/barrier.h>
-#include <cutlass/arch/reg_reconfig.h>
 
 namespace tpf::cuda::fwd90 {
 
@@ -26,14 +26,14 @@ namespace gmma = cute::SM90::GMMA;
 
 template <typename T, int N, gmma::Major MajorB>
 struct RsAtom;
-#define TPF_RS_ATOM(N)                                                                          \
-  template <gmma::Major B>                                                                      \
-  struct RsAtom<__nv_bfloat16, N, B> {                                                          \
-    using type = gmma::MMA_64x##N##x16_F32BF16BF16_RS<gmma::Major::K, B>;                       \
-  };                                                                                            \
-  template <gmma::Major B>                                                                      \
-  struct RsAtom<__half, N, B> {                                                                 \
-    using type = gmma::MMA_64x##N##x16_F32F16F16_RS<gmma::Major::K, B>;                         \
+#define TPF_RS_ATOM(N)                                                    \
+  template <gmma::Major B>                                                \
+  struct RsAtom<__nv_bfloat16, N, B> {                                    \
+    using type = gmma::MMA_64x##N##x16_F32BF16BF16_RS<gmma::Major::K, B>; \
+  };                                                                      \
+  template <gmma::Major B>                                                \
+  struct RsAtom<__half, N, B> {                                           \
+    using type = gmma::MMA_64x##N##x16_F32F16F16_RS<gmma::Major::K, B>;   \
   };
 TPF_RS_ATOM(24)
 TPF_RS_ATOM(40)
@@ -78,8 +78,9 @@ __device__ __forceinline__ void fence_operands(float (&d)[R][4]) {
 template <int W>
 constexpr uint8_t swizzle_layout_type() {
   static_assert(W == 16 || W == 32 || W == 64, "atoms are 32, 64 or 128 bytes wide");
-  return W == 64 ? uint8_t(gmma::LayoutType::B128)
-                 : W == 32 ? uint8_t(gmma::LayoutType::B64) : uint8_t(gmma::LayoutType::B32);
+  return W == 64   ? uint8_t(gmma::LayoutType::B128)
+         : W == 32 ? uint8_t(gmma::LayoutType::B64)
+                   : uint8_t(gmma::LayoutType::B32);
 }
 
 template <int W>
@@ -131,7 +132,7 @@ __device__ __forceinline__ float ex2_mufu(float x) {
 // exactly 0 like ex2.approx.ftz.
 __device__ __forceinline__ float ex2_poly(float x) {
   x = fmaxf(x, -127.f);
-  const float rounded = x + 12582912.f;            // 1.5 * 2^23: integer part in the low bits
+  const float rounded = x + 12582912.f;  // 1.5 * 2^23: integer part in the low bits
   const float i = rounded - 12582912.f;
   const float f = x - i;
   float p = 9.57009941e-3f;

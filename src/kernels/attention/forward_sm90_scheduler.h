@@ -20,8 +20,6 @@ __device__ __forceinline__ Tile tile_of_cta(const Params& p) {
   return t;
 }
 
-inline dim3 grid_of(const Params& p) {
-  return dim3(p.slice_groups, p.q_blocks, p.B * p.H);
-}
+inline dim3 grid_of(const Params& p) { return dim3(p.slice_groups, p.q_blocks, p.B * p.H); }
 
 }  // namespace tpf::cuda::fwd90

@@ -35,8 +35,9 @@ __device__ __forceinline__ void apply_key_mask(float (&s)[kKeys / 8][4], uint64_
 // of the four 16-key steps of O += P V.
 template <typename T, int kPvBlocks>
 __device__ __forceinline__ void softmax_tile(float (&s)[kKeys / 8][4], float (&m)[2],
-                                             float (&o)[kPvBlocks][4], uint32_t (&pa)[kKeys / 16][4],
-                                             float c, float rescale_acc) {
+                                             float (&o)[kPvBlocks][4],
+                                             uint32_t (&pa)[kKeys / 16][4], float c,
+                                             float rescale_acc) {
   float mx[2];
 #pragma unroll
   for (int r = 0; r < 2; ++r) {

@@ -57,7 +57,9 @@ __device__ __forceinline__ uint64_t smem_desc(const void* p, uint32_t lbo, uint3
          uint64_t(sbo >> 4) << 32;
 }
 
-__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
+__device__ __forceinline__ void wgmma_fence() {
+  asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
+}
 __device__ __forceinline__ void wgmma_commit() {
   asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
 }
@@ -87,31 +89,32 @@ struct Wgmma;
 // Wgmma<TY, N>: the PTX operand numbers of the accumulator list (DREGS), A's registers (AREGS),
 // the descriptor, ScaleD and TransB, and the accumulator operands (TPF_ACC4 for each of the N / 8
 // fragments).
-#define TPF_WGMMA_RS_N(TY, PTXTY, N, DREGS, AREGS, DESC, SCALE_D, TRANS_B, ...)                   \
-  template <>                                                                                      \
-  struct Wgmma<TY, N> {                                                                            \
-    template <int ScaleD, int TransB>                                                              \
-    static __device__ __forceinline__ void run(float (&d)[N / 8][4], const uint32_t (&a)[4],      \
-                                               uint64_t desc) {                                    \
-      asm volatile(                                                                                \
-          "{\n.reg .pred p;\nsetp.ne.b32 p, " SCALE_D ", 0;\n"                                     \
-          "wgmma.mma_async.sync.aligned.m64n" #N "k16.f32." PTXTY "." PTXTY " " DREGS ", " AREGS  \
-          ", " DESC ", p, 1, 1, " TRANS_B ";\n}\n"                                                 \
-          : __VA_ARGS__                                                                            \
-          : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "n"(ScaleD), "n"(TransB));     \
-    }                                                                                              \
+#define TPF_WGMMA_RS_N(TY, PTXTY, N, DREGS, AREGS, DESC, SCALE_D, TRANS_B, ...)                \
+  template <>                                                                                  \
+  struct Wgmma<TY, N> {                                                                        \
+    template <int ScaleD, int TransB>                                                          \
+    static __device__ __forceinline__ void run(float (&d)[N / 8][4], const uint32_t (&a)[4],   \
+                                               uint64_t desc) {                                \
+      asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, " SCALE_D                                 \
+                   ", 0;\n"                                                                    \
+                   "wgmma.mma_async.sync.aligned.m64n" #N "k16.f32." PTXTY "." PTXTY " " DREGS \
+                   ", " AREGS ", " DESC ", p, 1, 1, " TRANS_B ";\n}\n"                         \
+                   : __VA_ARGS__                                                               \
+                   : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "n"(ScaleD),       \
+                     "n"(TransB));                                                             \
+    }                                                                                          \
   };
 #define TPF_WGMMA_RS(TY, PTXTY)                                                                    \
-  TPF_WGMMA_RS_N(TY, PTXTY, 16, "{%0,%1,%2,%3,%4,%5,%6,%7}", "{%8,%9,%10,%11}", "%12", "%13",     \
-                 "%14", TPF_ACC4(d, 0), TPF_ACC4(d, 1))                                           \
-  TPF_WGMMA_RS_N(TY, PTXTY, 32, "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15}",        \
-                 "{%16,%17,%18,%19}", "%20", "%21", "%22", TPF_ACC4(d, 0), TPF_ACC4(d, 1),       \
-                 TPF_ACC4(d, 2), TPF_ACC4(d, 3))                                                  \
+  TPF_WGMMA_RS_N(TY, PTXTY, 16, "{%0,%1,%2,%3,%4,%5,%6,%7}", "{%8,%9,%10,%11}", "%12", "%13",      \
+                 "%14", TPF_ACC4(d, 0), TPF_ACC4(d, 1))                                            \
+  TPF_WGMMA_RS_N(TY, PTXTY, 32, "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15}",         \
+                 "{%16,%17,%18,%19}", "%20", "%21", "%22", TPF_ACC4(d, 0), TPF_ACC4(d, 1),         \
+                 TPF_ACC4(d, 2), TPF_ACC4(d, 3))                                                   \
   TPF_WGMMA_RS_N(TY, PTXTY, 64,                                                                    \
                  "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21," \
                  "%22,%23,%24,%25,%26,%27,%28,%29,%30,%31}",                                       \
-                 "{%32,%33,%34,%35}", "%36", "%37", "%38", TPF_ACC4(d, 0), TPF_ACC4(d, 1),       \
-                 TPF_ACC4(d, 2), TPF_ACC4(d, 3), TPF_ACC4(d, 4), TPF_ACC4(d, 5), TPF_ACC4(d, 6), \
+                 "{%32,%33,%34,%35}", "%36", "%37", "%38", TPF_ACC4(d, 0), TPF_ACC4(d, 1),         \
+                 TPF_ACC4(d, 2), TPF_ACC4(d, 3), TPF_ACC4(d, 4), TPF_ACC4(d, 5), TPF_ACC4(d, 6),   \
                  TPF_ACC4(d, 7))
 TPF_WGMMA_RS(__nv_bfloat16, "bf16")
 TPF_WGMMA_RS(__half, "f16")
@@ -150,8 +153,8 @@ constexpr uint32_t kAlongFeatures = kTileK * 16;
 // s = q k^T (64 x 64), issued (no fence, commit or wait): k-step ks covers features 16 ks ..
 // 16 ks + 15, two core-matrix columns of the key tile.
 template <typename T, int D>
-__device__ __forceinline__ void issue_scores(float (&s)[kTileK / 8][4], const uint32_t (&qf)[D / 16][4],
-                                             const T* k_tile) {
+__device__ __forceinline__ void issue_scores(float (&s)[kTileK / 8][4],
+                                             const uint32_t (&qf)[D / 16][4], const T* k_tile) {
 #pragma unroll
   for (int ks = 0; ks < D / 16; ++ks) {
     const uint64_t desc = smem_desc(k_tile + ks * 2 * kTileK * 8, kAlongFeatures, kAlongKeys);
@@ -165,8 +168,8 @@ __device__ __forceinline__ void issue_scores(float (&s)[kTileK / 8][4], const ui
 // o += p v, issued likewise: k-step kk covers keys 16 kk .. 16 kk + 15, two core-matrix rows of
 // the value tile.
 template <typename T, int D>
-__device__ __forceinline__ void issue_pv(float (&o)[D / 8][4],
-                                         const uint32_t (&pa)[kTileK / 16][4], const T* v_tile) {
+__device__ __forceinline__ void issue_pv(float (&o)[D / 8][4], const uint32_t (&pa)[kTileK / 16][4],
+                                         const T* v_tile) {
 #pragma unroll
   for (int kk = 0; kk < kTileK / 16; ++kk) {
     const uint64_t desc = smem_desc(v_tile + kk * 16 * 8, kAlongKeys, kAlongFeatures);
@@ -240,8 +243,7 @@ __global__ void __launch_bounds__(kWarpgroupThreads, 4)
     fence_accumulator(o);
   }
 
-  store_rows<T, D>(p, output_slice<T>(p, t.b, t.n, t.h), t.b, t.n, t.h, t.q0 + row0, o, m, l,
-                   lane);
+  store_rows<T, D>(p, output_slice<T>(p, t.b, t.n, t.h), t.b, t.n, t.h, t.q0 + row0, o, m, l, lane);
 }
 
 // One warpgroup per 64-query tile of one slice; `smem` bytes of dynamic shared memory.
@@ -260,10 +262,13 @@ void attention_forward_wgmma_launch(const AttentionForwardParams& p, cudaStream_
   launch_wgmma(attention_forward_wgmma_kernel<T, D>, sizeof(WgmmaForwardSmem<T, D>), p, stream);
 }
 
-
-template void attention_forward_wgmma_launch<__nv_bfloat16, 16>(const AttentionForwardParams&, cudaStream_t);
-template void attention_forward_wgmma_launch<__nv_bfloat16, 32>(const AttentionForwardParams&, cudaStream_t);
-template void attention_forward_wgmma_launch<__half, 16>(const AttentionForwardParams&, cudaStream_t);
-template void attention_forward_wgmma_launch<__half, 32>(const AttentionForwardParams&, cudaStream_t);
+template void attention_forward_wgmma_launch<__nv_bfloat16, 16>(const AttentionForwardParams&,
+                                                                cudaStream_t);
+template void attention_forward_wgmma_launch<__nv_bfloat16, 32>(const AttentionForwardParams&,
+                                                                cudaStream_t);
+template void attention_forward_wgmma_launch<__half, 16>(const AttentionForwardParams&,
+                                                         cudaStream_t);
+template void attention_forward_wgmma_launch<__half, 32>(const AttentionForwardParams&,
+                                                         cudaStream_t);
 
 }  // namespace tpf::cuda

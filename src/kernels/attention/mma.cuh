@@ -83,7 +83,8 @@ __device__ __forceinline__ void load_b_kn(uint32_t b[2], const T* s, int ld, int
 // same for rows row0 + 8 + 2t. That is the layout of an MMA result (C fragment) of the transposed
 // block, so a tile stored [query][key] can be read in the [key][query] order of a key-major MMA.
 template <typename T>
-__device__ __forceinline__ void load_transposed(uint32_t r[4], const T* s, int ld, int row0, int col0) {
+__device__ __forceinline__ void load_transposed(uint32_t r[4], const T* s, int ld, int row0,
+                                                int col0) {
   const int lane = threadIdx.x & 31;
   const T* p = s + (row0 + (lane & 7) + (lane >> 4) * 8) * ld + col0 + ((lane >> 3) & 1) * 8;
   asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
@@ -94,11 +95,13 @@ __device__ __forceinline__ void load_transposed(uint32_t r[4], const T* s, int l
 // The inverse of load_transposed: stores registers in that layout into the 16x16 block at
 // (row0, col0) of a row-major shared matrix (sm_90 stmatrix).
 template <typename T>
-__device__ __forceinline__ void store_transposed(T* s, int ld, int row0, int col0, const uint32_t r[4]) {
+__device__ __forceinline__ void store_transposed(T* s, int ld, int row0, int col0,
+                                                 const uint32_t r[4]) {
   const int lane = threadIdx.x & 31;
   T* p = s + (row0 + (lane & 7) + (lane >> 4) * 8) * ld + col0 + ((lane >> 3) & 1) * 8;
-  asm volatile("stmatrix.sync.aligned.m8n8.x4.trans.shared.b16 [%0], {%1,%2,%3,%4};\n"
-               ::"r"(smem_addr(p)), "r"(r[0]), "r"(r[1]), "r"(r[2]), "r"(r[3]));
+  asm volatile(
+      "stmatrix.sync.aligned.m8n8.x4.trans.shared.b16 [%0], {%1,%2,%3,%4};\n" ::"r"(smem_addr(p)),
+      "r"(r[0]), "r"(r[1]), "r"(r[2]), "r"(r[3]));
 }
 
 // The two 16-bit values of a register as floats (low half first).
@@ -149,15 +152,23 @@ __device__ __forceinline__ void named_barrier(int id, int threads) {
 template <typename T>
 __device__ __forceinline__ float to_float(T x);
 template <>
-__device__ __forceinline__ float to_float(__nv_bfloat16 x) { return __bfloat162float(x); }
+__device__ __forceinline__ float to_float(__nv_bfloat16 x) {
+  return __bfloat162float(x);
+}
 template <>
-__device__ __forceinline__ float to_float(__half x) { return __half2float(x); }
+__device__ __forceinline__ float to_float(__half x) {
+  return __half2float(x);
+}
 
 template <typename T>
 __device__ __forceinline__ T from_float(float x);
 template <>
-__device__ __forceinline__ __nv_bfloat16 from_float(float x) { return __float2bfloat16_rn(x); }
+__device__ __forceinline__ __nv_bfloat16 from_float(float x) {
+  return __float2bfloat16_rn(x);
+}
 template <>
-__device__ __forceinline__ __half from_float(float x) { return __float2half_rn(x); }
+__device__ __forceinline__ __half from_float(float x) {
+  return __float2half_rn(x);
+}
 
 }  // namespace tpf::cuda

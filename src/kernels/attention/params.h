@@ -14,19 +14,19 @@ struct AttentionForwardParams {
   const void* q;
   const void* k;
   const void* v;
-  const void* bias;        // [B, H, Sq, Sk]
-  const uint8_t* mask;     // [B, N, Sk] or nullptr
+  const void* bias;     // [B, H, Sq, Sk]
+  const uint8_t* mask;  // [B, N, Sk] or nullptr
   void* o;
-  float* lse;              // [B, N, H, Sq]
-  void* residual;          // bf16 [B, N, H, Sq, D] or nullptr
+  float* lse;      // [B, N, H, Sq]
+  void* residual;  // bf16 [B, N, H, Sq, D] or nullptr
   Strides4 q_stride, k_stride, v_stride, o_stride, residual_stride;
   int64_t bias_stride_b, bias_stride_h, bias_stride_q;
   int64_t mask_stride_b, mask_stride_n;
   int64_t lse_stride_b, lse_stride_n, lse_stride_h, lse_stride_s;
   int B, N, H, Sq, Sk;
-  float scale;             // softmax scale
-  bool qkv_aligned;        // rows of q, k, v start on 16-byte boundaries (vector loads)
-  bool bias_aligned;       // rows of bias start on 16-byte boundaries
+  float scale;        // softmax scale
+  bool qkv_aligned;   // rows of q, k, v start on 16-byte boundaries (vector loads)
+  bool bias_aligned;  // rows of bias start on 16-byte boundaries
 };
 
 struct AttentionBackwardParams {
@@ -39,23 +39,23 @@ struct AttentionBackwardParams {
   Strides4 dout_stride, dq_stride, dk_stride, dv_stride;
   int64_t dbias_stride_b, dbias_stride_h, dbias_stride_q;
   bool dout_aligned;
-  bool delta_vectorized;   // o, dout (and residual) rows start on 16-byte boundaries
+  bool delta_vectorized;  // o, dout (and residual) rows start on 16-byte boundaries
   // Workspace (see backward_workspace.h): delta, dQ partials, dbias partials, dbias accumulator.
-  float* delta;            // [B, N, H, Sq]
-  float* dq_partial;       // [key tiles or dq_parts][chunk slices][B][H][Sq][D]
-  float* dbias_partial;    // [chunk slices / G][B][H][Sq][Sk]
-  float* dbias_acc;        // [B][H][Sq][Sk]
-  int chunk;               // slices per chunk (a multiple of G)
+  float* delta;          // [B, N, H, Sq]
+  float* dq_partial;     // [key tiles or dq_parts][chunk slices][B][H][Sq][D]
+  float* dbias_partial;  // [chunk slices / G][B][H][Sq][Sk]
+  float* dbias_acc;      // [B][H][Sq][Sk]
+  int chunk;             // slices per chunk (a multiple of G)
   // TPF_ATTENTION_BWD_DQ=cluster: CTAs per cluster and clusters per slice's key tiles (dQ partials
   // when dq_parts > 1); dq_cluster == 0: one dQ partial per key tile.
   int dq_cluster, dq_parts;
   // The Hopper backward (backward_sm90.h): fp32 accumulators of dQ (one chunk of slices) and of
   // dbias^T, the semaphores that order the CTAs adding to them, and whether dq's rows allow 8-byte
   // stores.
-  float* dq_acc;           // [chunk slices][B][H][Sq_pad][D]
-  float* dbias_acc_t;      // [B][H][Sk_pad][Sq_pad], keys major
-  int* dq_sem;             // [slice groups][B][H][query tiles]
-  int* dbias_sem;          // [B][H][query tiles][key blocks]
+  float* dq_acc;       // [chunk slices][B][H][Sq_pad][D]
+  float* dbias_acc_t;  // [B][H][Sk_pad][Sq_pad], keys major
+  int* dq_sem;         // [slice groups][B][H][query tiles]
+  int* dbias_sem;      // [B][H][query tiles][key blocks]
   bool dq_aligned;
 };
 

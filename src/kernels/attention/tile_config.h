@@ -8,9 +8,9 @@ namespace tpf::cuda {
 // for several blocks per SM, and make the padded shared-memory rows conflict-free for ldmatrix.
 constexpr int kTileQ = 64;
 constexpr int kTileK = 64;
-constexpr int kWarpRows = 16;           // rows of one warp's MMA tile
+constexpr int kWarpRows = 16;  // rows of one warp's MMA tile
 constexpr int kForwardWarps = kTileQ / kWarpRows;
-constexpr int kPad = 8;                 // elements (16 bytes) of padding per shared-memory row
+constexpr int kPad = 8;  // elements (16 bytes) of padding per shared-memory row
 
 // Forward: each of a block's four warps owns MT row tiles of 16 queries. Measured on an H200 with
 // MT = 1: sharing bias tiles between slices (two or four slices per block) was slower than one

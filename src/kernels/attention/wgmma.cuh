@@ -38,7 +38,9 @@ __device__ __forceinline__ uint64_t desc_mn_major(const void* p) {
   return wgmma_desc(p, kCoreNextRows, kCoreNextCols);
 }
 
-__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
+__device__ __forceinline__ void wgmma_fence() {
+  asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
+}
 __device__ __forceinline__ void wgmma_commit() {
   asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
 }
@@ -75,38 +77,40 @@ template <typename T, int N>
 struct Wgmma;
 
 #define TPF_WG_ACC4(j) "+f"(d[j][0]), "+f"(d[j][1]), "+f"(d[j][2]), "+f"(d[j][3])
-#define TPF_WG_DEFINE(TY, PTXTY, N, SS_OPS, RS_OPS, ...)                                         \
-  template <>                                                                                     \
-  struct Wgmma<TY, N> {                                                                           \
-    template <int ScaleD, int TransA, int TransB>                                                 \
-    static __device__ __forceinline__ void ss(float (&d)[N / 8][4], uint64_t a, uint64_t b) {    \
-      asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %" SS_OPS "\n}\n"                            \
-                   : __VA_ARGS__                                                                  \
-                   : "l"(a), "l"(b), "n"(ScaleD), "n"(TransA), "n"(TransB));                      \
-    }                                                                                             \
-    template <int ScaleD, int TransB>                                                             \
-    static __device__ __forceinline__ void rs(float (&d)[N / 8][4], const uint32_t (&a)[4],      \
-                                              uint64_t b) {                                       \
-      asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %" RS_OPS "\n}\n"                            \
-                   : __VA_ARGS__                                                                  \
-                   : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "n"(ScaleD),             \
-                     "n"(TransB));                                                                \
-    }                                                                                             \
+#define TPF_WG_DEFINE(TY, PTXTY, N, SS_OPS, RS_OPS, ...)                                      \
+  template <>                                                                                 \
+  struct Wgmma<TY, N> {                                                                       \
+    template <int ScaleD, int TransA, int TransB>                                             \
+    static __device__ __forceinline__ void ss(float (&d)[N / 8][4], uint64_t a, uint64_t b) { \
+      asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %" SS_OPS "\n}\n"                        \
+                   : __VA_ARGS__                                                              \
+                   : "l"(a), "l"(b), "n"(ScaleD), "n"(TransA), "n"(TransB));                  \
+    }                                                                                         \
+    template <int ScaleD, int TransB>                                                         \
+    static __device__ __forceinline__ void rs(float (&d)[N / 8][4], const uint32_t (&a)[4],   \
+                                              uint64_t b) {                                   \
+      asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %" RS_OPS "\n}\n"                        \
+                   : __VA_ARGS__                                                              \
+                   : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "n"(ScaleD),         \
+                     "n"(TransB));                                                            \
+    }                                                                                         \
   };
 // Operand numbers: the N / 2 accumulators first, then (SS) descA, descB, ScaleD, TransA, TransB or
 // (RS) a0..a3, descB, ScaleD, TransB.
 #define TPF_WG_MMA(N, PTXTY) "wgmma.mma_async.sync.aligned.m64n" #N "k16.f32." PTXTY "." PTXTY " "
 #define TPF_WG_ALL(TY, PTXTY)                                                                      \
-  TPF_WG_DEFINE(TY, PTXTY, 16,                                                                   \
-                "10, 0;\n" TPF_WG_MMA(16, PTXTY) "{%0,%1,%2,%3,%4,%5,%6,%7}, %8, %9, p, 1, 1, %11, %12;", \
-                "13, 0;\n" TPF_WG_MMA(16, PTXTY) "{%0,%1,%2,%3,%4,%5,%6,%7}, {%8,%9,%10,%11}, %12, p, 1, 1, %14;", \
-                TPF_WG_ACC4(0), TPF_WG_ACC4(1))                                                   \
+  TPF_WG_DEFINE(                                                                                   \
+      TY, PTXTY, 16,                                                                               \
+      "10, 0;\n" TPF_WG_MMA(16, PTXTY) "{%0,%1,%2,%3,%4,%5,%6,%7}, %8, %9, p, 1, 1, %11, %12;",    \
+      "13, 0;\n" TPF_WG_MMA(                                                                       \
+          16, PTXTY) "{%0,%1,%2,%3,%4,%5,%6,%7}, {%8,%9,%10,%11}, %12, p, 1, 1, %14;",             \
+      TPF_WG_ACC4(0), TPF_WG_ACC4(1))                                                              \
   TPF_WG_DEFINE(TY, PTXTY, 32,                                                                   \
                 "18, 0;\n" TPF_WG_MMA(32, PTXTY)                                                   \
                 "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15}, %16, %17, p, 1, 1, %19, %20;", \
                 "21, 0;\n" TPF_WG_MMA(32, PTXTY)                                                   \
                 "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15}, {%16,%17,%18,%19}, %20, p, 1, 1, %22;", \
-                TPF_WG_ACC4(0), TPF_WG_ACC4(1), TPF_WG_ACC4(2), TPF_WG_ACC4(3))                   \
+                TPF_WG_ACC4(0), TPF_WG_ACC4(1), TPF_WG_ACC4(2), TPF_WG_ACC4(3)) \
   TPF_WG_DEFINE(TY, PTXTY, 64,                                                                   \
                 "34, 0;\n" TPF_WG_MMA(64, PTXTY)                                                   \
                 "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,"  \
@@ -168,8 +172,7 @@ __device__ __forceinline__ int load_acquire(const int* p) {
   return v;
 }
 __device__ __forceinline__ void wait_turn(const int* sem, int turn) {
-  while (load_acquire(sem) != turn) {
-  }
+  while (load_acquire(sem) != turn) {}
 }
 // Called by every lane of a warp after its stores and reductions of the sum: each lane's fence
 // orders its own writes, and lane 0's fence after the warp's sync releases what the others wrote
@@ -184,8 +187,8 @@ __device__ __forceinline__ void pass_turn(int* sem, int lane) {
 }
 // x added to four consecutive floats in global memory (one 16-byte reduction at L2).
 __device__ __forceinline__ void red_add4(float* p, float4 x) {
-  asm volatile("red.global.add.v4.f32 [%0], {%1,%2,%3,%4};\n" ::"l"(p), "f"(x.x), "f"(x.y), "f"(x.z),
-               "f"(x.w)
+  asm volatile("red.global.add.v4.f32 [%0], {%1,%2,%3,%4};\n" ::"l"(p), "f"(x.x), "f"(x.y),
+               "f"(x.z), "f"(x.w)
                : "memory");
 }
 

@@ -27,11 +27,17 @@ __device__ __forceinline__ float to_f(__nv_bfloat16 v) { return __bfloat162float
 template <typename T>
 __device__ __forceinline__ T from_f(float v);
 template <>
-__device__ __forceinline__ float from_f<float>(float v) { return v; }
+__device__ __forceinline__ float from_f<float>(float v) {
+  return v;
+}
 template <>
-__device__ __forceinline__ __half from_f<__half>(float v) { return __float2half_rn(v); }
+__device__ __forceinline__ __half from_f<__half>(float v) {
+  return __float2half_rn(v);
+}
 template <>
-__device__ __forceinline__ __nv_bfloat16 from_f<__nv_bfloat16>(float v) { return __float2bfloat16_rn(v); }
+__device__ __forceinline__ __nv_bfloat16 from_f<__nv_bfloat16>(float v) {
+  return __float2bfloat16_rn(v);
+}
 
 __device__ __forceinline__ float warp_sum(float v) {
   for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
@@ -59,10 +65,11 @@ unsigned grid_for(int64_t items, int64_t per_block) {
 // ---- LayerNorm -----------------------------------------------------------------------------
 
 template <typename TX, typename TY, int PL>
-__global__ void __launch_bounds__(kThreads) layer_norm_forward_kernel(
-    const TX* __restrict__ x, Rows rows, int64_t n_rows, int C, const float* __restrict__ w,
-    const float* __restrict__ b, float eps, TY* __restrict__ y, float* __restrict__ mean,
-    float* __restrict__ rstd) {
+__global__ void __launch_bounds__(kThreads)
+    layer_norm_forward_kernel(const TX* __restrict__ x, Rows rows, int64_t n_rows, int C,
+                              const float* __restrict__ w, const float* __restrict__ b, float eps,
+                              TY* __restrict__ y, float* __restrict__ mean,
+                              float* __restrict__ rstd) {
   const int lane = threadIdx.x & 31;
   const int64_t warps = int64_t(gridDim.x) * kWarps;
   const float inv_c = 1.0f / float(C);
@@ -100,10 +107,11 @@ __global__ void __launch_bounds__(kThreads) layer_norm_forward_kernel(
 
 // partial [blocks][2C]: each block's sums of dy * xhat (dweight) and dy (dbias).
 template <typename TX, typename TD, int PL>
-__global__ void __launch_bounds__(kThreads) layer_norm_backward_kernel(
-    const TD* __restrict__ dy, const TX* __restrict__ x, Rows rows, int64_t n_rows, int C,
-    const float* __restrict__ w, const float* __restrict__ mean, const float* __restrict__ rstd,
-    TX* __restrict__ dx, float* __restrict__ partial) {
+__global__ void __launch_bounds__(kThreads)
+    layer_norm_backward_kernel(const TD* __restrict__ dy, const TX* __restrict__ x, Rows rows,
+                               int64_t n_rows, int C, const float* __restrict__ w,
+                               const float* __restrict__ mean, const float* __restrict__ rstd,
+                               TX* __restrict__ dx, float* __restrict__ partial) {
   extern __shared__ float smem[];  // [kWarps][2C]
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int64_t warps = int64_t(gridDim.x) * kWarps;
@@ -160,15 +168,17 @@ __global__ void __launch_bounds__(kThreads) layer_norm_backward_kernel(
 
 // The blocks' partials summed in FP64 in a fixed order (deterministic): a float sum of 1000-odd
 // partials lost up to 4x PyTorch's accuracy on dweight (tests/gpu/test_fused_gpu.py).
-__global__ void __launch_bounds__(kColumnSumCols * kColumnSumRowGroups) layer_norm_finish_kernel(
-    const float* __restrict__ partial, int blocks, int C, float* __restrict__ dweight,
-    float* __restrict__ dbias) {
+__global__ void __launch_bounds__(kColumnSumCols* kColumnSumRowGroups)
+    layer_norm_finish_kernel(const float* __restrict__ partial, int blocks, int C,
+                             float* __restrict__ dweight, float* __restrict__ dbias) {
   const int c0 = int(blockIdx.x) * kColumnSumCols;
   double s;
   if (!ordered_column_sum(partial, blocks, 2 * C, 2 * C, c0, s)) return;
   const int k = c0 + int(threadIdx.x);
-  if (k < C) dweight[k] = float(s);
-  else dbias[k - C] = float(s);
+  if (k < C)
+    dweight[k] = float(s);
+  else
+    dbias[k - C] = float(s);
 }
 
 template <typename F>
@@ -212,9 +222,9 @@ __device__ __forceinline__ void store(T* p, const float (&f)[V]) {
 }
 
 template <typename T, int V, bool Backward>
-__global__ void __launch_bounds__(kThreads) swiglu_kernel(const T* __restrict__ ab,
-                                                          const T* __restrict__ dh,
-                                                          T* __restrict__ out, int64_t M, int64_t H) {
+__global__ void __launch_bounds__(kThreads)
+    swiglu_kernel(const T* __restrict__ ab, const T* __restrict__ dh, T* __restrict__ out,
+                  int64_t M, int64_t H) {
   const int64_t per_row = H / V, n = M * per_row;
   for (int64_t e = int64_t(blockIdx.x) * kThreads + threadIdx.x; e < n;
        e += int64_t(gridDim.x) * kThreads) {
@@ -243,9 +253,10 @@ __global__ void __launch_bounds__(kThreads) swiglu_kernel(const T* __restrict__ 
 }
 
 template <typename T, int V, bool Backward>
-__global__ void __launch_bounds__(kThreads) gated_output_kernel(
-    const T* __restrict__ g, int64_t g_stride, const T* __restrict__ o, const T* __restrict__ dy,
-    T* __restrict__ out, T* __restrict__ d_o, int64_t R, int64_t HD, Heads heads) {
+__global__ void __launch_bounds__(kThreads)
+    gated_output_kernel(const T* __restrict__ g, int64_t g_stride, const T* __restrict__ o,
+                        const T* __restrict__ dy, T* __restrict__ out, T* __restrict__ d_o,
+                        int64_t R, int64_t HD, Heads heads) {
   const int64_t per_row = HD / V, n = R * per_row;
   for (int64_t e = int64_t(blockIdx.x) * kThreads + threadIdx.x; e < n;
        e += int64_t(gridDim.x) * kThreads) {
@@ -316,8 +327,9 @@ void layer_norm_backward(const LayerNormBackwardArgs& a, const Rows& rows, int64
       using TD = decltype(td);
       with_per_lane(C, [&](auto pl) {
         auto kernel = layer_norm_backward_kernel<TX, TD, decltype(pl)::value>;
-        check_cuda_call(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)),
-              "cudaFuncSetAttribute");
+        check_cuda_call(
+            cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)),
+            "cudaFuncSetAttribute");
         kernel<<<unsigned(blocks), kThreads, smem, s>>>(
             static_cast<const TD*>(a.dy.data), static_cast<const TX*>(a.x.data), rows, n_rows, C,
             static_cast<const float*>(a.weight.data), static_cast<const float*>(a.mean.data),
@@ -348,7 +360,8 @@ void swiglu(const SwigluArgs& a, void* stream) {
     const bool vec = H % V == 0 && aligned16(ab) && aligned16(o) && (!Backward || aligned16(dh));
     auto s = static_cast<cudaStream_t>(stream);
     if (vec)
-      swiglu_kernel<T, V, Backward><<<grid_for(M * H / V, kThreads), kThreads, 0, s>>>(ab, dh, o, M, H);
+      swiglu_kernel<T, V, Backward>
+          <<<grid_for(M * H / V, kThreads), kThreads, 0, s>>>(ab, dh, o, M, H);
     else
       swiglu_kernel<T, 1, Backward><<<grid_for(M * H, kThreads), kThreads, 0, s>>>(ab, dh, o, M, H);
   });
@@ -375,8 +388,8 @@ void gated_output(const GatedOutputArgs& a, const Heads& heads, void* stream) {
       gated_output_kernel<T, V, Backward><<<grid_for(R * HD / V, kThreads), kThreads, 0, s>>>(
           g, gs, o, dy, res, d_o, R, HD, heads);
     else
-      gated_output_kernel<T, 1, Backward><<<grid_for(R * HD, kThreads), kThreads, 0, s>>>(
-          g, gs, o, dy, res, d_o, R, HD, heads);
+      gated_output_kernel<T, 1, Backward>
+          <<<grid_for(R * HD, kThreads), kThreads, 0, s>>>(g, gs, o, dy, res, d_o, R, HD, heads);
   });
   check_cuda_call(cudaGetLastError(), "gated_output_kernel");
 }

@@ -17,16 +17,22 @@ namespace tpf::cuda::trimul {
 
 template <typename T>
 __device__ __forceinline__ float to_f(T v) {
-  if constexpr (std::is_same_v<T, float>) return v;
-  else if constexpr (std::is_same_v<T, __nv_bfloat16>) return __bfloat162float(v);
-  else return __half2float(v);
+  if constexpr (std::is_same_v<T, float>)
+    return v;
+  else if constexpr (std::is_same_v<T, __nv_bfloat16>)
+    return __bfloat162float(v);
+  else
+    return __half2float(v);
 }
 
 template <typename T>
 __device__ __forceinline__ T from_f(float v) {
-  if constexpr (std::is_same_v<T, float>) return v;
-  else if constexpr (std::is_same_v<T, __nv_bfloat16>) return __float2bfloat16_rn(v);
-  else return __float2half_rn(v);
+  if constexpr (std::is_same_v<T, float>)
+    return v;
+  else if constexpr (std::is_same_v<T, __nv_bfloat16>)
+    return __float2bfloat16_rn(v);
+  else
+    return __float2half_rn(v);
 }
 
 // Two adjacent 16-bit values, each rounded as from_f, in one 32-bit store (dst 4-byte aligned).
@@ -52,8 +58,10 @@ __device__ __forceinline__ float sigmoid_fast(float v) {
 // otherwise (float outputs keep float32 accuracy).
 template <typename T, bool kFast>
 __device__ __forceinline__ float sigmoid_t(float v) {
-  if constexpr (kFast && !std::is_same_v<T, float>) return sigmoid_fast(v);
-  else return sigmoid(v);
+  if constexpr (kFast && !std::is_same_v<T, float>)
+    return sigmoid_fast(v);
+  else
+    return sigmoid(v);
 }
 
 __device__ __forceinline__ float warp_sum(float v) {
@@ -316,7 +324,7 @@ struct WarpTileLdsm {
   __device__ void mma(const T* A, int lda, const T* W, int ldw, int K, int N) {
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     const int m0 = (warp & 1) * 32, n0 = (warp >> 1) * 32;
-    if (n0 >= N) return;  // warp-uniform
+    if (n0 >= N) return;              // warp-uniform
     const bool second = n0 + 16 < N;  // warp-uniform: N is a multiple of 16
     // Per-lane row and column offsets of the x4 loads (mma.cuh's load_a and its B analogues for
     // two 8-column blocks at once: matrices 0, 1 = k halves of columns n .. n + 7, 2, 3 = n + 8..).
@@ -479,8 +487,8 @@ struct Tile {
 // issues all of its global loads before it waits for the first one. With the loads in one
 // dependent chain per element instead, a CTA keeps only a few hundred bytes in flight and the
 // kernels run at DRAM latency rather than bandwidth.
-constexpr int kRowsPerWarp = kRows / kWarps;             // rows of a tile per warp in row passes
-constexpr int kPerLane = kMaxD / 32;                     // row elements per lane in row passes
+constexpr int kRowsPerWarp = kRows / kWarps;  // rows of a tile per warp in row passes
+constexpr int kPerLane = kMaxD / 32;          // row elements per lane in row passes
 constexpr int kTileElemsPerThread = kMaxD * kRows / kThreads;  // channel-major tile passes
 static_assert(kRows % kWarps == 0 && kMaxD % 32 == 0 && (kMaxD * kRows) % kThreads == 0,
               "the tile passes divide evenly among the threads");

@@ -43,8 +43,8 @@ int mask_type(DType d) {
 }
 
 Params make_params(const TrimulDims& d, const TensorView& x, const OptionalTensor& mask,
-                   bool outgoing, double eps, const TrimulSaved& saved,
-                   char* ws, const Workspace& layout) {
+                   bool outgoing, double eps, const TrimulSaved& saved, char* ws,
+                   const Workspace& layout) {
   Params p{};
   p.B = d.B;
   p.S = d.S;
@@ -80,19 +80,19 @@ Params make_params(const TrimulDims& d, const TensorView& x, const OptionalTenso
 template <typename T>
 void pack(const Params& p, const TrimulWeights& w, char* ws, const Workspace& layout,
           cudaStream_t stream) {
-  const PackArgs a{w.p_in_weight.data,
-                   w.g_in_weight.data,
-                   w.g_out_weight.data,
-                   w.p_out_weight.data,
-                   {ptr(w.p_in_bias), ptr(w.g_in_bias), ptr(w.p_out_bias), ptr(w.g_out_bias)},
-                   {w.norm_in_weight.data, w.norm_in_bias.data, w.norm_out_weight.data,
-                    w.norm_out_bias.data},
-                   w.p_in_weight.dtype,
-                   ws + layout.w_in,
-                   ws + layout.w_out,
-                   reinterpret_cast<float*>(ws + layout.bias_in),
-                   reinterpret_cast<float*>(ws + layout.bias_out),
-                   reinterpret_cast<float*>(ws + layout.norms)};
+  const PackArgs a{
+      w.p_in_weight.data,
+      w.g_in_weight.data,
+      w.g_out_weight.data,
+      w.p_out_weight.data,
+      {ptr(w.p_in_bias), ptr(w.g_in_bias), ptr(w.p_out_bias), ptr(w.g_out_bias)},
+      {w.norm_in_weight.data, w.norm_in_bias.data, w.norm_out_weight.data, w.norm_out_bias.data},
+      w.p_in_weight.dtype,
+      ws + layout.w_in,
+      ws + layout.w_out,
+      reinterpret_cast<float*>(ws + layout.bias_in),
+      reinterpret_cast<float*>(ws + layout.bias_out),
+      reinterpret_cast<float*>(ws + layout.norms)};
   launch_pack_weights<T>(p, a, stream);
 }
 
@@ -142,20 +142,34 @@ void backward(const TrimulBackwardArgs& a, const TrimulDims& d, cudaStream_t str
   pack<T>(p, a.w, ws, layout, stream);
   launch_output_backward<T>(p, stream);
   weight_gradient(blas, D, D, R, p.dpo, D, p.zln, D, dw_out);
-  contract_backward(blas, p);  // dA, dB overwrite dpo and z_ln
+  contract_backward(blas, p);           // dA, dB overwrite dpo and z_ln
   launch_input_backward<T>(p, stream);  // x_ln overwrites dz
   // [d p_in_weight | d g_in_weight | d g_out_weight] = [dP | dG | dgo]^T x_ln: one pass over both.
   weight_gradient(blas, 5 * D, D, R, p.dpg, p.ld_dpg, p.xln, D, dw_in);
   launch_reduce_sums(p, stream);
   const TrimulWeights& w = a.w;
-  launch_finish_backward(
-      FinishArgs{p.sums, dw_in, dw_out, w.p_in_weight.data, w.g_in_weight.data,
-                 w.p_out_weight.data, w.g_out_weight.data, g.norm_in_weight.data,
-                 g.norm_in_bias.data, g.norm_out_weight.data, g.norm_out_bias.data,
-                 out_ptr(g.p_in_bias), out_ptr(g.g_in_bias), out_ptr(g.p_out_bias),
-                 out_ptr(g.g_out_bias), g.p_in_weight.data, g.g_in_weight.data,
-                 g.g_out_weight.data, g.p_out_weight.data, w.p_in_weight.dtype, int(D)},
-      stream);
+  launch_finish_backward(FinishArgs{p.sums,
+                                    dw_in,
+                                    dw_out,
+                                    w.p_in_weight.data,
+                                    w.g_in_weight.data,
+                                    w.p_out_weight.data,
+                                    w.g_out_weight.data,
+                                    g.norm_in_weight.data,
+                                    g.norm_in_bias.data,
+                                    g.norm_out_weight.data,
+                                    g.norm_out_bias.data,
+                                    out_ptr(g.p_in_bias),
+                                    out_ptr(g.g_in_bias),
+                                    out_ptr(g.p_out_bias),
+                                    out_ptr(g.g_out_bias),
+                                    g.p_in_weight.data,
+                                    g.g_in_weight.data,
+                                    g.g_out_weight.data,
+                                    g.p_out_weight.data,
+                                    w.p_in_weight.dtype,
+                                    int(D)},
+                         stream);
 }
 
 }  // namespace

@@ -66,7 +66,7 @@ __global__ void __launch_bounds__(kThreads, 2) input_backward_kernel(const Param
   // kChunkChannels) or of dG.
   const bool slot_is_g = col >= kChunkChannels;
   const int slot_channel = col % kChunkChannels;
-  float* sum_pg = s.sums + threadIdx.x;                           // [q * kThreads]
+  float* sum_pg = s.sums + threadIdx.x;                                 // [q * kThreads]
   float* sum_ln_w = s.sums + kMaxInputChunks * kThreads + threadIdx.x;  // [e * kThreads]
   for (int k = 0; k < kMaxInputChunks + kPerLane; ++k) s.sums[k * kThreads + threadIdx.x] = 0.0f;
 
@@ -122,37 +122,37 @@ __global__ void __launch_bounds__(kThreads, 2) input_backward_kernel(const Param
         const float m = s.mask[r];
 #pragma unroll
         for (int k0 = 0; k0 < kIters; k0 += kBatch) {
-        float dab[kBatch];
+          float dab[kBatch];
 #pragma unroll
-        for (int k = 0; k < kBatch; ++k) {
-          const int c = q * kChunkChannels + cl0 + kStep * (k0 + k);
-          dab[k] = (c < 2 * D && r < tile.n)
-                       ? to_f((c < D ? da : db)[tile.channel_major(p, c < D ? c : c - D, r)])
-                       : 0.0f;
-        }
-#pragma unroll
-        for (int k = 0; k < kBatch; ++k) {
-          const int cl = cl0 + kStep * (k0 + k);
-          const int c = q * kChunkChannels + cl;
-          float dp = 0.0f, dg = 0.0f;
-          if (c < 2 * D && r < tile.n) {
-            float pv, gv;
-            if constexpr (kV2) {
-              pv = s.c[r * kLdC + cl] + s.bias[cl];
-              gv = s.c[r * kLdC + kChunkChannels + cl] + s.bias[kChunkChannels + cl];
-            } else {
-              pv = s.c[r * kLdC + cl] + p.bias_in[c];
-              gv = s.c[r * kLdC + kChunkChannels + cl] + p.bias_in[2 * D + c];
-            }
-            const float sg = sigmoid_t<T, kFast>(gv);
-            dp = dab[k] * sg * m;
-            dg = dab[k] * pv * m * sg * (1.0f - sg);
+          for (int k = 0; k < kBatch; ++k) {
+            const int c = q * kChunkChannels + cl0 + kStep * (k0 + k);
+            dab[k] = (c < 2 * D && r < tile.n)
+                         ? to_f((c < D ? da : db)[tile.channel_major(p, c < D ? c : c - D, r)])
+                         : 0.0f;
           }
-          s.c[r * kLdC + cl] = dp;
-          s.c[r * kLdC + kChunkChannels + cl] = dg;
-          s.g[r * kLdG + cl] = from_f<T>(dp);
-          s.g[r * kLdG + kChunkChannels + cl] = from_f<T>(dg);
-        }
+#pragma unroll
+          for (int k = 0; k < kBatch; ++k) {
+            const int cl = cl0 + kStep * (k0 + k);
+            const int c = q * kChunkChannels + cl;
+            float dp = 0.0f, dg = 0.0f;
+            if (c < 2 * D && r < tile.n) {
+              float pv, gv;
+              if constexpr (kV2) {
+                pv = s.c[r * kLdC + cl] + s.bias[cl];
+                gv = s.c[r * kLdC + kChunkChannels + cl] + s.bias[kChunkChannels + cl];
+              } else {
+                pv = s.c[r * kLdC + cl] + p.bias_in[c];
+                gv = s.c[r * kLdC + kChunkChannels + cl] + p.bias_in[2 * D + c];
+              }
+              const float sg = sigmoid_t<T, kFast>(gv);
+              dp = dab[k] * sg * m;
+              dg = dab[k] * pv * m * sg * (1.0f - sg);
+            }
+            s.c[r * kLdC + cl] = dp;
+            s.c[r * kLdC + kChunkChannels + cl] = dg;
+            s.g[r * kLdG + cl] = from_f<T>(dp);
+            s.g[r * kLdG + kChunkChannels + cl] = from_f<T>(dg);
+          }
         }
       }
       __syncthreads();
@@ -256,7 +256,8 @@ __global__ void __launch_bounds__(kThreads, 2) input_backward_kernel(const Param
 #pragma unroll
   for (int q = 0; q < kMaxInputChunks; ++q) {
     const int c = q * kChunkChannels + slot_channel;
-    if (q < p.input_chunks && c < 2 * D) bias_row[(slot_is_g ? 2 * D : 0) + c] = sum_pg[q * kThreads];
+    if (q < p.input_chunks && c < 2 * D)
+      bias_row[(slot_is_g ? 2 * D : 0) + c] = sum_pg[q * kThreads];
   }
   float* norm_row = p.partials_norm_in + (int64_t(blockIdx.x) * kWarps + warp) * D;
 #pragma unroll
@@ -277,9 +278,9 @@ void launch_input_backward(const Params& p, cudaStream_t stream) {
   const size_t smem = InputBackwardSmem<T>(nullptr, p.Dp, v == 2).bytes;
   // float runs the same code under variants 0 and 1 (launch.h): one kernel for both, and also
   // under 3 (the split of input_backward_split.cu is for 16-bit types).
-  const auto kernel = v == 2                                 ? input_backward_kernel<T, 2>
+  const auto kernel = v == 2                              ? input_backward_kernel<T, 2>
                       : (v == 1 || v == 3) && kHasFast<T> ? input_backward_kernel<T, 1>
-                                                            : input_backward_kernel<T, 0>;
+                                                          : input_backward_kernel<T, 0>;
   set_max_smem(kernel, smem);
   kernel<<<p.grid_input_backward, kThreads, smem, stream>>>(p);
   check_launch("trimul input_backward");

@@ -201,8 +201,8 @@ __global__ void __launch_bounds__(kThreads, kOccupancyCtas)
               }
             }
           }
-      // Bias sums: over the warp's 8 row groups (lanes 4 apart), then into the CTA's slot, which
-      // only this thread writes.
+          // Bias sums: over the warp's 8 row groups (lanes 4 apart), then into the CTA's slot, which
+          // only this thread writes.
 #pragma unroll
       for (int j = 0; j < 2; ++j)
 #pragma unroll

@@ -9,8 +9,8 @@
 // Step q < input_chunks writes a and b channel-major; the last step writes go row-major. The next
 // block's weights load while the epilogue runs.
 #include "kernels/trimul/device.cuh"
-#include "kernels/trimul/layer_norm.cuh"
 #include "kernels/trimul/launch.h"
+#include "kernels/trimul/layer_norm.cuh"
 
 namespace tpf::cuda::trimul {
 namespace {
@@ -46,8 +46,10 @@ __global__ void __launch_bounds__(kThreads, 2) input_forward_kernel(const Params
     const bool gate_step = q == p.input_chunks;
     WarpTileFor<T, kFast> acc;
     wait_and_multiply(acc, s.x, s.w, ld, p.Dp, kChunkN);
-    if (gate_step) acc.store(s.c, kLdC, kChunkN);
-    else acc.store_col_major(s.c, kLdCT, kChunkN);
+    if (gate_step)
+      acc.store(s.c, kLdC, kChunkN);
+    else
+      acc.store_col_major(s.c, kLdCT, kChunkN);
     __syncthreads();
     if (!gate_step)
       copy_tile_async(s.w, ld, w_in + int64_t(q + 1) * kChunkN * p.Dp, p.Dp, kChunkN, p.Dp);
@@ -206,8 +208,8 @@ void launch_input_forward(const Params& p, cudaStream_t stream) {
                            "trimul input_forward");
     }
   }
-  const auto kernel = fast_variant() ? input_forward_kernel<T, kHasFast<T>>
-                                     : input_forward_kernel<T, false>;
+  const auto kernel =
+      fast_variant() ? input_forward_kernel<T, kHasFast<T>> : input_forward_kernel<T, false>;
   launch_kernel(kernel, dim3(unsigned(p.tiles)), InputForwardSmem<T>(nullptr, p.Dp).bytes, p,
                 stream, "trimul input_forward");
 }

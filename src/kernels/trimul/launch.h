@@ -17,8 +17,7 @@
 namespace tpf::cuda::trimul {
 
 inline void check_cuda(cudaError_t e, const char* what) {
-  if (e != cudaSuccess)
-    throw RuntimeError(std::string(what) + ": " + cudaGetErrorString(e));
+  if (e != cudaSuccess) throw RuntimeError(std::string(what) + ": " + cudaGetErrorString(e));
 }
 
 // Kernel variants, chosen at each launch by TPF_TRIMUL_VARIANT so that one GPU run can test and
@@ -43,7 +42,8 @@ inline int variant() {
   const char* env = std::getenv("TPF_TRIMUL_VARIANT");
   if (env == nullptr || env[0] == '\0') return 4;
   if (env[1] != '\0' || env[0] < '0' || env[0] >= char('0' + kVariants))
-    throw Error(std::string("TPF_TRIMUL_VARIANT: expected 0, 1, 2, 3 or 4 (or unset), got '") + env + "'");
+    throw Error(std::string("TPF_TRIMUL_VARIANT: expected 0, 1, 2, 3 or 4 (or unset), got '") +
+                env + "'");
   return env[0] - '0';
 }
 inline bool fast_variant() { return variant() >= 1; }
@@ -99,13 +99,19 @@ struct PackArgs {
   void *w_in, *w_out;
   float *bias_in, *bias_out, *norms;  // [4D], [2D], [4D]
 };
-template <typename T> void launch_pack_weights(const Params& p, const PackArgs& a, cudaStream_t s);
-template <typename T> void launch_input_forward(const Params& p, cudaStream_t s);
-template <typename T> void launch_output_forward(const Params& p, cudaStream_t s);
-template <typename T> void launch_output_backward(const Params& p, cudaStream_t s);
-template <typename T> void launch_input_backward(const Params& p, cudaStream_t s);
+template <typename T>
+void launch_pack_weights(const Params& p, const PackArgs& a, cudaStream_t s);
+template <typename T>
+void launch_input_forward(const Params& p, cudaStream_t s);
+template <typename T>
+void launch_output_forward(const Params& p, cudaStream_t s);
+template <typename T>
+void launch_output_backward(const Params& p, cudaStream_t s);
+template <typename T>
+void launch_input_backward(const Params& p, cudaStream_t s);
 // Variant 3's two kernels (16-bit types), called by launch_input_backward.
-template <typename T> void launch_input_backward_split(const Params& p, cudaStream_t s);
+template <typename T>
+void launch_input_backward_split(const Params& p, cudaStream_t s);
 
 // Sums the backward kernels' per-CTA partials (Params::partials_*) in row order, in double, into
 // Params::sums; one launch, no atomics.
@@ -133,7 +139,7 @@ void launch_finish_backward(const FinishArgs& a, cudaStream_t s);
 
 }  // namespace tpf::cuda::trimul
 
-#define TPF_TRIMUL_INSTANTIATE(launcher)                                     \
-  template void launcher<float>(const Params&, cudaStream_t);                \
-  template void launcher<__nv_bfloat16>(const Params&, cudaStream_t);        \
+#define TPF_TRIMUL_INSTANTIATE(launcher)                              \
+  template void launcher<float>(const Params&, cudaStream_t);         \
+  template void launcher<__nv_bfloat16>(const Params&, cudaStream_t); \
   template void launcher<__half>(const Params&, cudaStream_t);

@@ -67,8 +67,7 @@ __device__ inline void normalize_input_rows(const Params& p, const Tile& tile, T
 // past D); mean and 1/sigma per row, and z_ln to global (row-major), where given.
 template <typename T>
 __device__ inline void normalize_output_rows(const Params& p, const Tile& tile, const T* Z, T* X,
-                                             int ld, float* mean_out, float* rstd_out,
-                                             T* zln_out) {
+                                             int ld, float* mean_out, float* rstd_out, T* zln_out) {
   const int D = int(p.D), lane = threadIdx.x % 32;
   for (int r = threadIdx.x / 32; r < kRows; r += kWarps) {
     float v[kPerLane];
@@ -83,8 +82,8 @@ __device__ inline void normalize_output_rows(const Params& p, const Tile& tile, 
       const int c = lane + 32 * k;
       if (c >= p.Dp) continue;
       const bool valid = c < D && r < tile.n;
-      const T zl = from_f<T>(valid ? (v[k] - st.mean) * st.rstd * p.ln_out_w[c] + p.ln_out_b[c]
-                                   : 0.0f);
+      const T zl =
+          from_f<T>(valid ? (v[k] - st.mean) * st.rstd * p.ln_out_w[c] + p.ln_out_b[c] : 0.0f);
       X[r * ld + c] = zl;
       if (valid && zln_out) zln_out[(tile.row0 + r) * D + c] = zl;
     }

@@ -370,8 +370,8 @@ __global__ void __launch_bounds__(kThreads, kOccupancyCtas)
       const int line = threadIdx.x % (kThreads / 2);
       const T* src = (threadIdx.x < kThreads / 2 ? go : dy) + tile.row0 * D;
       if (int64_t(line) * 128 < int64_t(tile.n) * D * int64_t(sizeof(T)))
-        asm volatile("prefetch.global.L2 [%0];" ::"l"(reinterpret_cast<const char*>(src) +
-                                                         line * 128));
+        asm volatile(
+            "prefetch.global.L2 [%0];" ::"l"(reinterpret_cast<const char*>(src) + line * 128));
     }
     {
       const Smem s = smem();
@@ -591,9 +591,8 @@ __global__ void __launch_bounds__(kThreads, kOccupancyCtas)
       const Smem s = smem();
       T* dz_tile = dz_out + tile.channel_major(p, 0, 0);
       const int64_t plane = p.S * p.S;
-      store_staged_rows<kChunkN, kRows, true>(s.x, kLdZT, tile.n, [=](int c) -> T* {
-        return c < D ? dz_tile + c * plane : nullptr;
-      });
+      store_staged_rows<kChunkN, kRows, true>(
+          s.x, kLdZT, tile.n, [=](int c) -> T* { return c < D ? dz_tile + c * plane : nullptr; });
     }
   }
 
@@ -629,8 +628,8 @@ void launch_output_backward(const Params& p, cudaStream_t stream) {
     }
   }
   const size_t smem = OutputBackwardSmem<T>(nullptr, p.Dp).bytes;
-  const auto kernel = fast_variant() ? output_backward_kernel<T, kHasFast<T>>
-                                     : output_backward_kernel<T, false>;
+  const auto kernel =
+      fast_variant() ? output_backward_kernel<T, kHasFast<T>> : output_backward_kernel<T, false>;
   set_max_smem(kernel, smem);
   kernel<<<p.grid_backward, kThreads, smem, stream>>>(p);
   check_launch("trimul output_backward");

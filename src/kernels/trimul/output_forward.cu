@@ -6,8 +6,8 @@
 //   C  [kRows, kLdC]   z_ln Wp_out^T (fp32)
 // y = sigmoid(go) * (C + bp_out), row-major.
 #include "kernels/trimul/device.cuh"
-#include "kernels/trimul/layer_norm.cuh"
 #include "kernels/trimul/launch.h"
+#include "kernels/trimul/layer_norm.cuh"
 
 namespace tpf::cuda::trimul {
 namespace {
@@ -145,8 +145,8 @@ void launch_output_forward(const Params& p, cudaStream_t stream) {
                            "trimul output_forward");
     }
   }
-  const auto kernel = fast_variant() ? output_forward_kernel<T, kHasFast<T>>
-                                     : output_forward_kernel<T, false>;
+  const auto kernel =
+      fast_variant() ? output_forward_kernel<T, kHasFast<T>> : output_forward_kernel<T, false>;
   launch_kernel(kernel, dim3(unsigned(p.tiles)), OutputForwardSmem<T>(nullptr, p.Dp).bytes, p,
                 stream, "trimul output_forward");
 }

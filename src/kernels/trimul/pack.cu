@@ -26,7 +26,8 @@ __global__ void pack_weights_kernel(const Params p, const PackArgs a) {
   const int64_t stride = int64_t(gridDim.x) * blockDim.x;
   T* w_in = static_cast<T*>(a.w_in);
   T* w_out = static_cast<T*>(a.w_out);
-  for (int64_t idx = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; idx < in_count; idx += stride) {
+  for (int64_t idx = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; idx < in_count;
+       idx += stride) {
     const int64_t row = idx / Dp, c = idx % Dp, q = row / kChunkN, t = row % kChunkN;
     float v = 0.0f;
     if (c < D) {
@@ -39,7 +40,8 @@ __global__ void pack_weights_kernel(const Params p, const PackArgs a) {
     }
     w_in[idx] = from_f<T>(v);
   }
-  for (int64_t idx = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; idx < out_count; idx += stride) {
+  for (int64_t idx = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; idx < out_count;
+       idx += stride) {
     const int64_t o = idx / Dp, c = idx % Dp;
     w_out[idx] = from_f<T>(o < D && c < D ? weight_at<W>(a.p_out, o * D + c) : 0.0f);
   }
@@ -70,8 +72,8 @@ struct SumSegments {
 
 // blockIdx.y picks the segment, blockIdx.x a group of kColumnSumCols columns, summed in double
 // (hundreds of partials, each already a sum of many rows) in a fixed order.
-__global__ void __launch_bounds__(kColumnSumCols * kColumnSumRowGroups) reduce_sums_kernel(
-    const SumSegments segs, double* sums) {
+__global__ void __launch_bounds__(kColumnSumCols* kColumnSumRowGroups)
+    reduce_sums_kernel(const SumSegments segs, double* sums) {
   const SumSegment seg = segs.s[blockIdx.y];
   const int c0 = int(blockIdx.x) * kColumnSumCols;
   if (c0 >= seg.cols) return;  // the whole block, before the barrier inside
@@ -97,9 +99,12 @@ __global__ void finish_backward_kernel(const FinishArgs a) {
   const int64_t in_block = int64_t(2) * D * D, dw_in_count = int64_t(5) * D * D;
   if (g < dw_in_count) {
     const float v = a.dw_in[g];
-    if (g < in_block) store(a.d_p_in_weight, g, v);
-    else if (g < 2 * in_block) store(a.d_g_in_weight, g - in_block, v);
-    else store(a.d_g_out_weight, g - 2 * in_block, v);
+    if (g < in_block)
+      store(a.d_p_in_weight, g, v);
+    else if (g < 2 * in_block)
+      store(a.d_g_in_weight, g - in_block, v);
+    else
+      store(a.d_g_out_weight, g - 2 * in_block, v);
   } else if (g < dw_in_count + int64_t(D) * D) {
     store(a.d_p_out_weight, g - dw_in_count, a.dw_out[g - dw_in_count]);
   }
@@ -128,8 +133,8 @@ __global__ void finish_backward_kernel(const FinishArgs a) {
     for (int k = lane; k < 2 * D; k += 32)
       in_bias += weight(a.p_in_weight, int64_t(k) * D + c) * sums[C::kPInBias * D + k] +
                  weight(a.g_in_weight, int64_t(k) * D + c) * sums[C::kGInBias * D + k];
-    // Butterfly: each step adds two values in either order (the same bits), so every lane ends
-    // with the same sum.
+      // Butterfly: each step adds two values in either order (the same bits), so every lane ends
+      // with the same sum.
 #pragma unroll
     for (int s = 16; s > 0; s /= 2) {
       out_bias += __shfl_xor_sync(0xffffffffu, out_bias, s);

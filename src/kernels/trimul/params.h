@@ -14,29 +14,29 @@ enum MaskType : int { kMaskByte = 0 /* bool or uint8 */, kMaskF32, kMaskF16, kMa
 
 struct Params {
   int64_t B, S, D;
-  int Dp;                 // D rounded up to 16, the MMA's k and n granularity (zero padded)
-  int input_chunks;       // ceil(2D / kChunkChannels): input-side steps over the a/b channels
-  int tiles_per_row;      // ceil(S / kRows)
-  int64_t tiles;          // B * S * tiles_per_row
-  int64_t positions;      // B * S * S
+  int Dp;             // D rounded up to 16, the MMA's k and n granularity (zero padded)
+  int input_chunks;   // ceil(2D / kChunkChannels): input-side steps over the a/b channels
+  int tiles_per_row;  // ceil(S / kRows)
+  int64_t tiles;      // B * S * tiles_per_row
+  int64_t positions;  // B * S * S
   bool outgoing;
   float eps;
 
   // Element type T (x's dtype) unless noted; row-major [positions, D] or channel-major [B, D, S, S].
   const void* x;
-  const void* mask;       // [positions] (mask_type) or null
+  const void* mask;  // [positions] (mask_type) or null
   void* y;
-  void* a;                // channel-major
-  void* b;                // channel-major
-  void* z;                // channel-major
-  void* go;               // row-major output gate logits
+  void* a;   // channel-major
+  void* b;   // channel-major
+  void* z;   // channel-major
+  void* go;  // row-major output gate logits
 
   // Packed weights (T), biases and LayerNorm weights (fp32) in the workspace, see pack.cu.
   const void* w_in;       // (input_chunks + 1) blocks of [kChunkN, Dp]
   const void* w_out;      // p_out_weight, [Dp, Dp]
   const float* bias_in;   // [4D]: p_in_bias | g_in_bias (zeros when absent)
   const float* bias_out;  // [2D]: p_out_bias | g_out_bias
-  const float* ln_in_w;   // [D] each: the workspace's norms, ln_in_w | ln_in_b | ln_out_w | ln_out_b
+  const float* ln_in_w;  // [D] each: the workspace's norms, ln_in_w | ln_in_b | ln_out_w | ln_out_b
   const float* ln_in_b;
   const float* ln_out_w;
   const float* ln_out_b;
@@ -44,15 +44,15 @@ struct Params {
   // Backward.
   const void* dy;
   void* dx;
-  void* dz;               // channel-major
-  void* dgo;              // row-major [positions, D] with row stride ld_dpg: columns 4D.. of dpg
-  void* dpo;              // row-major [positions, D]
-  void* zln;              // row-major [positions, D]
-  void* da;               // channel-major
-  void* db;               // channel-major
-  void* xln;              // row-major [positions, D]
-  void* dpg;              // row-major [positions, ld_dpg]: dP (2D) | dG (2D) | dgo (D)
-  int64_t ld_dpg;         // 5D: one GEMM gives d p_in_weight | d g_in_weight | d g_out_weight
+  void* dz;        // channel-major
+  void* dgo;       // row-major [positions, D] with row stride ld_dpg: columns 4D.. of dpg
+  void* dpo;       // row-major [positions, D]
+  void* zln;       // row-major [positions, D]
+  void* da;        // channel-major
+  void* db;        // channel-major
+  void* xln;       // row-major [positions, D]
+  void* dpg;       // row-major [positions, ld_dpg]: dP (2D) | dG (2D) | dgo (D)
+  int64_t ld_dpg;  // 5D: one GEMM gives d p_in_weight | d g_in_weight | d g_out_weight
   // Per-CTA running sums (see output_backward.cu and input_backward.cu), reduced in a fixed order
   // into `sums` (double, [8D]: see SumColumns).
   float* partials_bias_out;  // [2 * grid_backward, 2D]: d p_out_bias | d g_out_bias
@@ -66,7 +66,7 @@ struct Params {
                             // variant 3's split
   int grid_input_backward;  // persistent CTAs of the input_backward kernel(s)
   // Last, so that the fields above keep their offsets in the kernels' parameter space.
-  int mask_type;            // MaskType of `mask`
+  int mask_type;  // MaskType of `mask`
 };
 
 // Where each reduced sum lives in Params::sums, in units of D.

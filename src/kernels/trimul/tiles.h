@@ -27,7 +27,7 @@ constexpr int kLdCT = kRows + 4;
 // 16-bit staging rows of kChunkN values (variant 3's epilogues from the MMA registers).
 constexpr int kLdSt = kChunkN + kPad;
 // fp32 staging large enough for either layout.
-constexpr int kStagingFloats = kRows * kLdC > kChunkN * kLdCT ? kRows * kLdC : kChunkN * kLdCT;
+constexpr int kStagingFloats = kRows * kLdC > kChunkN* kLdCT ? kRows* kLdC : kChunkN* kLdCT;
 // Persistent CTAs of the backward kernels (two per SM on a 132-SM H100/H200). A constant, not the
 // device's SM count: the order of the bias and LayerNorm gradient sums follows from it.
 constexpr int kBackwardCtas = 264;

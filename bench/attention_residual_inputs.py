@@ -2,7 +2,7 @@
 
 The issue's accuracy line asks dQ, dK and dbias to be at least 25% closer to FP64 with the residual
 than without. On bench/attention.py's inputs (zero-mean random q, k, v, bias) the H200 kernels gain
-0.5-2.8% (bench/notes-attention.md, session 2). The residual corrects delta = rowsum(dO * O), and
+0.5-2.8% (bench/notes-attention.md). The residual corrects delta = rowsum(dO * O), and
 delta's error matters in dS = P (dP - delta) only where dP - delta cancels: where the values V_j a
 row attends to are alike (a common offset) or the softmax is peaked. This script measures both on
 the attention calls of a trunk trained by `tpf train` (forward and backward of one validation

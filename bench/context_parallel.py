@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
-"""Context parallelism on 2 GPUs (issue 8), written to run unattended in one go on an H200 x2:
+"""Context parallelism on 2 GPUs, written to run unattended in one go on an H200 x2:
 a PairFormer block (c_z 128, 4 heads of dim 32, bf16), forward+backward, on 1 GPU and sharded over
 2 GPUs: step time, peak memory per GPU and exposed communication against N from 512 up, and the
-largest N that trains on each. Writes bench/results/context_parallel-h200x2-<date>.json and a PNG.
+largest N that trains on each. Writes bench/results/context_parallel-h200x2.json and a PNG.
 
     python bench/context_parallel.py                    # everything, about 5 minutes
     python bench/context_parallel.py --gpus 4 --sizes 1024 2048

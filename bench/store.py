@@ -13,7 +13,7 @@ Not every system does the same work per read. TurboPairFormer verifies each reco
 checksum on every read (its default, kept here); atompack-db keeps no per-record checksum (a byte
 flipped in a stored record reads back silently, with either codec), so its reads skip that step.
 
-    python bench/store.py --records 200000            # writes bench/results/store-<machine>-<date>.json + .png
+    python bench/store.py --records 200000            # writes bench/results/store-<machine>.json + .png
 """
 from __future__ import annotations
 
@@ -457,7 +457,7 @@ def main(argv=None) -> int:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--workdir", default=None, help="where the artifacts go (default: a temporary directory)")
     p.add_argument("--keep", action="store_true", help="keep the artifacts")
-    p.add_argument("--json", default=None, help="output JSON (default bench/results/store-<machine>-<date>.json)")
+    p.add_argument("--json", default=None, help="output JSON (default bench/results/store-<machine>.json)")
     args = p.parse_args(argv)
     names = [s for s in args.systems.split(",") if s]
     for s in names:
@@ -471,7 +471,7 @@ def main(argv=None) -> int:
     meta = {"commit": git_commit(), "machine": machine_name(), "date": date}
     host = platform.node() or "machine"
     out_json = args.json or os.path.join(os.path.dirname(os.path.abspath(__file__)), "results",
-                                         f"store-{host}-{date}.json")
+                                         f"store-{host}.json")
     os.makedirs(os.path.dirname(os.path.abspath(out_json)), exist_ok=True)
 
     cols = make_columns(args.records, args.seed)

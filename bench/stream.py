@@ -553,7 +553,8 @@ def main() -> int:
     quality = {}
     for shuffle in args.shuffles:
         block = 0 if shuffle == "full" else int(shuffle.removeprefix("block"))
-        quality[shuffle] = shuffle_quality(_C.stream_epoch_order(args.records, args.seed, 1, True, block))
+        quality[shuffle] = shuffle_quality(_C.stream_plan(
+            args.records, dict(seed=args.seed, epoch=1, shuffle=True, block_size=block)))
         print(f"shuffle quality {shuffle}: {quality[shuffle]}")
 
     rows, series, procs = [], {}, []
@@ -642,7 +643,7 @@ def main() -> int:
         print(f"{line['source']} {line['shuffle']} {line['budget_mib']} MiB: "
               f"{100 * line['fraction_of_local']:.0f}% of local")
     os.makedirs(args.out_dir, exist_ok=True)
-    name = f"stream-{args.machine}-{date}" + (f"-{args.suffix}" if args.suffix else "")
+    name = f"stream-{args.machine}" + (f"-{args.suffix}" if args.suffix else "")
     stem = os.path.join(args.out_dir, name)
     setup = {"nginx": f"Debian's nginx, {args.nginx_workers} worker(s), sendfile and tcp_nopush on "
                       "(tests/python/stream_harness.py)",

@@ -90,10 +90,6 @@ def main() -> int:
                               block_size=args.block_size, **opts)
         ds.set_epoch(1)
         shards = ds._open()
-        plan = ds.rank_order()
-        if args.limit:
-            plan = plan[:args.limit]
-        prefetch = dict(ds._prefetch_options)
         if args.perf:
             perf = subprocess.Popen(["perf", "record", "-g", "-F", "2000", "-o", args.perf, "-p",
                                      str(os.getpid())], stdout=subprocess.DEVNULL,
@@ -118,10 +114,12 @@ def main() -> int:
         sampler = threading.Thread(target=sample, name="probe-sampler")
         sampler.start()
         t0 = time.perf_counter()
-        stream = shards.stream(plan, ds.cache_bytes, verify=True, **prefetch)
+        stream = shards.stream(ds._plan(), ds.cache_bytes, True)
         stream_box.append(stream)
         for _ in stream:
             count[0] += 1
+            if args.limit and count[0] >= args.limit:
+                break
         seconds = time.perf_counter() - t0
         done.set()
         sampler.join()

@@ -1,17 +1,18 @@
 #!/usr/bin/env python3
-"""The training benchmark of issue 7, written to run unattended on one GPU (an H200) in one go.
+"""The training benchmark, written to run unattended on one GPU (an H200) in one go.
 
 1. Step time and peak memory of a full training step (forward, backward, Adam) of the distogram model
    with a 4-block trunk (c_z 128, 4 heads of dim 32, bf16 autocast, batch 1) at crops 384/640/768,
    for `reference` eager, `reference` with each block under torch.compile, `turbo` eager, and
    `turbo_compile` (each block under torch.compile: our ops stay custom ops, the code around them
-   is fused, as for the reference under compile).
+   is fused, as for the reference under compile); `--backends ... turbo_unfused` adds eager turbo
+   with PyTorch's LayerNorm, SwiGLU and gate instead of the fused glue (what the glue brings).
 2. Stability: one shared warm-up from the same initial weights, then 400 steps at lr 1.8e-3 for each
    backend with the same data order, plus the reference again with another data order to measure
    seed-to-seed noise; every non-finite step is reported with its number.
 
-Writes bench/results/train-<gpu>-<date>.json (one row per backend and crop: backend, crop, step_ms,
-peak_gib, commit, gpu, date), train-stability-<gpu>-<date>.json, and a PNG plot of each.
+Writes bench/results/train-<gpu>.json (one row per backend and crop: backend, crop, step_ms,
+peak_gib, commit, gpu, date), train-stability-<gpu>.json, and a PNG plot of each.
     python bench/train.py                 # everything (about 10 minutes on an H200)
     python bench/train.py --part timing   # or --part stability, or --part profile (kernels of one step)
 """
@@ -30,12 +31,14 @@ from tqdm import tqdm
 
 from turbopairformer.benchmarks.attention import git_commit
 from turbopairformer.benchmarks.timing import kernel_times, print_kernel_times
+from turbopairformer.nn import set_backend
 from turbopairformer.train.data import load_chains
 from turbopairformer.train.loop import Trainer, TrainConfig
 from turbopairformer.train.model import ModelConfig
 
 ROOT = Path(__file__).resolve().parents[1]
-BACKENDS = ("reference", "reference_compile", "turbo", "turbo_compile")
+BACKENDS = ("reference", "reference_compile", "turbo", "turbo_compile", "turbo_unfused")
+DEFAULT_BACKENDS = BACKENDS[:4]
 
 
 def gpu_tag(name: str) -> str:
@@ -52,8 +55,11 @@ def make_trainer(args, backend: str, crop: int, chains, seed: int, steps: int, w
     cfg = TrainConfig(data=args.data, out="", steps=steps, batch_size=1, crop=crop, lr=args.lr,
                       warmup=warmup, schedule=schedule, device=args.device, precision="bf16",
                       seed=seed, val_fraction=0.0, model=model,
-                      backend=backend.removesuffix("_compile"), compile=backend.endswith("_compile"))
+                      backend=backend.removesuffix("_compile").removesuffix("_unfused"),
+                      compile=backend.endswith("_compile"))
     trainer = Trainer(cfg, chains=chains, progress=False)
+    if backend == "turbo_unfused":
+        set_backend(trainer.model, "turbo", fused_glue=False)
     return trainer
 
 
@@ -289,7 +295,7 @@ def main(argv=None) -> int:
     p.add_argument("--top", type=int, default=25, help="kernels listed per backend by --part profile")
     p.add_argument("--data", default=str(ROOT / "data" / "structures"))
     p.add_argument("--crops", type=int, nargs="+", default=[384, 640, 768])
-    p.add_argument("--backends", nargs="+", choices=BACKENDS, default=list(BACKENDS))
+    p.add_argument("--backends", nargs="+", choices=BACKENDS, default=list(DEFAULT_BACKENDS))
     p.add_argument("--blocks", type=int, default=4)
     p.add_argument("--c-z", type=int, default=128)
     p.add_argument("--heads", type=int, default=4)
@@ -304,7 +310,7 @@ def main(argv=None) -> int:
     p.add_argument("--steps", type=int, default=400, help="stability steps after the warm-up")
     p.add_argument("--lr", type=float, default=1.8e-3)
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--json", default=None, help="timing rows (default bench/results/train-<gpu>-<date>.json)")
+    p.add_argument("--json", default=None, help="timing rows (default OUT_DIR/train-<gpu>.json)")
     p.add_argument("--out-dir", default=str(ROOT / "bench" / "results"))
     p.add_argument("--device", default="cuda", help="cpu only for a smoke test of this script")
     args = p.parse_args(argv)
@@ -317,7 +323,7 @@ def main(argv=None) -> int:
     meta = {"commit": git_commit(), "gpu": gpu, "date": date}
     out = Path(args.out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    tag = f"{gpu_tag(gpu)}-{date}"
+    tag = gpu_tag(gpu)  # one current result per machine; older ones are in git history
     chains = load_chains(args.data)
     print(f"{len(chains)} chains, {gpu}, commit {meta['commit']}")
     model_desc = f"{args.blocks} blocks, c_z {args.c_z}, {args.heads}x{args.head_dim} heads, bf16"

@@ -6,7 +6,7 @@ Per implementation and shape (B = 1, bf16, both directions): median forward and 
 time (CUDA events, warm-up, two rotating input sets), peak memory above the inputs during
 forward+backward, and the relative error of y against FP64 (the PyTorch implementation in float64 on
 the GPU, which tests/python checks against the C++ FP64 reference). Writes
-bench/results/trimul-<gpu>-<date>.json (one row per implementation and shape, as
+bench/results/trimul-<gpu>.json (one row per implementation and shape, as
 `tpf bench trimul --json`) and a PNG plot beside it, and prints the issue's acceptance ratios and the
 floor at S=768, D=128.
 
@@ -20,7 +20,6 @@ take most of a full run's time.
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
 import sys
 import traceback
@@ -125,7 +124,7 @@ def main(argv=None) -> int:
     parser.add_argument("--directions", nargs="+", default=["outgoing", "incoming"])
     parser.add_argument("--repeats", type=int, default=10)
     parser.add_argument("--no-compile", action="store_true", help="leave out torch.compile")
-    parser.add_argument("--json", default=None, help="default: bench/results/trimul-<gpu>-<date>.json")
+    parser.add_argument("--json", default=None, help="default: bench/results/trimul-<gpu>.json")
     parser.add_argument("--merge", action="store_true",
                         help="keep the rows of other shapes already in the JSON file")
     args = parser.parse_args(argv)
@@ -136,7 +135,7 @@ def main(argv=None) -> int:
     meta = metadata(device)
     gpu_slug = meta["gpu"].lower().replace("nvidia", "").split()[0] if meta["gpu"] else "gpu"
     out = Path(args.json or Path(__file__).parent / "results" /
-               f"trimul-{gpu_slug}-{datetime.date.today().isoformat()}.json")
+               f"trimul-{gpu_slug}.json")
     out.parent.mkdir(parents=True, exist_ok=True)
 
     impls = peers(not args.no_compile)

@@ -15,7 +15,9 @@
 //                 attention's heads [BN, H, S, D] back to rows [BN*S, H*D] and gated in one pass;
 //                 g may be a column slice of a wider GEMM output (any row stride, stride 1 over
 //                 columns). Backward: dg [R, H*D] and do [BN, H, S, D].
-// Math in float32 whatever the storage dtype; the CPU path is the same arithmetic, in loops.
+// Storage float32, bfloat16 or float16; the kernels' math in float32 whatever the storage dtype,
+// the CPU path's the same in FP64 loops (one rounding per output). Each call validates its arguments (tpf::Error naming the
+// argument and what was expected), then runs on their device, on `stream` for CUDA tensors.
 #pragma once
 #include <cstddef>
 #include "tpf/tensor.h"
@@ -31,8 +33,7 @@ struct LayerNormForwardArgs {
 struct LayerNormBackwardArgs {
   TensorView dy, x, weight, mean, rstd;
   TensorView dx, dweight, dbias;
-  void* workspace = nullptr;  // CUDA: layer_norm_backward_workspace_bytes
-  size_t workspace_bytes = 0;
+  Allocator workspace;  // required for CUDA tensors (partial sums of the weight gradients)
 };
 
 struct SwigluArgs {  // forward: ab -> h; backward: dh, ab -> dab
@@ -45,7 +46,6 @@ struct GatedOutputArgs {  // forward: g, o -> y; backward: dy, g, o -> dg, do_
 
 void layer_norm_forward(const LayerNormForwardArgs& a, void* stream = nullptr);
 void layer_norm_backward(const LayerNormBackwardArgs& a, void* stream = nullptr);
-size_t layer_norm_backward_workspace_bytes(int64_t rows, int64_t channels, Device device);
 void swiglu_forward(const SwigluArgs& a, void* stream = nullptr);
 void swiglu_backward(const SwigluArgs& a, void* stream = nullptr);
 void gated_output_forward(const GatedOutputArgs& a, void* stream = nullptr);

@@ -3,10 +3,15 @@
 //
 // Pieces, each usable alone:
 //   open_source()   a tpf::ByteSource for a path, file://, http(s):// or s3:// location
+//   read_manifest() a dataset manifest, checked (manifest_sha256) and read again when damaged
 //   epoch_order()   the deterministic order of all records for (seed, epoch), then rank_slice() and
-//                   worker_slice() cut it for one rank and one DataLoader worker
+//                   worker_slice() cut it for one rank and one DataLoader worker (worker_plan():
+//                   all three in one call)
 //   Prefetcher      fetches the byte ranges of a plan of records ahead of the consumer, never
-//                   holding more than its byte budget, and hands records out in plan order
+//                   holding more than its byte budget, and hands records out in plan order,
+//                   each verified (a corrupt one is fetched again, with backoff)
+//   ShardSet        store shards behind sources; open_dataset() opens manifests or shards in one
+//                   call, stream() streams one worker's plan of an epoch
 //
 // Failure model: every call can throw tpf::Error (bad arguments: the message names the argument)
 // or tpf::RuntimeError (I/O that failed after the retries the options allow: the message names the
@@ -49,8 +54,27 @@ struct SourceOptions {
   double backoff_base_s = 0.05;
   double backoff_max_s = 2.0;
   double retry_deadline_s = 120.0;
+  // A server or proxy may answer a range request with 200 and the whole object. Its bytes are
+  // then taken from that body when the bytes asked for end within its first full_body_max_bytes
+  // (the transfer stops there); past that the request is asked again (with backoff, counted as a
+  // retry), since reading that far would cost more than the round trip.
+  uint64_t full_body_max_bytes = 64ull << 20;
   // Size the caller already knows (from the manifest); 0 asks the server (one HEAD request).
   uint64_t expected_size = 0;
+};
+
+// What one source's reads met on the way, counted as it happens (all the source's reads).
+struct SourceStats {
+  uint64_t retries = 0;  // attempts asked again after a retryable failure (5xx, 429, resets,
+                         // timeouts, short or malformed answers, 200s taken too far in)
+  uint64_t full_body_answers = 0;    // 200 answers to range requests whose bytes were used
+  uint64_t multi_range_refused = 0;  // multi-range requests answered 200 (not multipart)
+  uint64_t single_range_spells = 0;  // times the source went to one range per request after
+                                     // several multi-range requests in a row were refused
+  uint64_t multi_range_probes = 0;   // multi-range requests sent to try again after such a spell
+
+  SourceStats& operator+=(const SourceStats& o);
+  SourceStats operator-(const SourceStats& o) const;
 };
 
 // Set once to abandon work: whoever waits through wait_for() (a retry's backoff) wakes at once,
@@ -116,7 +140,17 @@ class CancellableSource : public ByteSource {
   }
   // True when start_ranges returns at once, so a caller needs no thread of its own per read.
   virtual bool asynchronous() const { return false; }
+  // The counters of this source's reads so far (zero for sources that never retry).
+  virtual SourceStats stats() const { return {}; }
 };
+
+// True for a location read over the network (http://, https://, s3://); false for a path or a
+// file:// URL. The one test every layer uses (disk cache, manifests, Python).
+bool is_remote(const std::string& location);
+
+// `name` relative to the folder of `base` (a path or URL), as a manifest names its shards: names
+// that are URLs or absolute paths are kept.
+std::string resolve_location(const std::string& base, const std::string& name);
 
 // Counters of the process's HTTP requests since it started (all sources, all event loops), for
 // measurements: attempts (one per try of a request), the time requests waited for a free
@@ -169,6 +203,27 @@ std::vector<uint64_t> rank_slice(const std::vector<uint64_t>& order, uint64_t co
 std::vector<uint64_t> worker_slice(const std::vector<uint64_t>& rank_list, uint32_t worker,
                                    uint32_t num_workers, uint64_t batch_size);
 
+// Everything that fixes which records one DataLoader worker of one rank reads in one epoch.
+struct PlanOptions {
+  uint64_t seed = 0;
+  uint64_t epoch = 0;
+  bool shuffle = true;
+  uint64_t block_size = 0;  // as SamplerOptions::block_size
+  uint32_t rank = 0;
+  uint32_t world_size = 1;
+  uint32_t worker = 0;
+  uint32_t num_workers = 1;
+  uint64_t batch_size = 1;  // the DataLoader's: workers take whole batches in turn
+  uint64_t consumed = 0;    // records of this epoch all ranks consumed before (a resume point)
+  bool drop_last = false;
+};
+
+// epoch_order, then rank_slice, then worker_slice, in one call: the worker's records in the order
+// it reads them. Throws tpf::Error as those do.
+std::vector<uint64_t> worker_plan(uint64_t num_records, const PlanOptions& options);
+// How many records the rank reads (all its workers together) after `consumed`.
+uint64_t rank_count(uint64_t num_records, const PlanOptions& options);
+
 // ---------------------------------------------------------------------------------------------
 // Prefetcher
 
@@ -203,8 +258,13 @@ struct PrefetchOptions {
   // server, in a proxy, in the event loop) are shared by about 64 records; at least 256, at most
   // 16384. Either way a group holds at most memory_budget / 8 bytes of records.
   uint32_t group_records = 0;
-  // A record that fails verification is fetched again up to this many times, then it is an error.
-  int verify_attempts = 3;
+  // A record whose bytes fail verification (its checksum) is fetched again, after a backoff of
+  // verify_backoff_base_s * 2^attempt (jittered, capped at verify_backoff_max_s), until it has
+  // been fetched verify_attempts times in all; then it is an error that says what was checked.
+  // Bytes corrupted in transit come right on a later fetch; bytes corrupt at the source never do.
+  int verify_attempts = 8;
+  double verify_backoff_base_s = 0.05;
+  double verify_backoff_max_s = 2.0;
 };
 
 // A record handed to the consumer: valid until the next call to next() or the Prefetcher's end.
@@ -216,9 +276,13 @@ struct RecordView {
 };
 
 // Checks a record's bytes (e.g. its checksum); false means "corrupt in transit, fetch it again".
-// Called on the threads that fetch (event loops, fetch threads), several at once, and on the
-// consumer's thread for a record found corrupt there: must be thread-safe.
-using RecordVerifier = std::function<bool(uint64_t record, const uint8_t* data, uint64_t length)>;
+// Called on the threads that fetch (event loops, fetch threads), several at once: must be
+// thread-safe. `what` names what check compares, for the error that ends the retries.
+struct RecordVerifier {
+  std::function<bool(uint64_t record, const uint8_t* data, uint64_t length)> check;
+  std::string what = "the checksum";
+  explicit operator bool() const { return bool(check); }
+};
 // Told of records a few plan entries before the consumer reaches them (on the consumer's thread)
 // and before a fetched request's records are checked (on the fetching thread), so what checking
 // and decoding them reads (their index entries) can be loaded into the CPU's cache meanwhile: a
@@ -229,6 +293,7 @@ struct PrefetchStats {
   uint64_t requests = 0;          // range requests issued
   uint64_t bytes_fetched = 0;     // bytes those requests returned
   uint64_t refetches = 0;         // records fetched again after failing verification
+  uint64_t refetch_requests = 0;  // the reads that fetched them (one per shard per round)
   uint64_t peak_reserved = 0;     // most bytes held at once (never above memory_budget)
   uint64_t consumer_waits = 0;    // next() calls that found their record not yet fetched
   uint64_t consumer_wait_ns = 0;  // time those calls waited, in all
@@ -236,6 +301,9 @@ struct PrefetchStats {
   uint64_t request_ns = 0;        // time from each request's start to its end, summed
   uint64_t inflight = 0;          // requests running now
   uint64_t peak_inflight = 0;     // most requests running at once (at most max_inflight)
+  // The sources' own counters (SourceStats) over the prefetcher's life: sources shared with other
+  // prefetchers running at the same time count their reads too.
+  SourceStats sources;
 };
 
 class Prefetcher {
@@ -245,16 +313,17 @@ class Prefetcher {
   // shard without a source, a record larger than the budget or options out of range.
   Prefetcher(std::vector<std::shared_ptr<CancellableSource>> sources,
              std::shared_ptr<const std::vector<RecordLocation>> locations,
-             std::vector<uint64_t> plan, PrefetchOptions options = {},
-             RecordVerifier verify = nullptr, RecordHint will_need = nullptr);
+             std::vector<uint64_t> plan, PrefetchOptions options = {}, RecordVerifier verify = {},
+             RecordHint will_need = nullptr);
   // Stops fetching (in-flight requests are abandoned) and joins the threads.
   ~Prefetcher();
   Prefetcher(const Prefetcher&) = delete;
   Prefetcher& operator=(const Prefetcher&) = delete;
 
   // The next record in plan order, or false at the end of the plan. Blocks (on a condition
-  // variable) until it is fetched. Throws tpf::RuntimeError naming the URL when its shard stayed
-  // unreachable through every retry, or when it failed verification verify_attempts times.
+  // variable) until it is fetched and verified. Throws tpf::RuntimeError naming the URL when its
+  // shard stayed unreachable through every retry, or when it failed verification on each of
+  // verify_attempts fetches.
   bool next(RecordView& out);
 
   uint64_t size() const;
@@ -292,10 +361,36 @@ class DiskCache {
 // A dataset: record-store shards read through sources
 
 struct ShardSpec {
-  std::string location;  // path or URL, as open_source takes it
-  uint64_t records = 0;  // from the manifest; 0: not known (not checked)
-  uint64_t bytes = 0;    // from the manifest; 0: not known (the server is asked)
+  std::string location;     // path or URL, as open_source takes it
+  uint64_t records = 0;     // from the manifest; 0: not known (not checked)
+  uint64_t bytes = 0;       // from the manifest; 0: not known (the server is asked)
+  uint64_t generation = 0;  // from the manifest; 0: not known (not checked)
 };
+
+// A dataset manifest (FORMAT.md) as read: its text and its shards, their locations resolved
+// against the manifest's own (`url` when present, else `path`).
+struct Manifest {
+  std::string location;
+  std::string text;       // the JSON, as verified
+  bool verified = false;  // it carried manifest_sha256 and its bytes matched it
+  int downloads = 0;      // reads it took (more than 1: a download failed its checks)
+  std::vector<ShardSpec> shards;
+};
+
+// True for a location that names a manifest (it ends in ".json") rather than a shard.
+bool is_manifest(const std::string& location);
+
+// Reads and checks a manifest: valid JSON, format "turbopairformer-manifest", a version this
+// reader knows, a non-empty list of shards each with `path` or `url`, and (version 2, which
+// `tpf pack` writes) its manifest_sha256. A download that fails these checks may have been damaged
+// in transit: it is read again, with the source's backoff, up to options.max_attempts times in
+// all. Throws tpf::Error naming the manifest and what was checked when every download failed, and
+// tpf::RuntimeError when it cannot be read.
+Manifest read_manifest(const std::string& location, const SourceOptions& options = {});
+
+// The SHA-256 (hex) a manifest's manifest_sha256 holds: of its bytes with the 64 hex digits of
+// that value replaced by '0's. `tpf pack` writes it; read_manifest checks it.
+std::string manifest_digest(std::string text);
 
 // Shards opened for streaming: one source per shard and each shard's committed index, read through
 // the source (a header read and an index read). Records are numbered across shards in order.
@@ -308,6 +403,11 @@ class ShardSet {
   static std::shared_ptr<const ShardSet> open(const std::vector<ShardSpec>& shards,
                                               const SourceOptions& options = {},
                                               std::shared_ptr<DiskCache> disk_cache = nullptr);
+  // A dataset in one call: each of `locations` is a manifest (read_manifest; its shards are
+  // added in order) or a shard (records and size not known beforehand).
+  static std::shared_ptr<const ShardSet> open_dataset(
+      const std::vector<std::string>& locations, const SourceOptions& options = {},
+      std::shared_ptr<DiskCache> disk_cache = nullptr);
 
   uint64_t size() const { return locations_->size(); }
   size_t num_shards() const { return sources_.size(); }
@@ -319,6 +419,15 @@ class ShardSet {
   // and fetches it again on a mismatch.
   std::unique_ptr<Prefetcher> stream(std::vector<uint64_t> plan, const PrefetchOptions& options,
                                      bool verify = true) const;
+  // The same over one worker's plan for an epoch (worker_plan(size(), plan)).
+  std::unique_ptr<Prefetcher> stream(const PlanOptions& plan, const PrefetchOptions& options,
+                                     bool verify = true) const;
+  // Its sources' counters since they were opened (opening included), all shards together.
+  SourceStats source_stats() const;
+  // The manifests it was opened from (open_dataset), in order.
+  const std::vector<Manifest>& manifests() const { return manifests_; }
+  // True when a record is stored compressed: decode() then gives it a buffer of its own.
+  bool compressed(uint64_t record) const;
   // Decodes a record the prefetcher handed out (its checksum was already checked). The Record may
   // point into view.data: valid as long as the view is.
   store::Record decode(const RecordView& view) const;
@@ -330,6 +439,7 @@ class ShardSet {
   std::vector<store::Index> indexes_;
   std::vector<uint64_t> first_record_;  // per shard, then the total
   std::shared_ptr<const std::vector<RecordLocation>> locations_;
+  std::vector<Manifest> manifests_;
 };
 
 }  // namespace tpf::stream

@@ -2,7 +2,9 @@
 // Strides are in elements. Nothing here knows about PyTorch or Python.
 #pragma once
 #include <array>
+#include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <string>
 
 namespace tpf {
@@ -69,5 +71,11 @@ struct OptionalTensor {
   bool present = false;
   TensorView view;
 };
+
+// Device scratch of a CUDA op call, from the caller's allocator: the op asks once, for the size it
+// computed after validating its arguments. The memory must stay valid for the work the op enqueues
+// on its stream; a stream-ordered allocator (PyTorch's caching allocator) may hand it out again
+// once the call has returned. CPU calls never ask.
+using Allocator = std::function<void*(size_t bytes)>;
 
 }  // namespace tpf

@@ -52,9 +52,7 @@ struct TrimulForwardArgs {
   double eps = 1e-5;
   TensorView y;
   TrimulSaved saved;
-  // Device scratch for the CUDA path, from the caller's allocator (trimul_workspace_bytes).
-  void* workspace = nullptr;
-  size_t workspace_bytes = 0;
+  Allocator workspace;  // required for CUDA tensors
 };
 
 struct TrimulBackwardArgs {
@@ -67,34 +65,22 @@ struct TrimulBackwardArgs {
   TensorView dy;
   TensorView dx;
   TrimulWeightGrads dw;
-  void* workspace = nullptr;
-  size_t workspace_bytes = 0;
+  Allocator workspace;  // required for CUDA tensors
 };
 
 struct TrimulDims {
   int64_t B, S, D;
 };
 
-// Validation shared by every path: throws tpf::Error naming the argument and what was expected.
-// The FP64 reference recomputes everything from x, so it does not need `saved`.
-TrimulDims check_trimul_forward(const TrimulForwardArgs& a, bool need_saved = true);
-TrimulDims check_trimul_backward(const TrimulBackwardArgs& a, bool need_saved = true);
-
-// Validates, then runs on the tensors' device: the CPU path for CPU tensors, the CUDA kernels for
-// CUDA tensors on `stream` (a cudaStream_t; nullptr is the default stream). Never synchronizes.
+// Validate (throwing tpf::Error that names the argument and what was expected), then run on the
+// tensors' device: the CPU path (FP32 math, tiled like the GPU kernels, multithreaded,
+// deterministic) for CPU tensors, the CUDA kernels for CUDA tensors on `stream` (a cudaStream_t;
+// nullptr is the default stream). Never synchronize.
 void trimul_forward(const TrimulForwardArgs& a, void* stream = nullptr);
 void trimul_backward(const TrimulBackwardArgs& a, void* stream = nullptr);
 
-// Scratch bytes the forward and the backward need in their workspace (0 on the CPU).
-size_t trimul_forward_workspace_bytes(const TrimulDims& d, DType dtype, Device device);
-size_t trimul_backward_workspace_bytes(const TrimulDims& d, DType dtype, Device device);
-
-// CPU path: FP32 math, tiled like the GPU kernels, multithreaded, deterministic.
-void trimul_forward_cpu(const TrimulForwardArgs& a);
-void trimul_backward_cpu(const TrimulBackwardArgs& a);
-
 namespace reference {
-// FP64 reference on the CPU from inputs of any float dtype: y only (saved is ignored).
+// FP64 reference on CPU tensors of any float dtype: y only (saved is ignored).
 void trimul_forward_f64(const TrimulForwardArgs& a);
 // FP64 reference backward: recomputes the forward from x; dx and every weight gradient.
 void trimul_backward_f64(const TrimulBackwardArgs& a);

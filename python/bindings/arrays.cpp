@@ -48,6 +48,20 @@ TensorView view_of(const Array& a, const char* name) {
   return t;
 }
 
+Allocator allocator_of(const std::optional<nb::callable>& fn, std::vector<Array>& keep) {
+  if (!fn) return {};
+  // Pointers only: the ops copy the Allocator without the GIL, which a copied callable would need.
+  return [f = &*fn, keep = &keep](size_t bytes) -> void* {
+    nb::gil_scoped_acquire gil;
+    keep->push_back(nb::cast<Array>((*f)(bytes)));
+    const Array& a = keep->back();
+    TPF_CHECK(a.nbytes() >= bytes, "workspace: the allocator returned " +
+                                       std::to_string(a.nbytes()) + " bytes, asked for " +
+                                       std::to_string(bytes));
+    return a.data();
+  };
+}
+
 OptionalTensor optional_view_of(const OptArray& a, const char* name) {
   OptionalTensor o;
   if (a) {

@@ -6,6 +6,7 @@
 
 #include <cstdint>
 #include <optional>
+#include <vector>
 
 #include "tpf/tensor.h"
 
@@ -20,5 +21,10 @@ TensorView view_of(const Array& a, const char* name);
 OptionalTensor optional_view_of(const OptArray& a, const char* name);
 
 inline void* stream_ptr(uintptr_t stream) { return reinterpret_cast<void*>(stream); }
+
+// The caller's allocator, a Python callable (bytes -> a uint8 array on the tensors' device), as an
+// op's Allocator (None: none, for CPU calls). It takes the GIL to call; the arrays it returns go to
+// `keep`, which must outlive the op call and be released with the GIL held.
+Allocator allocator_of(const std::optional<nb::callable>& fn, std::vector<Array>& keep);
 
 }  // namespace tpf::py

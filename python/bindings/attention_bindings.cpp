@@ -1,5 +1,6 @@
 // Triangle attention entry points. Outputs are allocated by the caller (the torch layer) and
-// passed in; `stream` is the caller's cudaStream_t as an integer (0 on the CPU).
+// passed in, the kernels' scratch through the allocator `workspace`; `stream` is the caller's
+// cudaStream_t as an integer (0 on the CPU).
 #include "arrays.h"
 #include "tpf/attention.h"
 
@@ -53,12 +54,10 @@ void bind_attention(nb::module_& m) {
       "attention_forward",
       [](const Array& q, const Array& k, const Array& v, const Array& bias, const OptArray& mask,
          const Array& o, const Array& lse, const OptArray& residual, double scale,
-         const OptArray& workspace, uintptr_t stream) {
+         const std::optional<nb::callable>& workspace, uintptr_t stream) {
         AttentionForwardArgs a = forward_args(q, k, v, bias, mask, o, lse, residual, scale);
-        if (workspace) {
-          a.workspace = workspace->data();
-          a.workspace_bytes = workspace->nbytes();
-        }
+        std::vector<Array> keep;
+        a.workspace = allocator_of(workspace, keep);
         nb::gil_scoped_release release;
         attention_forward(a, stream_ptr(stream));
       },
@@ -67,26 +66,15 @@ void bind_attention(nb::module_& m) {
       nb::arg("workspace").none() = nb::none(), nb::arg("stream") = 0);
 
   m.def(
-      "attention_forward_workspace_bytes",
-      [](int64_t B, int64_t N, int64_t H, int64_t Sq, int64_t Sk, int64_t D, bool cuda) {
-        return attention_forward_workspace_bytes(AttentionDims{B, N, H, Sq, Sk, D},
-                                                 cuda ? Device::cuda : Device::cpu);
-      },
-      nb::arg("B"), nb::arg("N"), nb::arg("H"), nb::arg("Sq"), nb::arg("Sk"), nb::arg("D"),
-      nb::arg("cuda"));
-
-  m.def(
       "attention_backward",
       [](const Array& q, const Array& k, const Array& v, const Array& bias, const OptArray& mask,
          const Array& o, const Array& lse, const Array& dout, const OptArray& residual,
          const Array& dq, const Array& dk, const Array& dv, const Array& dbias, double scale,
-         const OptArray& workspace, uintptr_t stream) {
+         const std::optional<nb::callable>& workspace, uintptr_t stream) {
         AttentionBackwardArgs a =
             backward_args(q, k, v, bias, mask, o, lse, dout, residual, dq, dk, dv, dbias, scale);
-        if (workspace) {
-          a.workspace = workspace->data();
-          a.workspace_bytes = workspace->nbytes();
-        }
+        std::vector<Array> keep;
+        a.workspace = allocator_of(workspace, keep);
         nb::gil_scoped_release release;
         attention_backward(a, stream_ptr(stream));
       },
@@ -96,13 +84,15 @@ void bind_attention(nb::module_& m) {
       nb::arg("workspace").none() = nb::none(), nb::arg("stream") = 0);
 
   m.def(
-      "attention_backward_workspace_bytes",
-      [](int64_t B, int64_t N, int64_t H, int64_t Sq, int64_t Sk, int64_t D, bool cuda) {
-        return attention_backward_workspace_bytes(AttentionDims{B, N, H, Sq, Sk, D},
-                                                  cuda ? Device::cuda : Device::cpu);
+      "attention_check_inputs",
+      [](const Array& q, const Array& k, const Array& v, const Array& bias, const OptArray& mask,
+         double scale) {
+        check_attention_inputs(view_of(q, "q"), view_of(k, "k"), view_of(v, "v"),
+                               view_of(bias, "bias"), optional_view_of(mask, "mask"), scale);
       },
-      nb::arg("B"), nb::arg("N"), nb::arg("H"), nb::arg("Sq"), nb::arg("Sk"), nb::arg("D"),
-      nb::arg("cuda"));
+      "attention_forward's validation of its inputs alone (for the torch layer's own paths).",
+      nb::arg("q"), nb::arg("k"), nb::arg("v"), nb::arg("bias"), nb::arg("mask").none(),
+      nb::arg("scale"));
 
   m.def(
       "attention_forward_reference",

@@ -1,5 +1,6 @@
-// The fused glue ops (tpf/fused.h): LayerNorm, SwiGLU and the attention's output gate. Outputs and
-// workspaces come from the caller; `stream` is its cudaStream_t as an integer (0 on the CPU).
+// The fused glue ops (tpf/fused.h): LayerNorm, SwiGLU and the attention's output gate. Outputs come
+// from the caller, scratch through its allocator `workspace`; `stream` is its cudaStream_t as an
+// integer (0 on the CPU).
 #include <nanobind/nanobind.h>
 
 #include "arrays.h"
@@ -29,8 +30,8 @@ void bind_fused(nb::module_& m) {
   m.def(
       "layer_norm_backward",
       [](const Array& dy, const Array& x, const Array& weight, const Array& mean, const Array& rstd,
-         const Array& dx, const Array& dweight, const Array& dbias, const OptArray& workspace,
-         uintptr_t stream) {
+         const Array& dx, const Array& dweight, const Array& dbias,
+         const std::optional<nb::callable>& workspace, uintptr_t stream) {
         LayerNormBackwardArgs a;
         a.dy = view_of(dy, "grad_y");
         a.x = view_of(x, "x");
@@ -40,23 +41,14 @@ void bind_fused(nb::module_& m) {
         a.dx = view_of(dx, "dx");
         a.dweight = view_of(dweight, "dweight");
         a.dbias = view_of(dbias, "dbias");
-        if (workspace) {
-          a.workspace = workspace->data();
-          a.workspace_bytes = workspace->nbytes();
-        }
+        std::vector<Array> keep;
+        a.workspace = allocator_of(workspace, keep);
         nb::gil_scoped_release release;
         layer_norm_backward(a, stream_ptr(stream));
       },
       nb::arg("grad_y"), nb::arg("x"), nb::arg("weight"), nb::arg("mean"), nb::arg("rstd"),
       nb::arg("dx"), nb::arg("dweight"), nb::arg("dbias"), nb::arg("workspace").none() = nb::none(),
       nb::arg("stream") = 0);
-  m.def(
-      "layer_norm_workspace_bytes",
-      [](int64_t rows, int64_t channels, bool cuda) {
-        return layer_norm_backward_workspace_bytes(rows, channels,
-                                                   cuda ? Device::cuda : Device::cpu);
-      },
-      nb::arg("rows"), nb::arg("channels"), nb::arg("cuda"));
   m.def(
       "swiglu",
       [](const Array& ab, const OptArray& grad_h, const Array& out, uintptr_t stream) {

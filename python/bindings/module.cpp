@@ -1,9 +1,9 @@
 // turbopairformer._C: the library's entry points over DLPack arrays. No libtorch here.
 #include <nanobind/nanobind.h>
 
-#include "core/parallel.h"
 #include "tpf/attention.h"
 #include "tpf/error.h"
+#include "tpf/parallel.h"
 
 namespace nb = nanobind;
 

@@ -18,9 +18,9 @@
 #include <string>
 #include <vector>
 
-#include "core/parallel.h"
 #include "store_records.h"
 #include "tpf/error.h"
+#include "tpf/parallel.h"
 #include "tpf/store.h"
 
 namespace nb = nanobind;

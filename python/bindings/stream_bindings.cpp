@@ -1,6 +1,7 @@
-// FoldPipe entry points: the sampler's orders as numpy arrays, and shard sets streamed through a
-// prefetcher whose records come back as dicts of numpy arrays (copies: the prefetched bytes are
-// released as the stream moves on).
+// FoldPipe for Python: a dataset opened in one call (manifests read, checked and resolved here),
+// and one call per epoch that makes a worker's plan and streams it, its records handed out as dicts
+// of numpy arrays. Options travel as keyword arguments by their C++ names; their defaults are the
+// C++ structs' (include/tpf/stream.h), the only place they are written.
 #include <nanobind/nanobind.h>
 #include <nanobind/ndarray.h>
 #include <nanobind/stl/string.h>
@@ -9,6 +10,7 @@
 #include <algorithm>
 #include <cstring>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "store_records.h"
@@ -20,7 +22,6 @@ namespace tpf::py {
 namespace nb = nanobind;
 using namespace tpf::stream;
 using U64Array = nb::ndarray<nb::numpy, uint64_t, nb::ndim<1>>;
-using U64In = nb::ndarray<const uint64_t, nb::ndim<1>, nb::c_contig, nb::device::cpu>;
 
 namespace {
 
@@ -30,15 +31,136 @@ U64Array to_numpy(std::vector<uint64_t>&& v) {
   return U64Array(owned->data(), {owned->size()}, owner);
 }
 
-std::vector<uint64_t> from_numpy(const U64In& a) {
-  return std::vector<uint64_t>(a.data(), a.data() + a.shape(0));
-}
-
 // Keeps `bytes` alive for as long as numpy arrays view them.
 nb::object keep_alive(std::shared_ptr<const std::byte[]> bytes) {
   auto* held = new std::shared_ptr<const std::byte[]>(std::move(bytes));
   return nb::capsule(
       held, [](void* p) noexcept { delete static_cast<std::shared_ptr<const std::byte[]>*>(p); });
+}
+
+// The options each struct takes from Python, by name: f(name, field) for each.
+template <class F>
+void source_fields(SourceOptions& o, F&& f) {
+  f("max_connections", o.max_connections);
+  f("http_threads", o.http_threads);
+  f("connect_timeout_s", o.connect_timeout_s);
+  f("request_timeout_s", o.request_timeout_s);
+  f("stall_timeout_s", o.stall_timeout_s);
+  f("max_attempts", o.max_attempts);
+  f("backoff_base_s", o.backoff_base_s);
+  f("backoff_max_s", o.backoff_max_s);
+  f("retry_deadline_s", o.retry_deadline_s);
+  f("full_body_max_bytes", o.full_body_max_bytes);
+}
+
+template <class F>
+void prefetch_fields(PrefetchOptions& o, F&& f) {
+  f("memory_budget", o.memory_budget);
+  f("max_inflight", o.max_inflight);
+  f("coalesce_gap", o.coalesce_gap);
+  f("max_request_bytes", o.max_request_bytes);
+  f("group_records", o.group_records);
+  f("verify_attempts", o.verify_attempts);
+  f("verify_backoff_base_s", o.verify_backoff_base_s);
+  f("verify_backoff_max_s", o.verify_backoff_max_s);
+}
+
+template <class F>
+void plan_fields(PlanOptions& o, F&& f) {
+  f("seed", o.seed);
+  f("epoch", o.epoch);
+  f("shuffle", o.shuffle);
+  f("block_size", o.block_size);
+  f("rank", o.rank);
+  f("world_size", o.world_size);
+  f("worker", o.worker);
+  f("num_workers", o.num_workers);
+  f("batch_size", o.batch_size);
+  f("consumed", o.consumed);
+  f("drop_last", o.drop_last);
+}
+
+// Sets the fields `kwargs` names; throws tpf::Error naming an option that is unknown or of the
+// wrong type.
+struct Options {
+  SourceOptions source;
+  PrefetchOptions prefetch;
+};
+
+Options options_from(const nb::kwargs& kwargs) {
+  Options o;
+  for (auto [key, value] : kwargs) {
+    const std::string name = nb::cast<std::string>(key);
+    bool found = false;
+    auto set = [&](const char* field_name, auto& field) {
+      if (found || name != field_name) return;
+      found = true;
+      using T = std::remove_reference_t<decltype(field)>;
+      if (!nb::try_cast<T>(value, field))
+        throw Error(name + ": expected a " +
+                    (std::is_floating_point_v<T> ? "number"
+                     : std::is_same_v<T, bool>   ? "bool"
+                                                 : "int") +
+                    " (>= 0 where unsigned), got " + nb::cast<std::string>(nb::repr(value)));
+    };
+    source_fields(o.source, set);
+    prefetch_fields(o.prefetch, set);
+    if (!found) {
+      std::string known;
+      auto list = [&](const char* field_name, auto&) {
+        known += std::string(known.empty() ? "" : ", ") + field_name;
+      };
+      source_fields(o.source, list);
+      prefetch_fields(o.prefetch, list);
+      throw Error("unknown option '" + name + "': expected one of " + known);
+    }
+  }
+  return o;
+}
+
+PlanOptions plan_from(const nb::dict& d) {
+  PlanOptions p;
+  size_t used = 0;
+  plan_fields(p, [&](const char* name, auto& field) {
+    if (!d.contains(name)) return;
+    ++used;
+    using T = std::remove_reference_t<decltype(field)>;
+    if (!nb::try_cast<T>(d[name], field))
+      throw Error(std::string(name) + ": expected a non-negative " +
+                  (std::is_same_v<T, bool> ? "bool" : "int") + ", got " +
+                  nb::cast<std::string>(nb::repr(d[name])));
+  });
+  TPF_CHECK(used == d.size(), "plan: unknown keys among " + nb::cast<std::string>(nb::repr(d)));
+  return p;
+}
+
+nb::dict defaults() {
+  Options o;
+  nb::dict d;
+  auto put = [&](const char* name, auto& field) { d[name] = field; };
+  source_fields(o.source, put);
+  prefetch_fields(o.prefetch, put);
+  return d;
+}
+
+nb::dict manifest_dict(const Manifest& m) {
+  nb::dict d;
+  d["location"] = m.location;
+  d["text"] = m.text;
+  d["verified"] = m.verified;
+  d["downloads"] = m.downloads;
+  nb::list locations;
+  for (const ShardSpec& s : m.shards) locations.append(s.location);
+  d["shard_locations"] = locations;
+  return d;
+}
+
+void put_source_stats(nb::dict& d, const SourceStats& s) {
+  d["retries"] = s.retries;
+  d["full_body_answers"] = s.full_body_answers;
+  d["multi_range_refused"] = s.multi_range_refused;
+  d["single_range_spells"] = s.single_range_spells;
+  d["multi_range_probes"] = s.multi_range_probes;
 }
 
 // A prefetcher and the shard set it reads, kept alive together.
@@ -57,17 +179,19 @@ struct Stream {
     if (!more) throw nb::stop_iteration();
     const uint32_t shard = shards->locate(view.record).first;
     const std::string& name = shards->shard_name(shard);
-    // Arrays must not view the prefetch buffer, which is reused as the stream moves on: decode a
-    // copy, which an uncompressed record's arrays then view (a compressed one decodes into a
-    // buffer of its own and the copy goes).
+    if (keys.size() <= shard) keys.resize(size_t(shard) + 1);
+    // Arrays must not view the prefetch buffer, which is reused as the stream moves on. A
+    // compressed record decodes into a buffer of its own; an uncompressed one is copied out once,
+    // and its arrays view the copy.
+    if (shards->compressed(view.record)) {
+      const store::Record rec = shards->decode(view);
+      return record_to_dict(rec, keep_alive(rec.owned()), name, view.record, keys[shard]);
+    }
     std::shared_ptr<std::byte[]> copy(new std::byte[std::max<uint64_t>(view.length, 1)]);
     std::memcpy(copy.get(), view.data, view.length);
     RecordView copied = view;
     copied.data = reinterpret_cast<const uint8_t*>(copy.get());
     const store::Record rec = shards->decode(copied);
-    if (keys.size() <= shard) keys.resize(size_t(shard) + 1);
-    if (rec.owns_data())
-      return record_to_dict(rec, keep_alive(rec.owned()), name, view.record, keys[shard]);
     return record_to_dict(rec, keep_alive(std::move(copy)), name, view.record, keys[shard]);
   }
 
@@ -77,6 +201,8 @@ struct Stream {
     d["requests"] = s.requests;
     d["bytes_fetched"] = s.bytes_fetched;
     d["refetches"] = s.refetches;
+    d["refetch_requests"] = s.refetch_requests;
+    put_source_stats(d, s.sources);
     d["peak_reserved"] = s.peak_reserved;
     d["consumer_waits"] = s.consumer_waits;
     d["consumer_wait_s"] = double(s.consumer_wait_ns) * 1e-9;
@@ -89,65 +215,43 @@ struct Stream {
   }
 };
 
-struct Shards {
+struct Dataset {
   std::shared_ptr<const ShardSet> set;
   std::shared_ptr<DiskCache> disk_cache;
+  PrefetchOptions prefetch;
 };
-
-SourceOptions source_options(int max_connections, int http_threads, double connect_timeout_s,
-                             double request_timeout_s, double stall_timeout_s, int max_attempts,
-                             double backoff_base_s, double backoff_max_s, double retry_deadline_s) {
-  SourceOptions o;
-  o.max_connections = max_connections;
-  o.http_threads = http_threads;
-  o.connect_timeout_s = connect_timeout_s;
-  o.request_timeout_s = request_timeout_s;
-  o.stall_timeout_s = stall_timeout_s;
-  o.max_attempts = max_attempts;
-  o.backoff_base_s = backoff_base_s;
-  o.backoff_max_s = backoff_max_s;
-  o.retry_deadline_s = retry_deadline_s;
-  return o;
-}
-
-#define TPF_SOURCE_OPTION_ARGS                                              \
-  nb::arg("max_connections") = 16, nb::arg("http_threads") = 0,             \
-  nb::arg("connect_timeout_s") = 10.0, nb::arg("request_timeout_s") = 60.0, \
-  nb::arg("stall_timeout_s") = 15.0, nb::arg("max_attempts") = 8,           \
-  nb::arg("backoff_base_s") = 0.05, nb::arg("backoff_max_s") = 2.0,         \
-  nb::arg("retry_deadline_s") = 120.0
 
 }  // namespace
 
 void bind_stream(nb::module_& m) {
+  m.def("stream_defaults", &defaults,
+        "The loader's options (sources and prefetcher) and their defaults, by name.");
+  m.def("stream_is_remote", &is_remote, nb::arg("location"));
+  m.def("stream_manifest_digest", &manifest_digest, nb::arg("text"));
   m.def(
-      "stream_epoch_order",
-      [](uint64_t num_records, uint64_t seed, uint64_t epoch, bool shuffle, uint64_t block_size) {
-        SamplerOptions o{num_records, seed, shuffle, block_size};
-        std::vector<uint64_t> order;
+      "stream_read_manifest",
+      [](const std::string& location, const nb::kwargs& kwargs) {
+        const SourceOptions o = options_from(kwargs).source;
+        Manifest manifest;
         {
           nb::gil_scoped_release release;
-          order = epoch_order(o, epoch);
+          manifest = read_manifest(location, o);
         }
-        return to_numpy(std::move(order));
+        return manifest_dict(manifest);
       },
-      nb::arg("num_records"), nb::arg("seed"), nb::arg("epoch"), nb::arg("shuffle"),
-      nb::arg("block_size"));
+      nb::arg("location"), nb::arg("kwargs"));
   m.def(
-      "stream_rank_slice",
-      [](const U64In& order, uint64_t consumed, uint32_t rank, uint32_t world_size,
-         bool drop_last) {
-        return to_numpy(rank_slice(from_numpy(order), consumed, rank, world_size, drop_last));
+      "stream_plan",
+      [](uint64_t num_records, const nb::dict& plan) {
+        const PlanOptions p = plan_from(plan);
+        std::vector<uint64_t> out;
+        {
+          nb::gil_scoped_release release;
+          out = worker_plan(num_records, p);
+        }
+        return to_numpy(std::move(out));
       },
-      nb::arg("order"), nb::arg("consumed"), nb::arg("rank"), nb::arg("world_size"),
-      nb::arg("drop_last"));
-  m.def(
-      "stream_worker_slice",
-      [](const U64In& rank_list, uint32_t worker, uint32_t num_workers, uint64_t batch_size) {
-        return to_numpy(worker_slice(from_numpy(rank_list), worker, num_workers, batch_size));
-      },
-      nb::arg("rank_list"), nb::arg("worker"), nb::arg("num_workers"), nb::arg("batch_size"));
-
+      nb::arg("num_records"), nb::arg("plan"));
   m.def("stream_http_stats", [] {
     const HttpStats h = http_stats();
     nb::dict d;
@@ -157,24 +261,6 @@ void bind_stream(nb::module_& m) {
     d["attempt_s"] = double(h.attempt_ns) * 1e-9;
     return d;
   });
-  m.def(
-      "stream_read_all",
-      [](const std::string& location, int max_connections, int http_threads,
-         double connect_timeout_s, double request_timeout_s, double stall_timeout_s,
-         int max_attempts, double backoff_base_s, double backoff_max_s, double retry_deadline_s) {
-        const SourceOptions o = source_options(max_connections, http_threads, connect_timeout_s,
-                                               request_timeout_s, stall_timeout_s, max_attempts,
-                                               backoff_base_s, backoff_max_s, retry_deadline_s);
-        std::string bytes;
-        {
-          nb::gil_scoped_release release;
-          auto source = open_source(location, o);
-          bytes.resize(source->size());
-          source->read(0, bytes.size(), bytes.data());
-        }
-        return nb::bytes(bytes.data(), bytes.size());
-      },
-      nb::arg("location"), TPF_SOURCE_OPTION_ARGS);
 
   nb::class_<Stream>(m, "StreamIterator")
       .def("__iter__", [](nb::handle self) { return self; })
@@ -182,43 +268,27 @@ void bind_stream(nb::module_& m) {
       .def("__len__", [](const Stream& s) { return s.prefetcher->size(); })
       .def("stats", &Stream::stats);
 
-  nb::class_<Shards>(m, "StreamShards")
+  nb::class_<Dataset>(m, "StreamDataset")
       .def(
           "__init__",
-          [](Shards* self, const std::vector<std::string>& locations,
-             const std::vector<uint64_t>& records, const std::vector<uint64_t>& bytes,
-             const std::string& disk_cache_dir, uint64_t disk_cache_bytes, int max_connections,
-             int http_threads, double connect_timeout_s, double request_timeout_s,
-             double stall_timeout_s, int max_attempts, double backoff_base_s, double backoff_max_s,
-             double retry_deadline_s) {
-            TPF_CHECK(records.empty() || records.size() == locations.size(),
-                      "records: expected one count per shard (" + std::to_string(locations.size()) +
-                          "), got " + std::to_string(records.size()));
-            TPF_CHECK(bytes.empty() || bytes.size() == locations.size(),
-                      "bytes: expected one size per shard (" + std::to_string(locations.size()) +
-                          "), got " + std::to_string(bytes.size()));
-            std::vector<ShardSpec> specs;
-            for (size_t i = 0; i < locations.size(); ++i)
-              specs.push_back(
-                  {locations[i], records.empty() ? 0 : records[i], bytes.empty() ? 0 : bytes[i]});
-            const SourceOptions o = source_options(max_connections, http_threads, connect_timeout_s,
-                                                   request_timeout_s, stall_timeout_s, max_attempts,
-                                                   backoff_base_s, backoff_max_s, retry_deadline_s);
+          [](Dataset* self, const std::vector<std::string>& locations,
+             const std::string& disk_cache_dir, uint64_t disk_cache_bytes,
+             const nb::kwargs& kwargs) {
+            const Options o = options_from(kwargs);
             std::shared_ptr<DiskCache> cache;
             if (!disk_cache_dir.empty())
               cache = DiskCache::create(disk_cache_dir, disk_cache_bytes);
             std::shared_ptr<const ShardSet> set;
             {
               nb::gil_scoped_release release;
-              set = ShardSet::open(specs, o, cache);
+              set = ShardSet::open_dataset(locations, o.source, cache);
             }
-            new (self) Shards{std::move(set), std::move(cache)};
+            new (self) Dataset{std::move(set), std::move(cache), o.prefetch};
           },
-          nb::arg("locations"), nb::arg("records") = std::vector<uint64_t>(),
-          nb::arg("bytes") = std::vector<uint64_t>(), nb::arg("disk_cache_dir") = "",
-          nb::arg("disk_cache_bytes") = 0, TPF_SOURCE_OPTION_ARGS)
+          nb::arg("locations"), nb::arg("disk_cache_dir") = "", nb::arg("disk_cache_bytes") = 0,
+          nb::arg("kwargs"))
       .def_prop_ro("disk_cache_stats",
-                   [](const Shards& s) {
+                   [](const Dataset& s) {
                      nb::dict d;
                      if (s.disk_cache) {
                        d["used_bytes"] = s.disk_cache->used_bytes();
@@ -228,32 +298,43 @@ void bind_stream(nb::module_& m) {
                      }
                      return d;
                    })
-      .def("__len__", [](const Shards& s) { return s.set->size(); })
-      .def_prop_ro("num_shards", [](const Shards& s) { return s.set->num_shards(); })
-      .def("shard_name", [](const Shards& s, uint32_t i) { return s.set->shard_name(i); })
+      .def("__len__", [](const Dataset& s) { return s.set->size(); })
+      .def_prop_ro("num_shards", [](const Dataset& s) { return s.set->num_shards(); })
+      .def("shard_name", [](const Dataset& s, uint32_t i) { return s.set->shard_name(i); })
+      .def_prop_ro("source_stats",
+                   [](const Dataset& s) {
+                     nb::dict d;
+                     put_source_stats(d, s.set->source_stats());
+                     return d;
+                   })
+      .def_prop_ro("manifests",
+                   [](const Dataset& s) {
+                     nb::list out;
+                     for (const Manifest& m : s.set->manifests()) out.append(manifest_dict(m));
+                     return out;
+                   })
+      .def(
+          "rank_count",
+          [](const Dataset& s, const nb::dict& plan) {
+            return rank_count(s.set->size(), plan_from(plan));
+          },
+          nb::arg("plan"))
       .def(
           "stream",
-          [](const Shards& s, const U64In& plan, uint64_t memory_budget, int max_inflight,
-             uint64_t coalesce_gap, uint64_t max_request_bytes, uint32_t group_records,
-             bool verify) {
-            PrefetchOptions o;
-            o.memory_budget = memory_budget;
-            o.max_inflight = max_inflight;
-            o.coalesce_gap = coalesce_gap;
-            o.max_request_bytes = max_request_bytes;
-            o.group_records = group_records;
+          [](const Dataset& s, const nb::dict& plan, uint64_t memory_budget, bool verify) {
+            const PlanOptions p = plan_from(plan);
+            PrefetchOptions o = s.prefetch;
+            if (memory_budget) o.memory_budget = memory_budget;
             auto stream = std::make_unique<Stream>();
             stream->shards = s.set;
-            std::vector<uint64_t> p = from_numpy(plan);
             {
               nb::gil_scoped_release release;
-              stream->prefetcher = s.set->stream(std::move(p), o, verify);
+              stream->prefetcher = s.set->stream(p, o, verify);
             }
             return stream.release();
           },
-          nb::arg("plan"), nb::arg("memory_budget"), nb::arg("max_inflight") = 256,
-          nb::arg("coalesce_gap") = 4 << 10, nb::arg("max_request_bytes") = 8 << 20,
-          nb::arg("group_records") = 0, nb::arg("verify") = true, nb::rv_policy::take_ownership);
+          nb::arg("plan"), nb::arg("memory_budget") = 0, nb::arg("verify") = true,
+          nb::rv_policy::take_ownership);
 }
 
 }  // namespace tpf::py

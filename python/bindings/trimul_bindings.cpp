@@ -1,10 +1,10 @@
-// Triangle multiplicative update entry points. Outputs and workspaces are allocated by the caller
-// (the torch layer) and passed in; `stream` is the caller's cudaStream_t as an integer (0 on the CPU).
+// Triangle multiplicative update entry points. Outputs are allocated by the caller (the torch
+// layer) and passed in, scratch through its allocator `workspace`; `stream` is the caller's
+// cudaStream_t as an integer (0 on the CPU).
 // Weights (and their gradients) travel as one sequence of 12 arrays in TrimulWeights order:
 //   norm_in_weight, norm_in_bias, p_in_weight, p_in_bias, g_in_weight, g_in_bias,
 //   norm_out_weight, norm_out_bias, p_out_weight, p_out_bias, g_out_weight, g_out_bias
 // where the four projection biases may be None or empty (absent: zero).
-#include <nanobind/stl/string.h>
 #include <nanobind/stl/vector.h>
 
 #include <string>
@@ -56,13 +56,6 @@ TrimulSaved saved_of(const Array& a, const Array& b, const Array& z, const Array
   return TrimulSaved{view_of(a, "a"), view_of(b, "b"), view_of(z, "z"), view_of(go, "go")};
 }
 
-void set_workspace(const OptArray& workspace, void*& ptr, size_t& bytes) {
-  if (workspace) {
-    ptr = workspace->data();
-    bytes = workspace->nbytes();
-  }
-}
-
 TrimulForwardArgs forward_args(const Array& x, const OptArray& mask, const ArrayList& weights,
                                bool outgoing, double eps, const Array& y) {
   TrimulForwardArgs a;
@@ -90,13 +83,6 @@ TrimulBackwardArgs backward_args(const Array& x, const OptArray& mask, const Arr
   return a;
 }
 
-DType dtype_named(const std::string& name) {
-  if (name == "float32") return DType::f32;
-  if (name == "bfloat16") return DType::bf16;
-  if (name == "float16") return DType::f16;
-  throw Error("dtype must be float32, bfloat16 or float16, got " + name);
-}
-
 }  // namespace
 
 void bind_trimul(nb::module_& m) {
@@ -104,10 +90,11 @@ void bind_trimul(nb::module_& m) {
       "trimul_forward",
       [](const Array& x, const OptArray& mask, const ArrayList& weights, bool outgoing, double eps,
          const Array& y, const Array& a, const Array& b, const Array& z, const Array& go,
-         const OptArray& workspace, uintptr_t stream) {
+         const std::optional<nb::callable>& workspace, uintptr_t stream) {
         TrimulForwardArgs args = forward_args(x, mask, weights, outgoing, eps, y);
         args.saved = saved_of(a, b, z, go);
-        set_workspace(workspace, args.workspace, args.workspace_bytes);
+        std::vector<Array> keep;
+        args.workspace = allocator_of(workspace, keep);
         nb::gil_scoped_release release;
         trimul_forward(args, stream_ptr(stream));
       },
@@ -119,27 +106,18 @@ void bind_trimul(nb::module_& m) {
       "trimul_backward",
       [](const Array& x, const OptArray& mask, const ArrayList& weights, bool outgoing, double eps,
          const Array& a, const Array& b, const Array& z, const Array& go, const Array& dy,
-         const Array& dx, const ArrayList& grads, const OptArray& workspace, uintptr_t stream) {
+         const Array& dx, const ArrayList& grads, const std::optional<nb::callable>& workspace,
+         uintptr_t stream) {
         TrimulBackwardArgs args = backward_args(x, mask, weights, outgoing, eps, dy, dx, grads);
         args.saved = saved_of(a, b, z, go);
-        set_workspace(workspace, args.workspace, args.workspace_bytes);
+        std::vector<Array> keep;
+        args.workspace = allocator_of(workspace, keep);
         nb::gil_scoped_release release;
         trimul_backward(args, stream_ptr(stream));
       },
       nb::arg("x"), nb::arg("mask").none(), nb::arg("weights"), nb::arg("outgoing"), nb::arg("eps"),
       nb::arg("a"), nb::arg("b"), nb::arg("z"), nb::arg("go"), nb::arg("grad_out"), nb::arg("dx"),
       nb::arg("grads"), nb::arg("workspace").none() = nb::none(), nb::arg("stream") = 0);
-
-  m.def(
-      "trimul_workspace_bytes",
-      [](int64_t B, int64_t S, int64_t D, const std::string& dtype, bool cuda, bool backward) {
-        const TrimulDims d{B, S, D};
-        const Device device = cuda ? Device::cuda : Device::cpu;
-        return backward ? trimul_backward_workspace_bytes(d, dtype_named(dtype), device)
-                        : trimul_forward_workspace_bytes(d, dtype_named(dtype), device);
-      },
-      nb::arg("B"), nb::arg("S"), nb::arg("D"), nb::arg("dtype"), nb::arg("cuda"),
-      nb::arg("backward"));
 
   m.def(
       "trimul_forward_reference",

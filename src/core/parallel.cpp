@@ -1,4 +1,4 @@
-#include "parallel.h"
+#include "tpf/parallel.h"
 
 #include <unistd.h>
 #include <algorithm>

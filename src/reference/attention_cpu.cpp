@@ -22,9 +22,8 @@
 
 #include "core/indexing.h"
 #include "core/numeric.h"
-#include "core/parallel.h"
-#include "tpf/attention.h"
-#include "tpf/error.h"
+#include "reference/cpu.h"
+#include "tpf/parallel.h"
 
 namespace tpf {
 namespace {
@@ -36,10 +35,6 @@ constexpr int64_t kPartialBudgetBytes = int64_t(64) << 20;
 constexpr float kInf = std::numeric_limits<float>::infinity();
 
 int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
-
-void require_cpu(const TensorView& t, const char* what) {
-  TPF_CHECK(t.device == Device::cpu, std::string(what) + ": tensors must be on the CPU");
-}
 
 // Loads rows [r0, r0+rn) of the [.., S, D] matrix at (b, n, h) into dst[rn][D] as float.
 void load_rows(const TensorView& t, int64_t b, int64_t n, int64_t h, int64_t r0, int64_t rn,
@@ -67,9 +62,7 @@ void matmul_abt(const float* a, const float* bt, int64_t m, int64_t n, int64_t k
 
 }  // namespace
 
-void attention_forward_cpu(const AttentionForwardArgs& a) {
-  const AttentionDims d = check_attention_forward(a);
-  require_cpu(a.q, "triangle attention CPU path");
+void cpu::attention_forward(const AttentionForwardArgs& a, const AttentionDims& d) {
   const int64_t D = d.D, Sq = d.Sq, Sk = d.Sk;
   const int64_t jq = ceil_div(Sq, kQueryTile);
   const double scale = a.scale;
@@ -141,9 +134,7 @@ void attention_forward_cpu(const AttentionForwardArgs& a) {
   });
 }
 
-void attention_backward_cpu(const AttentionBackwardArgs& a) {
-  const AttentionDims d = check_attention_backward(a);
-  require_cpu(a.q, "triangle attention CPU path");
+void cpu::attention_backward(const AttentionBackwardArgs& a, const AttentionDims& d) {
   const int64_t B = d.B, N = d.N, H = d.H, Sq = d.Sq, Sk = d.Sk, D = d.D;
   const int64_t jk = ceil_div(Sk, kKeyTile);
   const double scale = a.scale;

@@ -9,11 +9,10 @@
 
 #include "core/indexing.h"
 #include "core/numeric.h"
-#include "core/parallel.h"
-#include "tpf/attention.h"
-#include "tpf/error.h"
+#include "reference/cpu.h"
+#include "tpf/parallel.h"
 
-namespace tpf::reference {
+namespace tpf::cpu {
 namespace {
 
 struct Slice {
@@ -70,9 +69,7 @@ void load_slice(const TensorView& q, const TensorView& k, const TensorView& v,
 
 }  // namespace
 
-void attention_forward_f64(const AttentionForwardArgs& a) {
-  const AttentionDims d = check_attention_forward(a);
-  TPF_CHECK(a.q.device == Device::cpu, "the FP64 reference runs on CPU tensors only");
+void attention_forward_f64(const AttentionForwardArgs& a, const AttentionDims& d) {
   parallel_for(d.B * d.N * d.H, [&](int64_t t) {
     const int64_t h = t % d.H, n = (t / d.H) % d.N, b = t / (d.H * d.N);
     Slice s;
@@ -84,9 +81,7 @@ void attention_forward_f64(const AttentionForwardArgs& a) {
   });
 }
 
-void attention_backward_f64(const AttentionBackwardArgs& a) {
-  const AttentionDims d = check_attention_backward(a);
-  TPF_CHECK(a.q.device == Device::cpu, "the FP64 reference runs on CPU tensors only");
+void attention_backward_f64(const AttentionBackwardArgs& a, const AttentionDims& d) {
   const int64_t Sq = d.Sq, Sk = d.Sk, D = d.D;
   // dbias sums over slices: one task per (b, h) walks every n in order.
   parallel_for(d.B * d.H, [&](int64_t t) {
@@ -133,4 +128,4 @@ void attention_backward_f64(const AttentionBackwardArgs& a) {
   });
 }
 
-}  // namespace tpf::reference
+}  // namespace tpf::cpu

@@ -17,10 +17,9 @@
 
 #include "core/indexing.h"
 #include "core/numeric.h"
-#include "core/parallel.h"
+#include "reference/cpu.h"
 #include "reference/trimul_math.h"
-#include "tpf/error.h"
-#include "tpf/trimul.h"
+#include "tpf/parallel.h"
 
 namespace tpf {
 namespace {
@@ -112,17 +111,9 @@ void reduce_tile_sums(const V& partial, int64_t tiles, int64_t cols,
 
 const TensorView* optional_ptr(const OptionalTensor& t) { return t.present ? &t.view : nullptr; }
 
-void require_cpu(const TensorView& x) {
-  TPF_CHECK(x.device == Device::cpu,
-            "triangle multiplicative update CPU path: tensors must be "
-            "on the CPU");
-}
-
 }  // namespace
 
-void trimul_forward_cpu(const TrimulForwardArgs& a) {
-  const TrimulDims d = check_trimul_forward(a);
-  require_cpu(a.x);
+void cpu::trimul_forward(const TrimulForwardArgs& a, const TrimulDims& d) {
   const Params<double> w(a.w, d.D);
   const int64_t S = d.S, D = d.D;
   const Tiles tiles(d);
@@ -171,9 +162,7 @@ void trimul_forward_cpu(const TrimulForwardArgs& a) {
   });
 }
 
-void trimul_backward_cpu(const TrimulBackwardArgs& a) {
-  const TrimulDims d = check_trimul_backward(a);
-  require_cpu(a.x);
+void cpu::trimul_backward(const TrimulBackwardArgs& a, const TrimulDims& d) {
   const Params<double> w(a.w, d.D);
   const int64_t S = d.S, D = d.D, SS = S * S, R = d.B * SS;
   const Tiles tiles(d);
@@ -206,7 +195,7 @@ void trimul_backward_cpu(const TrimulBackwardArgs& a) {
       }
       std::fill(dzln.begin(), dzln.end(), 0.0);
       linear_backward(dp.data(), w.wp_out, D, D, dzln.data());
-      layer_norm_backward(dzln.data(), zhat.data(), w.ln_out_w, rstd, D, dzr.data());
+      trimul_math::layer_norm_backward(dzln.data(), zhat.data(), w.ln_out_w, rstd, D, dzr.data());
       for (int64_t c = 0; c < D; ++c) {
         dz[(b * D + c) * SS + i * S + j0 + r] = float(dzr[c]);
         sums[c] += dzln[c] * zhat[c];
@@ -262,7 +251,7 @@ void trimul_backward_cpu(const TrimulBackwardArgs& a) {
       linear_backward(dpr.data(), w.wp_in, 2 * D, D, dxln.data());
       linear_backward(dgr.data(), w.wg_in, 2 * D, D, dxln.data());
       linear_backward(dgor.data(), w.wg_out, D, D, dxln.data());
-      layer_norm_backward(dxln.data(), xhat.data(), w.ln_in_w, rstd, D, dx.data());
+      trimul_math::layer_norm_backward(dxln.data(), xhat.data(), w.ln_in_w, rstd, D, dx.data());
       store_row(a.dx, offset_of(a.dx, b, i, j0 + r, 0), D, dx.data());
       for (int64_t c = 0; c < D; ++c) {
         sums[c] += dxln[c] * xhat[c];

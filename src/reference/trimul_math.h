@@ -9,7 +9,7 @@
 
 #include "core/indexing.h"
 #include "core/numeric.h"
-#include "core/parallel.h"
+#include "tpf/parallel.h"
 #include "tpf/trimul.h"
 
 namespace tpf::trimul_math {

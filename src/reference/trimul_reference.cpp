@@ -5,12 +5,11 @@
 
 #include "core/indexing.h"
 #include "core/numeric.h"
-#include "core/parallel.h"
+#include "reference/cpu.h"
 #include "reference/trimul_math.h"
-#include "tpf/error.h"
-#include "tpf/trimul.h"
+#include "tpf/parallel.h"
 
-namespace tpf::reference {
+namespace tpf::cpu {
 namespace {
 
 using namespace trimul_math;
@@ -84,15 +83,9 @@ void accumulate_norm_grads(const V& dy, const V& xhat, int64_t rows, int64_t D, 
   });
 }
 
-void require_cpu(const TensorView& x) {
-  TPF_CHECK(x.device == Device::cpu, "the FP64 reference runs on CPU tensors only");
-}
-
 }  // namespace
 
-void trimul_forward_f64(const TrimulForwardArgs& a) {
-  const TrimulDims d = check_trimul_forward(a, /*need_saved=*/false);
-  require_cpu(a.x);
+void trimul_forward_f64(const TrimulForwardArgs& a, const TrimulDims& d) {
   const Params<double> w(a.w, d.D);
   const int64_t S = d.S, D = d.D;
   Forward f;
@@ -109,9 +102,7 @@ void trimul_forward_f64(const TrimulForwardArgs& a) {
   }
 }
 
-void trimul_backward_f64(const TrimulBackwardArgs& a) {
-  const TrimulDims d = check_trimul_backward(a, /*need_saved=*/false);
-  require_cpu(a.x);
+void trimul_backward_f64(const TrimulBackwardArgs& a, const TrimulDims& d) {
   const Params<double> w(a.w, d.D);
   const int64_t S = d.S, D = d.D, SS = S * S;
   V d_ln_in_w(D, 0), d_ln_in_b(D, 0), d_wp_in(2 * D * D, 0), d_wg_in(2 * D * D, 0),
@@ -136,7 +127,8 @@ void trimul_backward_f64(const TrimulBackwardArgs& a) {
         double* dzl = &dzln[r * D];
         std::fill(dzl, dzl + D, 0.0);
         linear_backward(&dpo[r * D], w.wp_out, D, D, dzl);
-        layer_norm_backward(dzl, &f.zhat[r * D], w.ln_out_w, f.rstd_out[r], D, dzr.data());
+        trimul_math::layer_norm_backward(dzl, &f.zhat[r * D], w.ln_out_w, f.rstd_out[r], D,
+                                         dzr.data());
         for (int64_t c = 0; c < D; ++c) dz[c * SS + r] = dzr[c];
       }
     });
@@ -160,7 +152,8 @@ void trimul_backward_f64(const TrimulBackwardArgs& a) {
         linear_backward(&dp[r * 2 * D], w.wp_in, 2 * D, D, dxl);
         linear_backward(&dg[r * 2 * D], w.wg_in, 2 * D, D, dxl);
         linear_backward(&dgo[r * D], w.wg_out, D, D, dxl);
-        layer_norm_backward(dxl, &f.xhat[r * D], w.ln_in_w, f.rstd_in[r], D, dx.data());
+        trimul_math::layer_norm_backward(dxl, &f.xhat[r * D], w.ln_in_w, f.rstd_in[r], D,
+                                         dx.data());
         store_row(a.dx, offset_of(a.dx, bidx, i, j, 0), D, dx.data());
       }
     });
@@ -186,4 +179,4 @@ void trimul_backward_f64(const TrimulBackwardArgs& a) {
   if (g.g_out_bias.present) store_param(g.g_out_bias.view, d_bg_out.data());
 }
 
-}  // namespace tpf::reference
+}  // namespace tpf::cpu

@@ -298,6 +298,7 @@ class Engine final : public CurlEngine, public std::enable_shared_from_this<Engi
     if (r->cancel && r->cancel->cancelled()) return fail_cancelled(r);
     const auto due = Clock::now() + std::chrono::duration_cast<Clock::duration>(
                                         std::chrono::duration<double>(delay));
+    if (r->retries) r->retries->fetch_add(1, std::memory_order_relaxed);
     backoff_.emplace(due, r);
   }
 

@@ -6,6 +6,7 @@
 #pragma once
 #include <curl/curl.h>
 
+#include <atomic>
 #include <chrono>
 #include <cstdint>
 #include <deque>
@@ -57,6 +58,8 @@ struct Request {
   RetryPolicy retry;
   Slots* slots = nullptr;
   std::function<void(std::exception_ptr)> done;
+  // Counts the attempts that are asked again (the source's SourceStats::retries), when set.
+  std::atomic<uint64_t>* retries = nullptr;
 
   // The engine's bookkeeping.
   CURL* handle = nullptr;

@@ -87,6 +87,7 @@ class CachedSource final : public CancellableSource {
   uint64_t size() const override { return inner_->size(); }
   std::string name() const override { return inner_->name(); }
   size_t ranges_per_request() const override { return inner_->ranges_per_request(); }
+  SourceStats stats() const override { return inner_->stats(); }
 
   void read_cancellable(uint64_t offset, size_t length, void* dst,
                         const CancelToken* cancel) const override {

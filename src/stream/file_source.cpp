@@ -93,17 +93,44 @@ std::unique_ptr<CancellableSource> open_file_source(const std::string& path) {
   return std::make_unique<FileSource>(path);
 }
 
+namespace {
+
+bool starts_with(const std::string& s, const char* prefix) { return s.rfind(prefix, 0) == 0; }
+
+bool is_url(const std::string& location) { return location.find("://") != std::string::npos; }
+
+}  // namespace
+
+bool is_remote(const std::string& location) {
+  return starts_with(location, "http://") || starts_with(location, "https://") ||
+         starts_with(location, "s3://");
+}
+
+std::string resolve_location(const std::string& base, const std::string& name) {
+  if (is_url(name) || starts_with(name, "/")) return name;
+  std::string folder = starts_with(base, "file://") ? base.substr(7) : base;
+  const auto scheme = folder.find("://");
+  const size_t path_start = scheme == std::string::npos ? 0 : folder.find('/', scheme + 3);
+  const auto slash = folder.rfind('/');
+  if (slash == std::string::npos || (path_start != std::string::npos && slash < path_start) ||
+      path_start == std::string::npos)
+    folder = scheme == std::string::npos ? "" : folder + "/";  // a bare file name, or host only
+  else
+    folder.resize(slash + 1);
+  return folder + name;
+}
+
 std::unique_ptr<CancellableSource> open_source(const std::string& location,
                                                const SourceOptions& options) {
   if (location.empty()) throw Error("location: expected a path or URL, got an empty string");
   std::unique_ptr<CancellableSource> source;
-  if (location.rfind("http://", 0) == 0 || location.rfind("https://", 0) == 0) {
-    source = open_http_source(location, options);
-  } else if (location.rfind("s3://", 0) == 0) {
+  if (starts_with(location, "s3://")) {
     source = open_s3_source(location, options);
-  } else if (location.rfind("file://", 0) == 0) {
+  } else if (is_remote(location)) {
+    source = open_http_source(location, options);
+  } else if (starts_with(location, "file://")) {
     source = open_file_source(location.substr(7));
-  } else if (location.find("://") != std::string::npos) {
+  } else if (is_url(location)) {
     throw Error("location '" + location +
                 "': expected a path, file://, http://, https:// or s3:// URL");
   } else {

@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cctype>
 #include <cstdlib>
 #include <cstring>
 #include <ctime>
@@ -55,27 +56,45 @@ struct S3Target {
   std::string path;  // percent-encoded
 };
 
+// What the answer to a range request turned out to be, decided at its first body byte.
+enum class Answer {
+  none,         // no body yet
+  ranges,       // a 206 with the ranges (multipart, or one part at its Content-Range)
+  full_body,    // a 200 with the whole object, the ranges within full_body_max_bytes of its start
+  too_far,      // a 200 with the whole object, the ranges further in: stopped, asked again
+  not_whole,    // a 200 whose body is not the whole object: stopped, asked again
+  wrong_range,  // a 206 whose Content-Range does not start where it should: stopped
+  other,        // another status (an error page): its start kept for S3's error code
+};
+
 // State shared with curl's callbacks during one attempt.
 struct Transfer {
   CURL* handle = nullptr;
-  uint8_t* dst = nullptr;
-  uint64_t offset = 0;
-  size_t length = 0;
-  size_t got = 0;
-  bool range_ok = false;  // the status (and Content-Range) say the body is the range asked for
-  bool checked = false;
-  bool overflow = false;
-  std::string error_body;  // the start of a non-range body, for the message
-  double retry_after_s = 0;
-  std::optional<uint64_t> content_range_start;
   const CancelToken* cancel = nullptr;
-  bool multipart_type = false;  // Content-Type: multipart/byteranges
-  // Multi-range requests: the ranges asked for, the bytes of each filled so far, and the parser of
-  // the body (multipart/byteranges, or one part where the server merged the ranges).
+  // The ranges asked for (one or more), the bytes of each filled so far, and the parser of the
+  // body (multipart/byteranges, or one part at a known offset).
   const std::vector<ByteRange>* ranges = nullptr;
   RangeScatter scatter;
   ByteRangesParser body;
+  uint64_t object_size = 0;
+  uint64_t full_body_max = 0;
+  Answer answer = Answer::none;
+  uint64_t body_bytes = 0;
+  uint64_t max_body = UINT64_MAX;  // a single-part 206 longer than this sent more than was asked
+  int64_t content_length = -1;
+  bool overflow = false;
+  bool stopped_early = false;  // a full body, stopped once every range was filled
+  std::string error_body;      // the start of an error page (never shown: S3's <Code> is)
+  double retry_after_s = 0;
+  std::optional<uint64_t> content_range_start;
+  bool multipart_type = false;  // Content-Type: multipart/byteranges
 };
+
+uint64_t end_of(const std::vector<ByteRange>& ranges) {
+  uint64_t end = 0;
+  for (const ByteRange& r : ranges) end = std::max(end, r.offset + r.length);
+  return end;
+}
 
 // Header lines arrive whole, ending in CRLF.
 size_t on_header(char* data, size_t size, size_t n, void* user) {
@@ -105,52 +124,76 @@ size_t on_header(char* data, size_t size, size_t n, void* user) {
   return len;
 }
 
+// At the first byte of the body: what kind of answer this is, and how to read it.
+void decide(Transfer* t) {
+  long status = 0;
+  curl_easy_getinfo(t->handle, CURLINFO_RESPONSE_CODE, &status);
+  curl_off_t length = -1;
+  curl_easy_getinfo(t->handle, CURLINFO_CONTENT_LENGTH_DOWNLOAD_T, &length);
+  t->content_length = length;
+  const auto& ranges = *t->ranges;
+  const uint64_t first = ranges.front().offset, end = end_of(ranges);
+  if (status == 206) {
+    if (t->multipart_type) {
+      t->answer = Answer::ranges;
+      t->body = ByteRangesParser::multipart();
+    } else if (ranges.size() == 1 || t->content_range_start) {
+      // One part: the range asked for, or (several asked for) the server's merge of them.
+      const uint64_t start = t->content_range_start.value_or(first);
+      if (ranges.size() == 1 ? start != first : start > first) {
+        t->answer = Answer::wrong_range;
+        return;
+      }
+      t->answer = Answer::ranges;
+      t->body = ByteRangesParser::single_part(start);
+      t->max_body = end - start;
+    } else {
+      t->answer = Answer::wrong_range;
+    }
+  } else if (status == 200) {
+    if (length < 0 || uint64_t(length) != t->object_size)
+      t->answer = Answer::not_whole;
+    else if (end > t->full_body_max)
+      t->answer = Answer::too_far;
+    else {
+      t->answer = Answer::full_body;
+      t->body = ByteRangesParser::single_part(0);
+    }
+  } else {
+    t->answer = Answer::other;
+  }
+}
+
 size_t on_body(char* data, size_t size, size_t n, void* user) {
   auto* t = static_cast<Transfer*>(user);
   const size_t len = size * n;
-  long status = 0;
-  if (!t->checked) {
-    curl_easy_getinfo(t->handle, CURLINFO_RESPONSE_CODE, &status);
-    t->checked = true;
-    if (t->ranges) {
-      const bool multipart = status == 206 && t->multipart_type;
-      // A single-part 206 (the server merged the ranges) is one part at its Content-Range.
-      t->range_ok = status == 206 && (multipart || t->content_range_start.has_value());
-      if (t->range_ok && !multipart)
-        t->body = ByteRangesParser::single_part(*t->content_range_start);
-    } else {
-      t->range_ok = status == 206 && t->content_range_start.value_or(t->offset) == t->offset;
-    }
-    if (!t->range_ok && status == 200) {
-      // The whole object, not a range: never download it, stop here.
-      t->error_body.assign(data, std::min<size_t>(len, 300));
-      return 0;
-    }
-  }
-  if (t->ranges) {
-    if (t->range_ok) {
+  if (t->answer == Answer::none) decide(t);
+  t->body_bytes += len;
+  switch (t->answer) {
+    case Answer::ranges:
+    case Answer::full_body: {
+      if (t->body_bytes > t->max_body) {
+        t->overflow = true;
+        return 0;  // aborts the transfer: the server sent more than it was asked for
+      }
       const bool ok = t->body.feed(data, len, [t](uint64_t pos, const char* part, size_t k) {
         t->scatter.write(pos, part, k);
       });
-      return ok ? len : 0;
+      if (!ok) return 0;
+      // A whole object is read only as far as the ranges asked for.
+      if (t->answer == Answer::full_body && t->scatter.complete() &&
+          int64_t(t->body_bytes) < t->content_length) {
+        t->stopped_early = true;
+        return 0;
+      }
+      return len;
     }
-    // Not ranges (an error page): keep its start for the message and stop the transfer.
-    t->error_body.append(data, std::min<size_t>(len, 300));
-    return 0;
+    case Answer::other:
+      if (t->error_body.size() < 1024)
+        t->error_body.append(data, std::min(len, 1024 - t->error_body.size()));
+      return t->body_bytes > (64u << 10) ? 0 : len;  // an error page is short; stop a long one
+    default: return 0;                               // stops the transfer: nothing in it is used
   }
-  if (!t->range_ok) {
-    // Keep the start of an error page for the message.
-    if (t->error_body.size() < 300)
-      t->error_body.append(data, std::min(len, 300 - t->error_body.size()));
-    return len;
-  }
-  if (len > t->length - t->got) {
-    t->overflow = true;
-    return 0;  // aborts the transfer: the server sent more than the range
-  }
-  std::memcpy(t->dst + t->got, data, len);
-  t->got += len;
-  return len;
 }
 
 int on_progress(void* user, curl_off_t, curl_off_t, curl_off_t, curl_off_t) {
@@ -187,17 +230,25 @@ Outcome classify(CURLcode code, long status, const Transfer& t, const std::strin
   return {Outcome::ok, ""};
 }
 
-std::string one_line(std::string body) {
-  for (auto& c : body)
-    if (c == '\n' || c == '\r') c = ' ';
-  return body;
+// " (S3 error code AccessDenied)" when an error page is S3's XML, else "": the body itself is never
+// put in a message (it may be anything, binary included).
+std::string s3_error_code(const std::string& body) {
+  const auto open = body.find("<Code>");
+  if (open == std::string::npos) return "";
+  std::string code;
+  for (size_t i = open + 6; i < body.size() && code.size() < 64; ++i) {
+    const char c = body[i];
+    if (!std::isalnum(static_cast<unsigned char>(c)) && c != '.') break;
+    code += c;
+  }
+  return code.empty() ? "" : " (S3 error code " + code + ")";
 }
 
 class HttpSource;
 
-// One request of a source: a HEAD, a GET of one range, or a GET of several (multipart answer).
+// One request of a source: a HEAD, or a GET of one or several ranges.
 struct HttpRequest final : Request {
-  enum class Kind { head, range, ranges };
+  enum class Kind { head, ranges };
   HttpRequest(const HttpSource* s, Kind k) : source(s), kind(k) {}
   ~HttpRequest() override { curl_slist_free_all(headers); }
   void prepare(CURL* handle) override;
@@ -205,12 +256,11 @@ struct HttpRequest final : Request {
 
   const HttpSource* source;
   Kind kind;
-  uint64_t offset = 0;  // range
-  size_t length = 0;
-  uint8_t* dst = nullptr;
-  std::vector<ByteRange> ranges;  // ranges
-  uint64_t* size_out = nullptr;   // head: where the size goes
-  bool unsupported = false;       // ranges: the server answered 200 (it ignores several ranges)
+  std::vector<ByteRange> ranges;
+  uint64_t* size_out = nullptr;  // head: where the size goes
+  // Several ranges answered with 200 and a body not worth reading that far: fetch them one by one.
+  bool split = false;
+  uint64_t seq = 0;  // the source's count of range requests started before this one
   Transfer t;
   curl_slist* headers = nullptr;
 };
@@ -254,10 +304,24 @@ class HttpSource final : public CancellableSource {
   std::string name() const override { return name_; }
   bool asynchronous() const override { return true; }
 
-  // S3 answers one range per request; plain HTTP servers (nginx) answer several at once, until
-  // one shows it does not.
+  // S3 answers one range per request; plain HTTP servers (nginx) answer several at once. After
+  // several multi-range requests in a row were refused, one range per request for a spell of
+  // requests (doubling with each spell that ends in another refusal), then a multi-range request
+  // again: one refusal now and then (a proxy, a cache miss) costs nothing, a server that never
+  // answers them costs a probe per spell.
   size_t ranges_per_request() const override {
-    return s3_ || !multi_range_ok_.load() ? 1 : kMaxRangesPerRequest;
+    if (s3_ || started_.load(std::memory_order_relaxed) < single_until_.load()) return 1;
+    return kMaxRangesPerRequest;
+  }
+
+  SourceStats stats() const override {
+    SourceStats s;
+    s.retries = retries_.load();
+    s.full_body_answers = full_body_answers_.load();
+    s.multi_range_refused = multi_range_refused_.load();
+    s.single_range_spells = single_range_spells_.load();
+    s.multi_range_probes = multi_range_probes_.load();
+    return s;
   }
 
   void read_cancellable(uint64_t offset, size_t length, void* dst,
@@ -286,15 +350,16 @@ class HttpSource final : public CancellableSource {
     if (ranges.empty()) return done(nullptr);
     if (ranges.size() == 1 || ranges_per_request() == 1)
       return start_each(std::move(ranges), cancel, std::move(done));
+    if (probe_next_.exchange(false)) multi_range_probes_.fetch_add(1);
+    const uint64_t seq = started_.fetch_add(1, std::memory_order_relaxed);
     Lane& lane = next_lane();
     auto req = new_request(HttpRequest::Kind::ranges, std::to_string(ranges.size()) + "-range GET",
                            cancel, lane);
     req->ranges = std::move(ranges);
+    req->seq = seq;
     HttpRequest* raw = req.get();
     req->done = [this, raw, cancel, done = std::move(done)](std::exception_ptr error) mutable {
-      if (error || !raw->unsupported) return done(error);
-      // The server ignores multi-range requests: say so, and fetch these one range at a time.
-      multi_range_ok_.store(false);
+      if (error || !raw->split) return done(error);
       start_each(std::move(raw->ranges), cancel, std::move(done));
     };
     lane.engine->submit(std::move(req));
@@ -308,16 +373,11 @@ class HttpSource final : public CancellableSource {
     t.handle = h;
     t.cancel = req.cancel;
     Headers extra;
-    if (req.kind == HttpRequest::Kind::range) {
-      t.dst = req.dst;
-      t.offset = req.offset;
-      t.length = req.length;
-      extra.emplace_back("Range", "bytes=" + std::to_string(req.offset) + "-" +
-                                      std::to_string(req.offset + req.length - 1));
-    } else if (req.kind == HttpRequest::Kind::ranges) {
+    if (req.kind == HttpRequest::Kind::ranges) {
       t.ranges = &req.ranges;
       t.scatter = RangeScatter(req.ranges);
-      t.body = ByteRangesParser::multipart();
+      t.object_size = size_;
+      t.full_body_max = options_.full_body_max_bytes;
       std::string spec = "bytes=";
       for (size_t i = 0; i < req.ranges.size(); ++i) {
         if (i) spec += ',';
@@ -358,57 +418,68 @@ class HttpSource final : public CancellableSource {
     long status = 0;
     curl_easy_getinfo(h, CURLINFO_RESPONSE_CODE, &status);
     const Transfer& t = req.t;
-    switch (req.kind) {
-      case HttpRequest::Kind::head: {
-        Outcome o = classify(code, status, t, "");
-        if (o.kind != Outcome::ok) return o;
-        if (status != 200)
-          return {Outcome::fatal, "HTTP " + std::to_string(status) + " (expected 200)"};
-        curl_off_t length = -1;
-        curl_easy_getinfo(h, CURLINFO_CONTENT_LENGTH_DOWNLOAD_T, &length);
-        if (length < 0) return {Outcome::fatal, "the response carries no Content-Length"};
-        *req.size_out = static_cast<uint64_t>(length);
-        return o;
-      }
-      case HttpRequest::Kind::range: {
-        if (t.overflow) return {Outcome::retry, "the server sent more than the range asked for"};
-        Outcome o = classify(
-            code, status, t,
-            t.got ? " after " + std::to_string(t.got) + " of " + std::to_string(t.length) + " bytes"
-                  : std::string());
-        if (o.kind != Outcome::ok) return o;
-        if (status != 206)
-          return {Outcome::fatal, "HTTP " + std::to_string(status) +
-                                      " (expected 206 Partial Content)" +
-                                      (t.error_body.empty() ? "" : ": " + one_line(t.error_body))};
-        if (t.checked && !t.range_ok)
-          return {Outcome::retry, "the response's Content-Range is not the range asked for"};
-        if (t.got != t.length)
-          return {Outcome::retry, "short read: " + std::to_string(t.got) + " of " +
-                                      std::to_string(t.length) + " bytes"};
-        return o;
-      }
-      case HttpRequest::Kind::ranges: {
-        if (t.body.malformed())
-          return {Outcome::retry, "a malformed multipart/byteranges response"};
-        Outcome o = classify(code, status, t, "");
-        if (o.kind != Outcome::ok) return o;
-        if (status == 200) {
-          req.unsupported = true;
+    if (req.kind == HttpRequest::Kind::head) {
+      Outcome o = classify(code, status, t, "");
+      if (o.kind != Outcome::ok) return o;
+      if (status != 200)
+        return {Outcome::fatal, "HTTP " + std::to_string(status) + " (expected 200)"};
+      curl_off_t length = -1;
+      curl_easy_getinfo(h, CURLINFO_CONTENT_LENGTH_DOWNLOAD_T, &length);
+      if (length < 0) return {Outcome::fatal, "the response carries no Content-Length"};
+      *req.size_out = static_cast<uint64_t>(length);
+      return o;
+    }
+    const bool several = req.ranges.size() > 1;
+    switch (t.answer) {
+      case Answer::too_far:
+      case Answer::not_whole: {
+        const std::string what =
+            t.answer == Answer::too_far
+                ? "HTTP 200 with the whole object (" + std::to_string(size_) +
+                      " bytes) instead of the range; the bytes asked for end at byte " +
+                      std::to_string(end_of(req.ranges)) + ", past full_body_max_bytes (" +
+                      std::to_string(options_.full_body_max_bytes) + ")"
+                : "HTTP 200 with a body of " + std::to_string(t.content_length) +
+                      " bytes, neither the range asked for nor the whole object (" +
+                      std::to_string(size_) + " bytes)";
+        if (several) {
+          note_multi_refused(req.seq);
+          req.split = true;  // asked again one range at a time
           return {Outcome::ok, ""};
         }
-        if (status != 206)
-          return {Outcome::fatal,
-                  "HTTP " + std::to_string(status) + " (expected 206 Partial Content)"};
-        for (size_t i = 0; i < req.ranges.size(); ++i)
-          if (t.scatter.filled(i) < req.ranges[i].length)
-            return {Outcome::retry, "short read: range " + std::to_string(req.ranges[i].offset) +
-                                        "+" + std::to_string(req.ranges[i].length) + " got " +
-                                        std::to_string(t.scatter.filled(i)) + " bytes"};
-        return o;
+        return {Outcome::retry, what};
       }
+      case Answer::wrong_range:
+        return {Outcome::retry, "a 206 answer whose Content-Range is not the range asked for"};
+      default: break;
     }
-    return {Outcome::fatal, "unknown request kind"};
+    if (t.overflow) return {Outcome::retry, "the server sent more than the range asked for"};
+    if (t.body.malformed()) return {Outcome::retry, "a malformed multipart/byteranges answer"};
+    Outcome o = classify(
+        code, status, t,
+        t.body_bytes ? " after " + std::to_string(t.body_bytes) + " bytes of body" : std::string());
+    if (o.kind != Outcome::ok) return o;
+    if (status != 206 && status != 200)
+      return {Outcome::fatal, "HTTP " + std::to_string(status) + " (expected 206 Partial Content)" +
+                                  s3_error_code(t.error_body)};
+    if (status == 200 && t.answer != Answer::full_body)
+      return {Outcome::retry, "HTTP 200 without a body"};
+    for (size_t i = 0; i < req.ranges.size(); ++i)
+      if (t.scatter.filled(i) < req.ranges[i].length)
+        return {Outcome::retry,
+                "short read: bytes " + std::to_string(req.ranges[i].offset) + "-" +
+                    std::to_string(req.ranges[i].offset + req.ranges[i].length - 1) + " got " +
+                    std::to_string(t.scatter.filled(i)) + " of " +
+                    std::to_string(req.ranges[i].length)};
+    if (t.answer == Answer::full_body) {
+      full_body_answers_.fetch_add(1, std::memory_order_relaxed);
+      if (several) note_multi_refused(req.seq);
+    } else if (several) {
+      refused_in_row_.store(0, std::memory_order_relaxed);
+      spells_since_ok_.store(0, std::memory_order_relaxed);
+      spell_.store(kFirstSpell, std::memory_order_relaxed);
+    }
+    return o;
   }
 
  private:
@@ -432,7 +503,25 @@ class HttpSource final : public CancellableSource {
     req->retry = {options_.max_attempts, options_.backoff_base_s, options_.backoff_max_s,
                   options_.retry_deadline_s};
     req->slots = &lane.slots;
+    req->retries = &retries_;
     return req;
+  }
+
+  // A multi-range request answered with 200: after kRefusalsInRow of them in a row, a spell of
+  // single-range requests; once a spell was needed, the probe after it alone decides.
+  void note_multi_refused(uint64_t seq) const {
+    multi_range_refused_.fetch_add(1, std::memory_order_relaxed);
+    // A request started before the spell ended was not its probe.
+    if (seq < single_until_.load()) return;
+    const int needed = spells_since_ok_.load() > 0 ? 1 : kRefusalsInRow;
+    if (refused_in_row_.fetch_add(1) + 1 < needed) return;
+    refused_in_row_.store(0);
+    spells_since_ok_.fetch_add(1);
+    const uint64_t spell = spell_.load();
+    spell_.store(std::min(spell * 2, kMaxSpell));
+    single_until_.store(started_.load() + spell);
+    single_range_spells_.fetch_add(1, std::memory_order_relaxed);
+    probe_next_.store(true);
   }
 
   // One request per range, all in flight together; `done` once all have ended (with the first
@@ -447,15 +536,14 @@ class HttpSource final : public CancellableSource {
     auto join = std::make_shared<Join>();
     join->left = ranges.size();
     join->done = std::move(done);
+    started_.fetch_add(ranges.size(), std::memory_order_relaxed);
     for (const ByteRange& r : ranges) {
       Lane& lane = next_lane();
       auto req = new_request(
-          HttpRequest::Kind::range,
+          HttpRequest::Kind::ranges,
           "GET bytes " + std::to_string(r.offset) + "-" + std::to_string(r.offset + r.length - 1),
           cancel, lane);
-      req->offset = r.offset;
-      req->length = r.length;
-      req->dst = static_cast<uint8_t*>(r.dst);
+      req->ranges = {r};
       req->done = [join](std::exception_ptr error) {
         bool last;
         {
@@ -472,6 +560,10 @@ class HttpSource final : public CancellableSource {
   // A Range header of this many ranges stays under 4 KiB, inside servers' limits on a header line
   // (nginx: 8 KiB, Apache: 8190 bytes) and on ranges per request (Apache's MaxRanges is 200).
   static constexpr size_t kMaxRangesPerRequest = 128;
+  // Refused multi-range requests in a row that start a spell of single ranges, and the spell's
+  // length in requests: the first, and the longest it doubles to.
+  static constexpr int kRefusalsInRow = 3;
+  static constexpr uint64_t kFirstSpell = 64, kMaxSpell = 4096;
 
   std::string url_, name_;
   SourceOptions options_;
@@ -480,7 +572,13 @@ class HttpSource final : public CancellableSource {
   std::unique_ptr<Lane[]> lanes_;  // never moved: requests point at their lane's slots
   size_t num_lanes_ = 0;
   mutable std::atomic<uint64_t> next_lane_{0};
-  mutable std::atomic<bool> multi_range_ok_{true};
+  // Range requests started, and the count below which requests carry one range each.
+  mutable std::atomic<uint64_t> started_{0}, single_until_{0};
+  mutable std::atomic<int> refused_in_row_{0}, spells_since_ok_{0};
+  mutable std::atomic<uint64_t> spell_{kFirstSpell};
+  mutable std::atomic<bool> probe_next_{false};
+  mutable std::atomic<uint64_t> retries_{0}, full_body_answers_{0}, multi_range_refused_{0},
+      single_range_spells_{0}, multi_range_probes_{0};
 };
 
 void HttpRequest::prepare(CURL* handle) { source->prepare(*this, handle); }

@@ -163,7 +163,9 @@ RangeScatter::RangeScatter(const std::vector<ByteRange>& ranges)
     : ranges_(&ranges),
       filled_(ranges.size(), 0),
       in_order_(ranges.size(), 0),
-      written_(ranges.size()) {}
+      written_(ranges.size()) {
+  for (const ByteRange& r : ranges) missing_ += r.length;
+}
 
 void RangeScatter::write(uint64_t pos, const char* data, size_t n) {
   const auto& ranges = *ranges_;
@@ -179,13 +181,16 @@ void RangeScatter::write(uint64_t pos, const char* data, size_t n) {
       // Continues the bytes written so far from the range's start: all of them are new.
       in_order_[i] = hi - it->offset;
       filled_[i] += hi - lo;
+      missing_ -= hi - lo;
       continue;
     }
     if (in_order_[i] != kOutOfOrder) {
       if (in_order_[i] > 0) written_[i].push_back({0, in_order_[i]});
       in_order_[i] = kOutOfOrder;
     }
-    filled_[i] += add_span(written_[i], lo - it->offset, hi - it->offset);
+    const uint64_t added = add_span(written_[i], lo - it->offset, hi - it->offset);
+    filled_[i] += added;
+    missing_ -= added;
   }
 }
 

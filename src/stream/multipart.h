@@ -79,6 +79,8 @@ class RangeScatter {
 
   // Bytes of range i filled so far (each counted once).
   uint64_t filled(size_t i) const { return filled_[i]; }
+  // True once every byte of every range was written.
+  bool complete() const { return missing_ == 0; }
 
  private:
   struct Span {
@@ -86,6 +88,7 @@ class RangeScatter {
   };
   const std::vector<ByteRange>* ranges_ = nullptr;
   std::vector<uint64_t> filled_;
+  uint64_t missing_ = 0;  // bytes of all ranges not written yet
   // Per range: while its bytes came in order from its start, how many (the usual case, kept
   // without allocating); kOutOfOrder once a write did not continue them, and from then on
   // written_ holds what was written (disjoint, sorted, not touching spans).

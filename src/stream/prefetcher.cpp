@@ -15,9 +15,12 @@
 #include <algorithm>
 #include <chrono>
 #include <condition_variable>
+#include <cstdio>
 #include <deque>
 #include <exception>
+#include <map>
 #include <mutex>
+#include <random>
 #include <thread>
 
 #include "tpf/error.h"
@@ -37,6 +40,12 @@ constexpr uint64_t kSpanAlign = 64;
 constexpr uint64_t kLocationAhead = 16, kHintAhead = 8, kDataAhead = 4;
 
 uint64_t page_round(uint64_t n) { return (n + kPage - 1) / kPage * kPage; }
+
+SourceStats sum_stats(const std::vector<std::shared_ptr<CancellableSource>>& sources) {
+  SourceStats sum;
+  for (const auto& src : sources) sum += src->stats();
+  return sum;
+}
 
 // PrefetchOptions::group_records = 0: about min(64, ranges per request) ranges per source in a
 // uniformly shuffled group.
@@ -117,22 +126,30 @@ struct Group {
   // The entries (relative to first) by request: request r's are
   // by_request[request_end[r - 1], request_end[r]) (from 0 for r = 0).
   std::vector<uint32_t> by_request, request_end;
-  // Per entry: 1 when the thread that finished its request found it intact. Each job writes its
-  // own entries before its finish takes the lock; the consumer reads them once pending is 0.
-  std::vector<uint8_t> verified;
   uint64_t bytes = 0;              // buffer bytes, rounded to kSpanAlign
   uint64_t start = 0, charge = 0;  // its span of the ring, and what the span costs the budget
   uint8_t* data = nullptr;
   size_t pending = 0;  // jobs not finished
+  // The first error met, raised when the consumer reaches entry error_at (the earliest entry a
+  // failed read or check left unusable): the entries before it are handed out.
   std::exception_ptr error;
+  uint64_t error_at = UINT64_MAX;
 };
 
-// Requests [first, first + count) of a group, all of one shard, fetched in one read_ranges call.
+using Clock = std::chrono::steady_clock;
+
+// Requests [first, first + count) of a group, all of one shard, fetched in one read_ranges call;
+// or, for a refetch, the records of `entries` (group-relative, of one shard) whose bytes failed
+// verification, each read again in place.
 struct Job {
-  Group* group;
-  size_t first;
-  size_t count;
-  std::chrono::steady_clock::time_point started{};
+  Group* group = nullptr;
+  uint32_t shard = 0;
+  size_t first = 0;
+  size_t count = 0;
+  std::shared_ptr<const std::vector<uint32_t>> entries;
+  int fetch = 1;                  // the how-manyth fetch of these records this is
+  Clock::time_point first_bad{};  // when they first failed verification (refetches)
+  Clock::time_point started{};
 };
 
 }  // namespace
@@ -160,6 +177,10 @@ struct Prefetcher::State {
   int inflight = 0;             // started, not finished (at most max_inflight)
   std::unique_ptr<Ring> ring;
   PrefetchStats stats;
+  SourceStats sources_at_start;
+  // Refetches waiting out their backoff, by when they are due (the scheduler starts them).
+  std::multimap<Clock::time_point, Job> delayed;
+  std::mt19937_64 rng{std::random_device{}()};
 
   uint64_t next_entry = 0;  // consumer's position in the plan
   std::thread scheduler;
@@ -211,46 +232,74 @@ struct Prefetcher::State {
     }
     g->request_end.push_back(uint32_t(g->count));
     g->by_request = std::move(by_position);
-    g->verified.assign(g->count, 0);
     g->bytes = (std::max<uint64_t>(buffer_end, 1) + kSpanAlign - 1) / kSpanAlign * kSpanAlign;
     return g;
   }
 
+  // Walks the plan group by group as the budget allows, and starts refetches whose backoff is
+  // over; runs until stopped (a refetch may come after the last group was scheduled).
   void run_scheduler() {
     uint64_t first = 0;
-    while (first < plan.size()) {
-      std::unique_ptr<Group> g = build_group(first);
-      Group* raw = g.get();
-      std::vector<Job> startable;
-      {
-        std::unique_lock<std::mutex> lock(mutex);
-        budget_cv.wait(lock,
-                       [&] { return stop || ring->take(raw->bytes, raw->start, raw->charge); });
-        if (stop) return;
-        raw->data = ring->at(raw->start);
-        stats.peak_reserved = std::max(stats.peak_reserved, ring->used());
-        // Requests are sorted by shard and offset: bundle each shard's run as its source likes,
-        // in as few jobs as it allows, of even sizes (70 ranges at 64 a job: 35 and 35, not 64
-        // and 6).
-        const auto& reqs = raw->requests;
-        for (size_t r = 0; r < reqs.size();) {
-          const size_t per = std::max<size_t>(1, sources[reqs[r].shard]->ranges_per_request());
-          size_t end = r + 1;
-          while (end < reqs.size() && reqs[end].shard == reqs[r].shard) ++end;
-          const size_t run = end - r, parts = (run + per - 1) / per;
-          for (size_t k = 0; k < parts; ++k) {
-            const size_t count = run / parts + (k < run % parts ? 1 : 0);
-            jobs.push_back({raw, r, count});
-            ++raw->pending;
-            r += count;
-          }
-        }
-        first += raw->count;
-        groups.push_back(std::move(g));
-        startable = take_startable();
+    std::unique_ptr<Group> next_group;
+    std::unique_lock<std::mutex> lock(mutex);
+    while (!stop) {
+      // Refetches hold back the oldest groups: they go first.
+      for (auto now = Clock::now(); !delayed.empty() && delayed.begin()->first <= now;) {
+        jobs.push_front(delayed.begin()->second);
+        delayed.erase(delayed.begin());
       }
-      start(startable);
-      ready_cv.notify_all();
+      if (!next_group && first < plan.size()) {
+        lock.unlock();
+        next_group = build_group(first);
+        lock.lock();
+        continue;
+      }
+      bool scheduled = false;
+      if (next_group && ring->take(next_group->bytes, next_group->start, next_group->charge)) {
+        schedule(*next_group);
+        first += next_group->count;
+        groups.push_back(std::move(next_group));
+        scheduled = true;
+      }
+      std::vector<Job> startable = take_startable();
+      if (scheduled || !startable.empty()) {
+        lock.unlock();
+        start(startable);
+        ready_cv.notify_all();
+        lock.lock();
+        continue;
+      }
+      if (delayed.empty())
+        budget_cv.wait(lock);
+      else
+        budget_cv.wait_until(lock, delayed.begin()->first);
+    }
+  }
+
+  // Under the lock: a group whose span was taken gets its jobs queued.
+  void schedule(Group& g) {
+    g.data = ring->at(g.start);
+    stats.peak_reserved = std::max(stats.peak_reserved, ring->used());
+    // Requests are sorted by shard and offset: bundle each shard's run as its source likes, in as
+    // few jobs as it allows, of even sizes (70 ranges at 64 a job: 35 and 35, not 64 and 6).
+    const auto& reqs = g.requests;
+    for (size_t r = 0; r < reqs.size();) {
+      const uint32_t shard = reqs[r].shard;
+      const size_t per = std::max<size_t>(1, sources[shard]->ranges_per_request());
+      size_t end = r + 1;
+      while (end < reqs.size() && reqs[end].shard == shard) ++end;
+      const size_t run = end - r, parts = (run + per - 1) / per;
+      for (size_t k = 0; k < parts; ++k) {
+        const size_t count = run / parts + (k < run % parts ? 1 : 0);
+        Job job;
+        job.group = &g;
+        job.shard = shard;
+        job.first = r;
+        job.count = count;
+        jobs.push_back(job);
+        ++g.pending;
+        r += count;
+      }
     }
   }
 
@@ -275,11 +324,24 @@ struct Prefetcher::State {
     return now;
   }
 
-  CancellableSource& source_of(const Job& job) const {
-    return *sources[job.group->requests[job.first].shard];
-  }
+  CancellableSource& source_of(const Job& job) const { return *sources[job.shard]; }
 
   std::vector<ByteRange> ranges_of(const Job& job) const {
+    if (job.entries) {
+      // One range per record, sorted; entries that share bytes (a record planned twice) once.
+      std::vector<ByteRange> ranges;
+      for (uint32_t i : *job.entries) {
+        const RecordLocation& loc = location(job.group->first + i);
+        ranges.push_back({loc.offset, loc.length, job.group->data + job.group->record_at[i]});
+      }
+      std::sort(ranges.begin(), ranges.end(),
+                [](const ByteRange& a, const ByteRange& b) { return a.offset < b.offset; });
+      ranges.erase(
+          std::unique(ranges.begin(), ranges.end(),
+                      [](const ByteRange& a, const ByteRange& b) { return a.offset == b.offset; }),
+          ranges.end());
+      return ranges;
+    }
     const Request* reqs = job.group->requests.data() + job.first;
     std::vector<ByteRange> ranges(job.count);
     for (size_t i = 0; i < job.count; ++i)
@@ -296,20 +358,27 @@ struct Prefetcher::State {
   // A job's end, on whichever thread ran it. Nothing here touches the state after the lock is
   // released unless more jobs start, which never happens once stopping (shutdown may then free it).
   void finish(const Job& job, std::exception_ptr error) {
-    if (!error && verify) verify_job(job);
+    std::vector<uint32_t> bad;
+    if (!error && verify) bad = verify_job(job);
     std::vector<Job> next;
     {
-      const auto now = std::chrono::steady_clock::now();
+      const auto now = Clock::now();
       std::lock_guard<std::mutex> lock(mutex);
       ++stats.requests;
-      stats.ranges += job.count;
+      stats.ranges += job.entries ? job.entries->size() : job.count;
       stats.request_ns +=
           uint64_t(std::chrono::duration_cast<std::chrono::nanoseconds>(now - job.started).count());
       if (error) {
-        if (!job.group->error) job.group->error = error;
+        fail(*job.group, job_entries(job), error);
       } else {
-        const Request* reqs = job.group->requests.data() + job.first;
-        for (size_t i = 0; i < job.count; ++i) stats.bytes_fetched += reqs[i].length;
+        if (job.entries) {
+          for (uint32_t i : *job.entries)
+            stats.bytes_fetched += location(job.group->first + i).length;
+        } else {
+          const Request* reqs = job.group->requests.data() + job.first;
+          for (size_t i = 0; i < job.count; ++i) stats.bytes_fetched += reqs[i].length;
+        }
+        if (!bad.empty()) corrupt(job, std::move(bad), now);
       }
       // The consumer waits for whole groups only.
       if (--job.group->pending == 0) ready_cv.notify_all();
@@ -320,21 +389,85 @@ struct Prefetcher::State {
     if (!next.empty()) start(next);
   }
 
-  // Checks the records of a job's requests on the thread that fetched them, while their bytes are
-  // still in its cache and off the consumer's thread; the consumer checks (and fetches again) only
-  // those found corrupt here. Their index entries are asked for first (will_need), so their cache
-  // misses overlap.
-  void verify_job(const Job& job) const {
-    Group& g = *job.group;
+  // Under the lock: records of `job` that failed verification are fetched again after a backoff,
+  // or, when they have been fetched verify_attempts times, their group fails.
+  void corrupt(const Job& job, std::vector<uint32_t> bad, Clock::time_point now) {
+    if (stop) return;
+    const Clock::time_point first_bad = job.entries ? job.first_bad : now;
+    if (job.fetch >= options.verify_attempts) {
+      const uint32_t i = *std::min_element(bad.begin(), bad.end());
+      const uint64_t record = plan[job.group->first + i];
+      const RecordLocation& loc = (*locations)[record];
+      const double spent = std::chrono::duration<double>(now - first_bad).count();
+      char seconds[32];
+      std::snprintf(seconds, sizeof seconds, "%.2f", spent);
+      fail(*job.group, bad,
+           std::make_exception_ptr(RuntimeError(
+               "record " + std::to_string(record) + " of '" + sources[loc.shard]->name() +
+               "' (bytes " + std::to_string(loc.offset) + "-" +
+               std::to_string(loc.offset + loc.length - 1) + ") did not match " + verify.what +
+               " on each of " + std::to_string(job.fetch) + " fetches over " + seconds +
+               " s (verify_attempts = " + std::to_string(options.verify_attempts) + ")" +
+               (bad.size() > 1
+                    ? ", as did " + std::to_string(bad.size() - 1) + " more of its request"
+                    : std::string()) +
+               ": bytes damaged in transit would have come right on a later fetch, so the data at "
+               "the "
+               "source is likely corrupt")));
+      return;
+    }
+    const double cap =
+        std::min(options.verify_backoff_max_s,
+                 options.verify_backoff_base_s * double(1ull << std::min(job.fetch - 1, 30)));
+    const double delay = std::uniform_real_distribution<double>(0.5 * cap, cap)(rng);
+    stats.refetches += bad.size();
+    ++stats.refetch_requests;
+    Job again;
+    again.group = job.group;
+    again.shard = job.shard;
+    again.entries = std::make_shared<const std::vector<uint32_t>>(std::move(bad));
+    again.fetch = job.fetch + 1;
+    again.first_bad = first_bad;
+    ++job.group->pending;
+    delayed.emplace(
+        now + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(delay)),
+        again);
+    budget_cv.notify_all();  // the scheduler starts it when it is due
+  }
+
+  // Under the lock: `entries` (group-relative) of g are unusable for `error`.
+  static void fail(Group& g, const std::vector<uint32_t>& entries, std::exception_ptr error) {
+    const uint64_t at = entries.empty() ? 0 : *std::min_element(entries.begin(), entries.end());
+    if (at < g.error_at) {
+      g.error_at = at;
+      g.error = error;
+    }
+  }
+
+  // The entries (group-relative) whose bytes a job reads.
+  std::vector<uint32_t> job_entries(const Job& job) const {
+    if (job.entries) return *job.entries;
+    const Group& g = *job.group;
     const uint32_t begin = job.first == 0 ? 0 : g.request_end[job.first - 1];
     const uint32_t end = g.request_end[job.first + job.count - 1];
+    return {g.by_request.begin() + begin, g.by_request.begin() + end};
+  }
+
+  // Checks the records of a job on the thread that fetched them, while their bytes are still in
+  // its cache and off the consumer's thread; returns those that failed (group-relative). Their
+  // index entries are asked for first (will_need), so their cache misses overlap.
+  std::vector<uint32_t> verify_job(const Job& job) const {
+    Group& g = *job.group;
+    const std::vector<uint32_t> mine = job_entries(job);
     if (will_need)
-      for (uint32_t k = begin; k < end; ++k) will_need(plan[g.first + g.by_request[k]]);
-    for (uint32_t k = begin; k < end; ++k) {
-      const uint32_t i = g.by_request[k];
+      for (uint32_t i : mine) will_need(plan[g.first + i]);
+    std::vector<uint32_t> bad;
+    for (uint32_t i : mine) {
       const uint64_t record = plan[g.first + i];
-      g.verified[i] = verify(record, g.data + g.record_at[i], (*locations)[record].length) ? 1 : 0;
+      if (!verify.check(record, g.data + g.record_at[i], (*locations)[record].length))
+        bad.push_back(i);
     }
+    return bad;
   }
 
   void run_fetcher() {
@@ -364,6 +497,7 @@ struct Prefetcher::State {
       inflight -= int(thread_jobs.size());
       thread_jobs.clear();
       jobs.clear();
+      delayed.clear();
     }
     // Wakes reads waiting out a backoff, and the event loops of asynchronous sources.
     cancel.cancel();
@@ -392,6 +526,10 @@ Prefetcher::Prefetcher(std::vector<std::shared_ptr<CancellableSource>> sources,
                                                 std::to_string(options.memory_budget));
   TPF_CHECK(options.verify_attempts >= 1,
             "verify_attempts: expected >= 1, got " + std::to_string(options.verify_attempts));
+  TPF_CHECK(options.verify_backoff_base_s >= 0 && options.verify_backoff_max_s >= 0,
+            "verify_backoff_base_s, verify_backoff_max_s: expected >= 0, got " +
+                std::to_string(options.verify_backoff_base_s) + ", " +
+                std::to_string(options.verify_backoff_max_s));
   for (size_t s = 0; s < sources.size(); ++s)
     TPF_CHECK(sources[s] != nullptr,
               "sources[" + std::to_string(s) + "]: expected a source, got null");
@@ -417,6 +555,7 @@ Prefetcher::Prefetcher(std::vector<std::shared_ptr<CancellableSource>> sources,
   if (s.options.group_records == 0) s.options.group_records = automatic_group_records(s.sources);
   s.verify = std::move(verify);
   s.will_need = std::move(will_need);
+  s.sources_at_start = sum_stats(s.sources);
   // A few groups fit in the budget at once, so fetching runs ahead while the consumer reads.
   s.group_byte_limit = std::max<uint64_t>(options.memory_budget / 8, 1);
   // Whole pages, so what the ring can make resident stays within the budget. Every group fits: a
@@ -475,8 +614,8 @@ bool Prefetcher::next(RecordView& out) {
             .count());
   }
   if (s.stop) throw RuntimeError("the prefetcher was stopped");
-  if (g->error) std::rethrow_exception(g->error);
   const uint64_t i = entry - g->first;
+  if (g->error && i >= g->error_at) std::rethrow_exception(g->error);
   const uint64_t record = s.plan[entry];
   const RecordLocation& loc = (*s.locations)[record];
   uint8_t* data = g->data + g->record_at[i];
@@ -491,33 +630,31 @@ bool Prefetcher::next(RecordView& out) {
     __builtin_prefetch(ahead);
     __builtin_prefetch(ahead + 64);
   }
-  // Checked already on the fetching thread (or nothing to check): one trip through the lock per
-  // record. Otherwise checked here, outside the lock, refetched until it passes.
-  if (s.verify && !g->verified[i]) {
-    lock.unlock();
-    int attempts = 1;
-    while (!s.verify(record, data, loc.length)) {
-      if (attempts >= s.options.verify_attempts)
-        throw RuntimeError("record " + std::to_string(record) + " of '" +
-                           s.sources[loc.shard]->name() + "' (bytes " + std::to_string(loc.offset) +
-                           "-" + std::to_string(loc.offset + loc.length - 1) +
-                           ") failed its checksum " + std::to_string(attempts) +
-                           " times; the data at the source is corrupt");
-      // Rewriting the record's bytes in place is safe: any other record sharing them expects the
-      // same bytes, and no view into this group outlives this call.
-      s.sources[loc.shard]->read_cancellable(loc.offset, loc.length, data, &s.cancel);
-      ++attempts;
-      std::lock_guard<std::mutex> relock(s.mutex);
-      ++s.stats.refetches;
-    }
-    lock.lock();
-  }
   ++s.next_entry;
   out.data = data;
   out.length = loc.length;
   out.plan_index = entry;
   out.record = record;
   return true;
+}
+
+SourceStats& SourceStats::operator+=(const SourceStats& o) {
+  retries += o.retries;
+  full_body_answers += o.full_body_answers;
+  multi_range_refused += o.multi_range_refused;
+  single_range_spells += o.single_range_spells;
+  multi_range_probes += o.multi_range_probes;
+  return *this;
+}
+
+SourceStats SourceStats::operator-(const SourceStats& o) const {
+  SourceStats d = *this;
+  d.retries -= o.retries;
+  d.full_body_answers -= o.full_body_answers;
+  d.multi_range_refused -= o.multi_range_refused;
+  d.single_range_spells -= o.single_range_spells;
+  d.multi_range_probes -= o.multi_range_probes;
+  return d;
 }
 
 uint64_t Prefetcher::size() const { return state_->plan.size(); }
@@ -531,6 +668,7 @@ PrefetchStats Prefetcher::stats() const {
   std::lock_guard<std::mutex> lock(state_->mutex);
   PrefetchStats s = state_->stats;
   s.inflight = uint64_t(std::max(state_->inflight, 0));
+  s.sources = sum_stats(state_->sources) - state_->sources_at_start;
   return s;
 }
 

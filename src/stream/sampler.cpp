@@ -109,4 +109,18 @@ std::vector<uint64_t> worker_slice(const std::vector<uint64_t>& rank_list, uint3
   return out;
 }
 
+std::vector<uint64_t> worker_plan(uint64_t num_records, const PlanOptions& o) {
+  const auto order = epoch_order({num_records, o.seed, o.shuffle, o.block_size}, o.epoch);
+  return worker_slice(rank_slice(order, o.consumed, o.rank, o.world_size, o.drop_last), o.worker,
+                      o.num_workers, o.batch_size);
+}
+
+uint64_t rank_count(uint64_t num_records, const PlanOptions& o) {
+  TPF_CHECK(o.world_size >= 1, "world_size: expected >= 1, got 0");
+  TPF_CHECK(o.rank < o.world_size, "rank: expected < world_size (" + std::to_string(o.world_size) +
+                                       "), got " + std::to_string(o.rank));
+  const uint64_t left = o.consumed >= num_records ? 0 : num_records - o.consumed;
+  return o.drop_last ? left / o.world_size : (left + o.world_size - 1) / o.world_size;
+}
+
 }  // namespace tpf::stream

@@ -34,6 +34,11 @@ store::Index open_checked_index(const CancellableSource& source, const ShardSpec
   if (spec.records != 0 && index.size() != spec.records)
     throw Error("shard '" + spec.location + "' holds " + std::to_string(index.size()) +
                 " records, the manifest says " + std::to_string(spec.records));
+  if (spec.generation != 0 && index.generation() != spec.generation)
+    throw Error("shard '" + spec.location + "' is at commit generation " +
+                std::to_string(index.generation()) + ", the manifest says " +
+                std::to_string(spec.generation) +
+                " (the shard was written again after the manifest)");
   return index;
 }
 
@@ -55,9 +60,7 @@ std::shared_ptr<const ShardSet> ShardSet::open(const std::vector<ShardSpec>& sha
         SourceOptions o = options;
         o.expected_size = shards[i].bytes;
         sources[i] = open_source(shards[i].location, o);
-        const bool remote = shards[i].location.find("://") != std::string::npos &&
-                            shards[i].location.rfind("file://", 0) != 0;
-        if (disk_cache && remote) sources[i] = disk_cache->wrap(sources[i]);
+        if (disk_cache && is_remote(shards[i].location)) sources[i] = disk_cache->wrap(sources[i]);
         // A header or index that fails its checksum may have been damaged in transit, and so may
         // a newer header slot, which would make the store fall back to an older commit: read them
         // again before believing the shard is corrupt or old.
@@ -98,6 +101,26 @@ std::shared_ptr<const ShardSet> ShardSet::open(const std::vector<ShardSpec>& sha
   return set;
 }
 
+std::shared_ptr<const ShardSet> ShardSet::open_dataset(const std::vector<std::string>& locations,
+                                                       const SourceOptions& options,
+                                                       std::shared_ptr<DiskCache> disk_cache) {
+  TPF_CHECK(!locations.empty(), "source: expected a manifest or shard location, got none");
+  std::vector<ShardSpec> specs;
+  std::vector<Manifest> manifests;
+  for (const std::string& location : locations) {
+    if (is_manifest(location)) {
+      manifests.push_back(read_manifest(location, options));
+      const auto& shards = manifests.back().shards;
+      specs.insert(specs.end(), shards.begin(), shards.end());
+    } else {
+      specs.push_back({location});
+    }
+  }
+  auto set = std::const_pointer_cast<ShardSet>(open(specs, options, std::move(disk_cache)));
+  set->manifests_ = std::move(manifests);
+  return set;
+}
+
 std::pair<uint32_t, uint64_t> ShardSet::locate(uint64_t record) const {
   TPF_CHECK(record < size(),
             "record: expected < " + std::to_string(size()) + ", got " + std::to_string(record));
@@ -112,10 +135,11 @@ std::unique_ptr<Prefetcher> ShardSet::stream(std::vector<uint64_t> plan,
   if (verify) {
     // The store's per-record checksum (FORMAT.md: XXH3-64, seed 0, over the stored bytes), checked
     // here rather than by decode_record so a mismatch can be fetched again.
-    verifier = [this](uint64_t record, const uint8_t* data, uint64_t length) {
+    verifier.check = [this](uint64_t record, const uint8_t* data, uint64_t length) {
       const auto [shard, local] = locate(record);
       return XXH3_64bits(data, length) == indexes_[shard].entry(local).checksum;
     };
+    verifier.what = "the XXH3-64 checksum in the shard's index";
   }
   // Checking and decoding a record read its index entry: far apart in a shuffled plan.
   RecordHint will_need = [this](uint64_t record) {
@@ -125,6 +149,22 @@ std::unique_ptr<Prefetcher> ShardSet::stream(std::vector<uint64_t> plan,
   };
   return std::make_unique<Prefetcher>(sources_, locations_, std::move(plan), options,
                                       std::move(verifier), std::move(will_need));
+}
+
+std::unique_ptr<Prefetcher> ShardSet::stream(const PlanOptions& plan,
+                                             const PrefetchOptions& options, bool verify) const {
+  return stream(worker_plan(size(), plan), options, verify);
+}
+
+SourceStats ShardSet::source_stats() const {
+  SourceStats sum;
+  for (const auto& source : sources_) sum += source->stats();
+  return sum;
+}
+
+bool ShardSet::compressed(uint64_t record) const {
+  const auto [shard, local] = locate(record);
+  return indexes_[shard].entry(local).codec != store::Codec::none;
 }
 
 store::Record ShardSet::decode(const RecordView& view) const {

@@ -51,6 +51,8 @@ std::string trim(const std::string& s) {
 
 }  // namespace
 
+std::string sha256_hex_of(const std::string& bytes) { return sha256_hex(bytes); }
+
 std::string uri_encode_path(const std::string& key) {
   static const char* digits = "0123456789ABCDEF";
   std::string out;

@@ -32,6 +32,9 @@ std::vector<std::pair<std::string, std::string>> sigv4_headers(
     const std::string& path, const std::vector<std::pair<std::string, std::string>>& headers,
     const std::string& amz_date);
 
+// SHA-256 of `bytes`, as 64 lower-case hex digits.
+std::string sha256_hex_of(const std::string& bytes);
+
 // Percent-encodes an S3 key for a URI path (RFC 3986 unreserved characters and '/' stay).
 std::string uri_encode_path(const std::string& key);
 

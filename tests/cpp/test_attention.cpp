@@ -4,6 +4,7 @@
 
 #include <cmath>
 #include <cstring>
+#include <functional>
 #include <random>
 #include <vector>
 
@@ -159,43 +160,200 @@ TEST(Reference, GradientsMatchFiniteDifferences) {
   check(p.bias, g.dbias, "dbias");
 }
 
-TEST(Errors, NameTheArgument) {
-  Problem p(1, 2, 1, 5, 8, 3);
-  Outputs<float> out(p);
-  AttentionForwardArgs f;
-  f.q = p.qkv(p.q);
-  f.k = p.qkv(p.k);
-  f.v = p.qkv(p.v);
-  f.bias = make_view(p.bias.data(), DType::f32, {p.B, p.H, p.S, p.S});
-  f.o = make_view(out.o.data(), DType::f32, {p.B, p.N, p.H, p.S, p.D});
-  f.lse = make_view(out.lse.data(), DType::f32, {p.B, p.N, p.H, p.S});
-  f.scale = 0.3;
-  auto expect_error = [&](AttentionForwardArgs a, const char* fragment) {
+// Each bad argument of the forward, the backward and the reference gets an Error that names it and
+// what was expected. Views that claim to be on a CUDA device (host memory that is never read)
+// reach the CUDA path's checks in a build with or without the kernels: they run first.
+struct BadInput {
+  const char* expected;  // a fragment of the message
+  std::function<void(AttentionBackwardArgs&)> mutate;
+};
+
+void expect_errors(const AttentionBackwardArgs& good, const std::vector<BadInput>& cases,
+                   const std::function<void(const AttentionBackwardArgs&)>& call) {
+  for (const BadInput& c : cases) {
+    AttentionBackwardArgs a = good;
+    c.mutate(a);
     try {
-      attention_forward(a);
-      ADD_FAILURE() << "expected an error mentioning " << fragment;
+      call(a);
+      ADD_FAILURE() << "expected an error mentioning " << c.expected;
     } catch (const Error& e) {
-      EXPECT_NE(std::string(e.what()).find(fragment), std::string::npos) << e.what();
+      EXPECT_NE(std::string(e.what()).find(c.expected), std::string::npos) << e.what();
     }
+  }
+}
+
+void on_cuda(AttentionBackwardArgs& a) {
+  for (TensorView* t : {&a.q, &a.k, &a.v, &a.bias, &a.mask.view, &a.o, &a.lse, &a.dout, &a.dq,
+                        &a.dk, &a.dv, &a.dbias, &a.residual.view})
+    t->device = Device::cuda;
+  for (TensorView* t : {&a.q, &a.k, &a.v, &a.bias, &a.o, &a.dout, &a.dq, &a.dk, &a.dv, &a.dbias})
+    t->dtype = DType::bf16;
+  a.lse.dtype = DType::f32;
+  a.residual.present = false;
+  a.workspace = [](size_t) -> void* { throw Error("no workspace in this test"); };
+}
+
+TEST(Errors, NameTheArgument) {
+  Problem p(1, 2, 1, 5, 16, 3);
+  Outputs<float> out(p);
+  AttentionBackwardArgs g;
+  g.q = p.qkv(p.q);
+  g.k = p.qkv(p.k);
+  g.v = p.qkv(p.v);
+  g.bias = make_view(p.bias.data(), DType::f32, {p.B, p.H, p.S, p.S});
+  g.mask = p.mask_view();
+  g.o = p.qkv(out.o);
+  g.lse = make_view(out.lse.data(), DType::f32, {p.B, p.N, p.H, p.S});
+  g.dout = p.qkv(p.dout);
+  g.dq = p.qkv(out.dq);
+  g.dk = p.qkv(out.dk);
+  g.dv = p.qkv(out.dv);
+  g.dbias = make_view(out.dbias.data(), DType::f32, {p.B, p.H, p.S, p.S});
+  g.scale = 0.3;
+  auto forward = [](const AttentionBackwardArgs& b) {
+    AttentionForwardArgs f;
+    f.q = b.q, f.k = b.k, f.v = b.v, f.bias = b.bias, f.mask = b.mask, f.o = b.o, f.lse = b.lse;
+    f.residual = b.residual, f.scale = b.scale;
+    attention_forward(f);
   };
-  AttentionForwardArgs a = f;
-  a.bias = make_view(p.bias.data(), DType::f32, {p.B, p.H, p.S, p.S - 1});
-  expect_error(a, "bias must have shape");
-  a = f;
-  a.mask = {true, make_view(p.mask.data(), DType::f32, {p.B, p.N, p.S})};
-  expect_error(a, "mask must be bool");
-  a = f;
-  a.k.dtype = DType::f16;
-  expect_error(a, "k must have q's dtype");
-  a = f;
-  a.q.ndim = 4;
-  expect_error(a, "q must have 5 dimensions");
-  a = f;
-  a.v.stride[4] = 2;
-  expect_error(a, "v must have stride 1");
-  a = f;
-  a.scale = 0;
-  expect_error(a, "scale");
+  auto backward = [](const AttentionBackwardArgs& b) { attention_backward(b); };
+  forward(g);
+  backward(g);
+  const std::vector<BadInput> inputs = {
+      {"q must have 5 dimensions [B, N, H, S, D], got [1, 2, 1, 5]", [](auto& a) { a.q.ndim = 4; }},
+      {"k must have 5 dimensions", [](auto& a) { a.k.ndim = 6; }},
+      {"q must have B, N and H of at least 1", [](auto& a) { a.q.shape[2] = 0; }},
+      {"q must have at least one token (S >= 1)", [](auto& a) { a.q.shape[3] = 0; }},
+      {"k must have at least one token (S >= 1)", [](auto& a) { a.k.shape[3] = 0; }},
+      {"q must have a head dimension D >= 1", [](auto& a) { a.q.shape[4] = 0; }},
+      {"k must have shape [B, N, H, S, D] = [1, 2, 1, 5, 16], got [1, 2, 1, 5, 8]",
+       [](auto& a) { a.k.shape[4] = 8; }},
+      {"v must have shape [B, N, H, S, D] = [1, 2, 1, 5, 16], got [1, 1, 1, 5, 16]",
+       [](auto& a) { a.v.shape[1] = 1; }},
+      {"bias must have shape [B, H, S, S] (or [B, 1, H, S, S]) = [1, 1, 5, 5], got [1, 1, 5, 4]",
+       [](auto& a) { a.bias.shape[3] = 4; }},
+      {"bias must have shape [B, H, S, S] (or [B, 1, H, S, S]) = [1, 1, 5, 5], got [1, 2, 1, 5, 5]",
+       [](auto& a) {
+         a.bias = make_view(a.bias.data, DType::f32, {1, 2, 1, 5, 5});
+       }},
+      {"q must be float32, bfloat16 or float16, got float64",
+       [](auto& a) { a.q.dtype = DType::f64; }},
+      {"k must have q's dtype float32, got float16", [](auto& a) { a.k.dtype = DType::f16; }},
+      {"v must have q's dtype float32, got bfloat16", [](auto& a) { a.v.dtype = DType::bf16; }},
+      {"bias must have q's dtype float32, got float16", [](auto& a) { a.bias.dtype = DType::f16; }},
+      {"k must be on q's device cpu, got cuda:0", [](auto& a) { a.k.device = Device::cuda; }},
+      {"v must be on q's device cpu, got cuda:1",
+       [](auto& a) { a.v.device = Device::cuda, a.v.device_index = 1; }},
+      {"bias must be on q's device cpu", [](auto& a) { a.bias.device = Device::cuda; }},
+      {"q must have stride 1 in its last dimension, got stride 2",
+       [](auto& a) { a.q.stride[4] = 2; }},
+      {"v must have stride 1", [](auto& a) { a.v.stride[4] = 2; }},
+      {"bias must have stride 1", [](auto& a) { a.bias.stride[3] = 3; }},
+      {"mask must have shape [B, N, S] (or [B, N, 1, 1, S]) = [1, 2, 5], got [1, 5]",
+       [](auto& a) {
+         a.mask.view = make_view(a.mask.view.data, DType::boolean, {1, 5});
+       }},
+      {"mask must be bool (True = attend), got float32",
+       [](auto& a) { a.mask.view.dtype = DType::f32; }},
+      {"mask must be on q's device", [](auto& a) { a.mask.view.device = Device::cuda; }},
+      {"scale must be a finite nonzero number, got 0", [](auto& a) { a.scale = 0; }},
+      {"scale must be a finite nonzero number, got inf", [](auto& a) { a.scale = INFINITY; }},
+      {"o must have shape [B, N, H, S, D] = [1, 2, 1, 5, 16], got [1, 2, 1, 4, 16]",
+       [](auto& a) { a.o.shape[3] = 4; }},
+      {"lse must have shape [B, N, H, S] = [1, 2, 1, 5]", [](auto& a) { a.lse.ndim = 3; }},
+      {"lse must be float32 or float64, got bfloat16", [](auto& a) { a.lse.dtype = DType::bf16; }},
+      {"residual must be bfloat16, got float32",
+       [&](auto& a) {
+         a.residual = {true, p.qkv(out.dq)};
+       }},
+  };
+  expect_errors(g, inputs, forward);
+  expect_errors(g, inputs, backward);
+  expect_errors(g,
+                {{"grad_out must have shape [B, N, H, S, D]", [](auto& a) { a.dout.shape[0] = 2; }},
+                 {"dq must be float32, bfloat16 or float16, got int32",
+                  [](auto& a) { a.dq.dtype = DType::i32; }},
+                 {"dk must be on q's device", [](auto& a) { a.dk.device = Device::cuda; }},
+                 {"dv must have stride 1", [](auto& a) { a.dv.stride[4] = 0; }},
+                 {"dbias must have shape [B, H, S, S] (or [B, 1, H, S, S]) = [1, 1, 5, 5], got "
+                  "[1, 1, 5]",
+                  [](auto& a) { a.dbias.ndim = 3; }}},
+                backward);
+  // The CUDA kernels' own requirements.
+  const std::vector<BadInput> cuda_inputs = {
+      {"q must be bfloat16 or float16 for the CUDA kernels",
+       [](auto& a) {
+         on_cuda(a);
+         for (TensorView* t : {&a.q, &a.k, &a.v, &a.bias, &a.o}) t->dtype = DType::f32;
+       }},
+      {"q must have one of the CUDA kernels' head dims D = 16, 32 and 64, got D = 24",
+       [](auto& a) {
+         on_cuda(a);
+         for (TensorView* t : {&a.q, &a.k, &a.v, &a.o, &a.dout, &a.dq, &a.dk, &a.dv})
+           t->shape[4] = 24;
+       }},
+      {"q must have B * H and the number of query tiles each at most 65535 for the CUDA kernels",
+       [](auto& a) {
+         on_cuda(a);
+         for (TensorView* t : {&a.q, &a.k, &a.v, &a.o, &a.dout, &a.dq, &a.dk, &a.dv})
+           t->shape[2] = 70000;
+         for (TensorView* t : {&a.bias, &a.dbias}) t->shape[1] = 70000;
+         a.lse.shape[2] = 70000;
+       }},
+  };
+  expect_errors(g, cuda_inputs, forward);
+  expect_errors(g, cuda_inputs, backward);
+  expect_errors(g,
+                {{"o must have q's dtype bfloat16, got float32",
+                  [](auto& a) { on_cuda(a), a.o.dtype = DType::f32; }},
+                 {"lse must be float32 for CUDA tensors, got float64",
+                  [](auto& a) { on_cuda(a), a.lse.dtype = DType::f64; }}},
+                forward);
+  expect_errors(g,
+                {{"dbias must have q's dtype bfloat16, got float32",
+                  [](auto& a) { on_cuda(a), a.dbias.dtype = DType::f32; }},
+                 {"grad_out must have q's dtype bfloat16, got float16",
+                  [](auto& a) { on_cuda(a), a.dout.dtype = DType::f16; }},
+                 {"workspace (an allocator) is required for CUDA tensors",
+                  [](auto& a) { on_cuda(a), a.workspace = nullptr; }}},
+                backward);
+  // Past the checks, a build without the kernels says so; with them, the workspace is asked for.
+  expect_errors(g,
+                {{cuda_available() ? "no workspace in this test" : "has no CUDA kernels",
+                  [](auto& a) { on_cuda(a); }}},
+                backward);
+  expect_errors(g,
+                {{"the FP64 reference runs on CPU tensors only, got q on cuda:0",
+                  [](auto& a) {
+                    for (TensorView* t : {&a.q, &a.k, &a.v, &a.bias, &a.mask.view, &a.o, &a.lse,
+                                          &a.dout, &a.dq, &a.dk, &a.dv, &a.dbias})
+                      t->device = Device::cuda;
+                  }}},
+                [](const AttentionBackwardArgs& b) { reference::attention_backward_f64(b); });
+}
+
+// cuEquivariance's bias [B, 1, H, S, S] and mask [B, N, 1, 1, S] are the same call as [B, H, S, S]
+// and [B, N, S].
+TEST(Attention, TakesCuEquivarianceBiasAndMaskLayouts) {
+  Problem p(2, 3, 2, 9, 8, 5);
+  Outputs<float> four(p), five(p);
+  auto run = [&](Outputs<float>& out, bool five_d) {
+    AttentionForwardArgs f;
+    f.q = p.qkv(p.q);
+    f.k = p.qkv(p.k);
+    f.v = p.qkv(p.v);
+    f.bias = five_d ? make_view(p.bias.data(), DType::f32, {p.B, 1, p.H, p.S, p.S})
+                    : make_view(p.bias.data(), DType::f32, {p.B, p.H, p.S, p.S});
+    f.mask = {true, five_d ? make_view(p.mask.data(), DType::boolean, {p.B, p.N, 1, 1, p.S})
+                           : make_view(p.mask.data(), DType::boolean, {p.B, p.N, p.S})};
+    f.o = p.qkv(out.o);
+    f.lse = make_view(out.lse.data(), DType::f32, {p.B, p.N, p.H, p.S});
+    f.scale = 0.4;
+    attention_forward(f);
+  };
+  run(four, false);
+  run(five, true);
+  EXPECT_EQ(std::memcmp(four.o.data(), five.o.data(), four.o.size() * sizeof(float)), 0);
 }
 
 }  // namespace

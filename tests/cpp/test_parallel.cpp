@@ -11,7 +11,7 @@
 #include <thread>
 #include <vector>
 
-#include "core/parallel.h"
+#include "tpf/parallel.h"
 
 namespace tpf {
 namespace {

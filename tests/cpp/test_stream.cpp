@@ -81,6 +81,29 @@ TEST(StreamSources, SchemesAndErrors) {
   EXPECT_THROW(open_source(path, wrong), RuntimeError);
 }
 
+TEST(StreamSources, RemoteLocationsAndNamesRelativeToAManifest) {
+  EXPECT_TRUE(is_remote("http://h/x") && is_remote("https://h/x") && is_remote("s3://b/k"));
+  EXPECT_FALSE(is_remote("/a/b") || is_remote("file:///a/b") || is_remote("rel/path"));
+  EXPECT_EQ(resolve_location("/a/b/manifest.json", "s.tpf"), "/a/b/s.tpf");
+  EXPECT_EQ(resolve_location("manifest.json", "s.tpf"), "s.tpf");
+  EXPECT_EQ(resolve_location("d/manifest.json", "s.tpf"), "d/s.tpf");
+  EXPECT_EQ(resolve_location("file:///a/m.json", "s.tpf"), "/a/s.tpf");
+  EXPECT_EQ(resolve_location("http://h:8/x/m.json", "s.tpf"), "http://h:8/x/s.tpf");
+  EXPECT_EQ(resolve_location("http://h:8/m.json", "s.tpf"), "http://h:8/s.tpf");
+  EXPECT_EQ(resolve_location("s3://b/p/m.json", "s.tpf"), "s3://b/p/s.tpf");
+  EXPECT_EQ(resolve_location("http://h/x/m.json", "/abs.tpf"), "/abs.tpf");
+  EXPECT_EQ(resolve_location("/a/m.json", "https://o/s.tpf"), "https://o/s.tpf");
+  // The digest ignores its own value, whatever it holds, and nothing else.
+  const std::string a = R"({"manifest_sha256": ")" + std::string(64, 'f') + R"(", "x": 1})";
+  std::string b = a;
+  b.replace(b.find(std::string(64, 'f')), 64, std::string(64, '0'));
+  EXPECT_EQ(manifest_digest(a), manifest_digest(b));
+  std::string c = a;
+  c[c.size() - 2] = '2';
+  EXPECT_NE(manifest_digest(a), manifest_digest(c));
+  EXPECT_THROW(manifest_digest(R"({"x": 1})"), Error);
+}
+
 TEST(StreamSources, CancelTokenWakesEachListenerOnce) {
   CancelToken token;
   int a = 0, b = 0;
@@ -366,11 +389,12 @@ std::vector<std::shared_ptr<CancellableSource>> as_sources(const Layout& l) {
 }
 
 RecordVerifier verifier_for(const Layout& l) {
-  return [&l](uint64_t record, const uint8_t* data, uint64_t length) {
-    uint64_t sum = 0;
-    for (uint64_t i = 0; i < length; ++i) sum = sum * 131 + data[i];
-    return sum == l.checksums[record];
-  };
+  return {[&l](uint64_t record, const uint8_t* data, uint64_t length) {
+            uint64_t sum = 0;
+            for (uint64_t i = 0; i < length; ++i) sum = sum * 131 + data[i];
+            return sum == l.checksums[record];
+          },
+          "the test checksum"};
 }
 
 void expect_stream_matches(Prefetcher& p, const Layout& l, const std::vector<uint64_t>& plan,
@@ -485,18 +509,36 @@ TEST(StreamPrefetcher, RefetchesCorruptRecordsAndReportsPersistentCorruption) {
     expect_stream_matches(p, l, plan, seed);
     EXPECT_EQ(p.stats().refetches, hit.size()) << "seed " << seed;
   }
+  PrefetchOptions quick;
+  quick.coalesce_gap = 0;
+  quick.verify_backoff_base_s = 0.001;
+  quick.verify_backoff_max_s = 0.004;
+  {
+    // Damaged on several fetches in a row (transit corruption comes in bursts): the refetches
+    // back off and go on until the bytes come right, within verify_attempts.
+    const uint64_t r = plan[rng() % n];
+    const auto& loc = (*l.locations)[r];
+    l.sources[0]->corrupt(loc.offset + rng() % loc.length, quick.verify_attempts - 1);
+    Prefetcher p(as_sources(l), l.locations, plan, quick, verifier_for(l));
+    expect_stream_matches(p, l, plan, seed);
+    EXPECT_EQ(p.stats().refetches, uint64_t(quick.verify_attempts - 1)) << "seed " << seed;
+    EXPECT_EQ(p.stats().refetch_requests, uint64_t(quick.verify_attempts - 1)) << "seed " << seed;
+  }
   const uint64_t bad = plan[n / 2];
   const auto& loc = (*l.locations)[bad];
   l.sources[0]->corrupt(loc.offset, 1000);  // corrupt at the source: every fetch is bad
-  Prefetcher p(as_sources(l), l.locations, plan, {}, verifier_for(l));
+  Prefetcher p(as_sources(l), l.locations, plan, quick, verifier_for(l));
   RecordView v;
   for (uint64_t i = 0; i < n / 2; ++i) ASSERT_TRUE(p.next(v));
   try {
     p.next(v);
     FAIL() << "a record that never matches its checksum must raise, seed " << seed;
   } catch (const RuntimeError& e) {
-    EXPECT_NE(std::string(e.what()).find("memory://shard-0"), std::string::npos) << e.what();
-    EXPECT_NE(std::string(e.what()).find("checksum"), std::string::npos) << e.what();
+    const std::string what = e.what();
+    EXPECT_NE(what.find("memory://shard-0"), std::string::npos) << what;
+    EXPECT_NE(what.find("did not match the test checksum on each of 8 fetches"), std::string::npos)
+        << what;
+    EXPECT_NE(what.find("record " + std::to_string(bad)), std::string::npos) << what;
   }
 }
 

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "test_util.h"
+#include "tpf/attention.h"  // cuda_available
 #include "tpf/error.h"
 #include "tpf/trimul.h"
 
@@ -263,6 +264,43 @@ TEST(TrimulErrors, NameTheArgument) {
   a = f;
   a.y.stride[3] = 2;
   expect_error(a, "y must have stride 1");
+  a = f;
+  a.x.shape[0] = 0;
+  expect_error(a, "x must have B, S and D of at least 1, got [0, 5, 5, 8]");
+  a = f;
+  a.x.dtype = DType::f64;
+  expect_error(a, "x must be float32, bfloat16 or float16, got float64");
+  a = f;
+  a.mask.view.shape[1] = 4;
+  expect_error(a, "mask must have shape [B, S, S] = [1, 5, 5], got [1, 4, 5]");
+  a = f;
+  a.mask.view.device = Device::cuda;
+  expect_error(a, "mask must be on x's device cpu, got cuda:0");
+  a = f;
+  a.w.p_out_weight.device = Device::cuda;
+  expect_error(a, "p_out_weight must be on x's device cpu, got cuda:0");
+  a = f;
+  a.saved.go.dtype = DType::bf16;
+  expect_error(a, "go must have x's dtype float32, got bfloat16");
+  a = f;
+  a.saved.a.stride[3] = 2;
+  expect_error(a, "a must be contiguous");
+  // The FP64 reference runs on CPU tensors only.
+  a = f;
+  for (TensorView* t : {&a.x, &a.mask.view, &a.y, &a.w.norm_in_weight, &a.w.norm_in_bias,
+                        &a.w.p_in_weight, &a.w.g_in_weight, &a.w.norm_out_weight,
+                        &a.w.norm_out_bias, &a.w.p_out_weight, &a.w.g_out_weight})
+    t->device = Device::cuda;
+  a.mask.present = false;
+  try {
+    reference::trimul_forward_f64(a);
+    ADD_FAILURE() << "expected the reference to refuse CUDA tensors";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("the FP64 reference runs on CPU tensors only, got x on "
+                                         "cuda:0"),
+              std::string::npos)
+        << e.what();
+  }
 }
 
 // Every view of w, biases included (present or not).
@@ -274,9 +312,7 @@ std::vector<TensorView*> views_of(TrimulWeights& w) {
 
 // The CUDA path's own checks, which run before anything is launched: views that claim to be on a
 // CUDA device (host memory that is never read) reach them in a build with or without the kernels.
-TEST(TrimulErrors, CudaChecksNameTheArgument) {
-  Problem p(1, 5, 8, true, true, true, 4);
-  Outputs<float> out(p);
+TrimulBackwardArgs backward_args(Problem& p, Outputs<float>& out) {
   const TrimulForwardArgs f = forward_args(p, out);
   TrimulBackwardArgs b;
   b.x = f.x;
@@ -291,6 +327,15 @@ TEST(TrimulErrors, CudaChecksNameTheArgument) {
   // views_of's order (TrimulWeights') against Problem::params' (biases after both weights).
   const int param_of[12] = {0, 1, 2, 4, 3, 5, 6, 7, 8, 10, 9, 11};
   for (int k = 0; k < 12; ++k) *grads[k] = out.grad_view(p, param_of[k]);
+  return b;
+}
+
+TEST(TrimulErrors, CudaChecksNameTheArgument) {
+  Problem p(1, 5, 8, true, true, true, 4);
+  Outputs<float> out(p);
+  const TrimulBackwardArgs b = backward_args(p, out);
+  Problem p12(1, 5, 12, true, true, true, 4);
+  Outputs<float> out12(p12);
   auto on_cuda = [](TrimulBackwardArgs a) {
     for (TensorView* t :
          {&a.x, &a.mask.view, &a.saved.a, &a.saved.b, &a.saved.z, &a.saved.go, &a.dy, &a.dx})
@@ -333,6 +378,26 @@ TEST(TrimulErrors, CudaChecksNameTheArgument) {
   a.mask.view.dtype = DType::boolean;
   a.w.norm_in_weight.dtype = DType::f16;
   expect_error(a, "norm_in_bias must have the weights' dtype float16");
+  a = backward_args(p12, out12);
+  expect_error(a, "x must have D a multiple of 8 and at most 128 for the CUDA kernels, got D = 12");
+  a = b;
+  a.x.stride[1] = 2 * p.S * p.D;
+  expect_error(a, "x must be contiguous for the CUDA kernels");
+  a = b;
+  a.dx.dtype = DType::bf16;
+  expect_error(a, "dx must have x's dtype float32 for the CUDA kernels, got bfloat16");
+  a = b;
+  a.dw.p_in_bias.present = false;
+  expect_error(a, "d_p_in_bias must be given exactly when its bias is");
+  a = b;
+  a.dy.shape[1] = 4;
+  expect_error(a, "grad_out must have shape [B, S, S, D] = [1, 5, 5, 8], got [1, 4, 5, 8]");
+  a = b;
+  expect_error(a, "workspace (an allocator) is required for CUDA tensors");
+  // Past the checks, a build without the kernels says so; with them, the workspace is asked for.
+  a = b;
+  a.workspace = [](size_t) -> void* { throw Error("no workspace in this test"); };
+  expect_error(a, cuda_available() ? "no workspace in this test" : "has no CUDA kernels");
 }
 
 }  // namespace

@@ -13,9 +13,11 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <exception>
 #include <random>
 #include <vector>
 
+#include "device_workspace.h"
 #include "tpf/attention.h"
 
 namespace {
@@ -106,12 +108,12 @@ Run run_forward(const Case& c, float* worst_out) {
   f.lse = tpf::make_view(r.lse, DType::f32, {B, N, H, S}, Device::cuda);
   f.residual = {true, view5(r.res, DType::bf16, Device::cuda)};
   f.scale = c.scale_sign / std::sqrt(double(D));
-  const tpf::AttentionDims dims{B, N, H, S, S, D};
-  f.workspace_bytes = tpf::attention_forward_workspace_bytes(dims, Device::cuda);
-  check(cudaMalloc(&f.workspace, f.workspace_bytes), "workspace");
-  tpf::attention_forward(f);
-  check(cudaDeviceSynchronize(), "sync (forward)");
-  check(cudaFree(f.workspace), "free");
+  {
+    DeviceWorkspace workspace;  // freed after the forward has finished
+    f.workspace = workspace.allocator();
+    tpf::attention_forward(f);
+    check(cudaDeviceSynchronize(), "sync (forward)");
+  }
 
   // FP64 reference on the host copies.
   std::vector<double> o_ref(qn), lse_ref(B * N * H * S);
@@ -125,7 +127,6 @@ Run run_forward(const Case& c, float* worst_out) {
   h.lse = tpf::make_view(lse_ref.data(), DType::f64, {B, N, H, S}, Device::cpu);
   h.residual = {};
   h.workspace = nullptr;
-  h.workspace_bytes = 0;
   tpf::reference::attention_forward_f64(h);
 
   std::vector<uint16_t> o_h(qn), res_h(qn);
@@ -165,7 +166,7 @@ Run run_forward(const Case& c, float* worst_out) {
 
 }  // namespace
 
-int main() {
+int run() {
   const Case cases[] = {
       {2, 5, 2, 70, 32, false, false, 1.0},   // the backward's case (below)
       {1, 7, 2, 200, 16, false, true, 1.0},   // 4 key tiles, 2 query blocks, -inf rows
@@ -179,6 +180,10 @@ int main() {
   Run first{};
   float worst_all = 0.f;
   for (const Case& c : cases) {
+    std::printf("forward B=%lld N=%lld H=%lld S=%lld D=%lld %s%s scale %+g\n", (long long)c.B,
+                (long long)c.N, (long long)c.H, (long long)c.S, (long long)c.D,
+                c.fp16 ? "fp16" : "bf16", c.minus_inf_rows ? " -inf rows" : "", c.scale_sign);
+    std::fflush(stdout);
     float worst = 0.f;
     Run r = run_forward(c, &worst);
     worst_all = std::fmax(worst_all, worst);
@@ -186,6 +191,8 @@ int main() {
   }
 
   // Backward on the first case's forward (bf16, D = 32).
+  std::printf("backward on the first case\n");
+  std::fflush(stdout);
   using tpf::Device;
   using tpf::DType;
   const Case& c = cases[0];
@@ -213,9 +220,8 @@ int main() {
   a.dv = view5(device_nan(qn * 2));
   a.dbias = tpf::make_view(device_nan(B * H * S * S * 2), DType::bf16, {B, H, S, S}, Device::cuda);
   a.scale = c.scale_sign / std::sqrt(double(D));
-  const tpf::AttentionDims dims{B, N, H, S, S, D};
-  a.workspace_bytes = tpf::attention_backward_workspace_bytes(dims, Device::cuda);
-  check(cudaMalloc(&a.workspace, a.workspace_bytes), "workspace");
+  DeviceWorkspace workspace;
+  a.workspace = workspace.allocator();
   tpf::attention_backward(a);
   check(cudaDeviceSynchronize(), "sync (backward)");
   std::vector<uint16_t> host(qn);
@@ -230,4 +236,14 @@ int main() {
   std::printf("sanitize_attention: ok (%zu forward cases, worst |O - FP64| %g; backward finite)\n",
               sizeof(cases) / sizeof(cases[0]), worst_all);
   return 0;
+}
+
+// A tpf::Error (bad arguments, a failed launch) as a message and exit 1, not an uncaught exception.
+int main() {
+  try {
+    return run();
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "sanitize_attention: %s\n", e.what());
+    return 1;
+  }
 }

@@ -12,9 +12,11 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <exception>
 #include <random>
 #include <vector>
 
+#include "device_workspace.h"
 #include "tpf/attention.h"
 
 namespace {
@@ -34,17 +36,14 @@ T* device_copy(const std::vector<T>& host) {
   return d;
 }
 
-// The forward with its workspace (the bias pre-scaled to fp32 for the Hopper kernel).
+// The forward, its workspace from a DeviceWorkspace freed once the forward has finished. (This
+// called itself, not tpf::attention_forward: the recursion overflowed the stack before any output.)
 void forward(tpf::AttentionForwardArgs& f) {
-  const tpf::AttentionDims dims{f.q.shape[0], f.q.shape[1], f.q.shape[2],
-                                f.q.shape[3], f.k.shape[3], f.q.shape[4]};
-  f.workspace_bytes = tpf::attention_forward_workspace_bytes(dims, tpf::Device::cuda);
-  check(cudaMalloc(&f.workspace, f.workspace_bytes), "forward workspace");
-  forward(f);
+  DeviceWorkspace workspace;
+  f.workspace = workspace.allocator();
+  tpf::attention_forward(f);
   check(cudaDeviceSynchronize(), "sync (forward)");
-  check(cudaFree(f.workspace), "free forward workspace");
   f.workspace = nullptr;
-  f.workspace_bytes = 0;
 }
 
 // One forward + backward case for the backward's checks: random bf16 inputs, every 7th key masked
@@ -80,9 +79,13 @@ std::vector<std::vector<__nv_bfloat16>> backward_grads(tpf::AttentionBackwardArg
   a.dk = view5(bufs[1]);
   a.dv = view5(bufs[2]);
   a.dbias = tpf::make_view(bufs[3], DType::bf16, {d.B, d.H, d.Sq, d.Sk}, Device::cuda);
-  a.workspace_bytes = tpf::attention_backward_workspace_bytes(d, Device::cuda);
-  check(cudaMalloc(&a.workspace, a.workspace_bytes), "workspace");
-  check(cudaMemset(a.workspace, 0x7f, a.workspace_bytes), "workspace poison");
+  DeviceWorkspace workspace;
+  const tpf::Allocator allocate = workspace.allocator();
+  a.workspace = [&](size_t bytes) {  // poisoned: the kernels must initialize what they read
+    void* p = allocate(bytes);
+    check(cudaMemset(p, 0x7f, bytes), "workspace poison");
+    return p;
+  };
   tpf::attention_backward(a);
   check(cudaDeviceSynchronize(), "sync (backward)");
   std::vector<std::vector<__nv_bfloat16>> out;
@@ -92,7 +95,6 @@ std::vector<std::vector<__nv_bfloat16>> backward_grads(tpf::AttentionBackwardArg
     out.push_back(std::move(h));
     check(cudaFree(bufs[i]), "free");
   }
-  check(cudaFree(a.workspace), "free workspace");
   return out;
 }
 
@@ -105,6 +107,9 @@ bool backward_cases() {
       {2, 5, 2, 70, 32}, {1, 5, 2, 200, 32}, {1, 5, 1, 200, 16}, {1, 3, 1, 150, 64}};
   std::mt19937 rng(11);
   for (const BackwardCase& c : cases) {
+    std::printf("backward B=%lld N=%lld H=%lld S=%lld D=%lld: forward, backward twice, chunked\n",
+                (long long)c.B, (long long)c.N, (long long)c.H, (long long)c.S, (long long)c.D);
+    std::fflush(stdout);
     const int64_t qn = c.B * c.N * c.H * c.S * c.D;
     auto q = device_copy(randn_bf16(rng, qn)), k = device_copy(randn_bf16(rng, qn)),
          v = device_copy(randn_bf16(rng, qn)), dout = device_copy(randn_bf16(rng, qn)),
@@ -173,7 +178,7 @@ bool backward_cases() {
 
 }  // namespace
 
-int main() {
+int run() {
   const int64_t B = 2, N = 5, H = 2, S = 70, D = 32;
   std::mt19937 rng(7);
   std::normal_distribution<float> normal;
@@ -210,9 +215,10 @@ int main() {
   f.lse = tpf::make_view(lse, DType::f32, {B, N, H, S}, Device::cuda);
   f.residual = {true, view5(res)};
   f.scale = 1.0 / std::sqrt(double(D));
+  std::printf("forward B=%lld N=%lld H=%lld S=%lld D=%lld\n", (long long)B, (long long)N,
+              (long long)H, (long long)S, (long long)D);
+  std::fflush(stdout);
   forward(f);
-
-  check(cudaDeviceSynchronize(), "sync");
 
   std::vector<__nv_bfloat16> host(qn);
   check(cudaMemcpy(host.data(), o, qn * 2, cudaMemcpyDeviceToHost), "copy back");
@@ -224,4 +230,14 @@ int main() {
   if (!backward_cases()) return 1;
   std::printf("sanitize_attention_backward: ok (backward repeatable and chunk-independent)\n");
   return 0;
+}
+
+// A tpf::Error (bad arguments, a failed launch) as a message and exit 1, not an uncaught exception.
+int main() {
+  try {
+    return run();
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "sanitize_attention_backward: %s\n", e.what());
+    return 1;
+  }
 }

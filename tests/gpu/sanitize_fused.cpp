@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "core/numeric.h"
+#include "device_workspace.h"
 #include "tpf/fused.h"
 
 namespace {
@@ -145,9 +146,7 @@ void layer_norm_case(std::mt19937& rng, int64_t B, int64_t I, int64_t J, int64_t
   Twin dy(DType::bf16, shape), dx(DType::f32, shape, stride), dw(DType::f32, {C}),
       db(DType::f32, {C});
   dy.fill(rng);
-  void* ws = nullptr;
-  const size_t ws_bytes = tpf::layer_norm_backward_workspace_bytes(rows, C, Device::cuda);
-  check(cudaMalloc(&ws, ws_bytes), "workspace");
+  DeviceWorkspace workspace;
   for (Device d : {Device::cpu, Device::cuda}) {
     tpf::LayerNormBackwardArgs a;
     a.dy = dy.view(d);
@@ -158,15 +157,13 @@ void layer_norm_case(std::mt19937& rng, int64_t B, int64_t I, int64_t J, int64_t
     a.dx = dx.view(d);
     a.dweight = dw.view(d);
     a.dbias = db.view(d);
-    a.workspace = ws;
-    a.workspace_bytes = ws_bytes;
+    a.workspace = workspace.allocator();
     tpf::layer_norm_backward(a);
   }
   check(cudaDeviceSynchronize(), "layer_norm_backward");
   compare(dx, "dx", 1e-4f);
   compare(dw, "dweight", 1e-4f);
   compare(db, "dbias", 1e-4f);
-  cudaFree(ws);
 }
 
 void swiglu_case(std::mt19937& rng, int64_t M, int64_t H) {

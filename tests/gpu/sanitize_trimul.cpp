@@ -14,6 +14,7 @@
 #include <random>
 #include <vector>
 
+#include "device_workspace.h"
 #include "tpf/trimul.h"
 
 namespace {
@@ -125,8 +126,7 @@ bool run(int64_t B, int64_t S, int64_t D, bool outgoing, bool biases, tpf::DType
       dx(n * sizeof(T));
 
   const tpf::TrimulDims d{B, S, D};
-  Buffer fwd_ws(tpf::trimul_forward_workspace_bytes(d, dtype, cuda));
-  Buffer bwd_ws(tpf::trimul_backward_workspace_bytes(d, dtype, cuda));
+  DeviceWorkspace workspace;
 
   tpf::TrimulForwardArgs f;
   f.x = view(keep(random_buffer<T>(n)), dtype, {B, S, S, D});
@@ -136,8 +136,7 @@ bool run(int64_t B, int64_t S, int64_t D, bool outgoing, bool biases, tpf::DType
   f.y = view(y.data, dtype, {B, S, S, D});
   f.saved = {view(a.data, dtype, {B, D, S, S}), view(b.data, dtype, {B, D, S, S}),
              view(z.data, dtype, {B, D, S, S}), view(go.data, dtype, {B, S, S, D})};
-  f.workspace = fwd_ws.data;
-  f.workspace_bytes = fwd_ws.bytes;
+  f.workspace = workspace.allocator();
   tpf::trimul_forward(f);
 
   tpf::TrimulBackwardArgs bw;
@@ -149,8 +148,7 @@ bool run(int64_t B, int64_t S, int64_t D, bool outgoing, bool biases, tpf::DType
   bw.dy = view(keep(random_buffer<T>(n)), dtype, {B, S, S, D});
   bw.dx = view(dx.data, dtype, {B, S, S, D});
   bw.dw = g;
-  bw.workspace = bwd_ws.data;
-  bw.workspace_bytes = bwd_ws.bytes;
+  bw.workspace = workspace.allocator();
   tpf::trimul_backward(bw);
   check(cudaDeviceSynchronize(), "kernels");
 

@@ -54,11 +54,10 @@ def test_layer_norm_large_rows_deterministic(seed):
 
 
 @pytest.mark.parametrize("S", [7, 33])
-@pytest.mark.parametrize("glue", ["1", "0"])
-def test_pairformer_block_backends_agree_on_gpu(monkeypatch, S, glue, seed):
+@pytest.mark.parametrize("glue", [True, False])
+def test_pairformer_block_backends_agree_on_gpu(S, glue, seed):
     """The whole block (single track included) on the GPU in bfloat16, with the fused glue and
     without: turbo within FlashAttention-3's rule of the reference, against FP64 on the CPU."""
-    monkeypatch.setenv("TPF_FUSED_GLUE", glue)
     gen = torch.Generator().manual_seed(seed)
     # head dims 16: the smallest the CUDA attention kernels take
     block = randomize(PairFormerBlock(16, c_s=8, c_hidden_pair_att=16, no_heads_pair=2,
@@ -71,6 +70,9 @@ def test_pairformer_block_backends_agree_on_gpu(monkeypatch, S, glue, seed):
         # the reference in float64 stays on the CPU; bfloat16 runs on the GPU
         if s.dtype != torch.float64:
             m = m.cuda()
+            for sub in m.modules():  # what set_backend(..., fused_glue=glue) sets
+                if "fused_glue" in vars(sub):
+                    sub.fused_glue = glue
             s, z, token, pair = (t.cuda() for t in (s, z, token, pair))
             out = m(s, z, token, pair)
             return tuple(o.cpu() for o in out)

@@ -4,7 +4,6 @@ that injects faults on demand. Every wait is bounded in time; every server is st
 from __future__ import annotations
 
 import collections
-import json
 import os
 import shutil
 import socket
@@ -18,7 +17,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import numpy as np
 
 from turbopairformer.data import RecordWriter
-from turbopairformer.data.pack import MANIFEST_FORMAT
+from turbopairformer.data.pack import MANIFEST_FORMAT, write_manifest
 
 START_TIMEOUT_S = 20.0
 
@@ -156,6 +155,16 @@ class MotoS3:
 
 
 MULTIPART_FAULTS = ("part_elsewhere", "part_no_range", "part_header_flood")
+# The faults of a soak (random_faults): errors, resets, bodies cut short, one byte flipped in
+# transit, and a 200 with the whole file for a range request.
+SOAK_FAULTS = ("503", "reset", "truncate", "corrupt", "full")
+
+
+class _Server(ThreadingHTTPServer):
+    # The default backlog of 5 drops the SYNs of a client that opens 16 connections at once, and
+    # each dropped one waits a second for its retransmission.
+    request_queue_size = 256
+    daemon_threads = True
 
 
 class FaultServer:
@@ -167,8 +176,14 @@ class FaultServer:
     only after `seconds`; ("corrupt",) a 206 with one byte flipped; ("full",) a 200 with the whole
     file (ignoring the range). Broken multipart/byteranges answers, used only by
     multi-range requests: ("part_elsewhere",) every part one byte later than asked; ("part_no_range",)
-    parts without Content-Range; ("part_header_flood",) 10 KB of part header with no blank line. Several ranges in one request get a multipart/byteranges answer, as
-    from nginx, unless single_range_only is set."""
+    parts without Content-Range; ("part_header_flood",) 10 KB of part header with no blank line.
+    Several ranges in one request get a multipart/byteranges answer, as from nginx, unless
+    single_range_only is set.
+
+    Besides the scripted faults: random_faults(rate, seed, kinds) gives each range GET a fault
+    with probability `rate`, drawn from a seeded generator, the kinds (SOAK_FAULTS names) in turn;
+    corrupt_byte(path, offset, times) flips the byte at file offset `offset` in the next `times`
+    GET answers that carry it, whatever their kind (one range, several, the whole file)."""
 
     def __init__(self, root: str):
         self.root = os.path.abspath(root)
@@ -178,6 +193,34 @@ class FaultServer:
         self.served_faults: collections.Counter = collections.Counter()
         self.always: dict[str, tuple] = {}
         self.single_range_only = False  # True: answer multi-range requests with the whole file
+        self.random: tuple | None = None  # (rate, generator, kinds, multi_only)
+        self.corrupt_at: dict[str, dict[int, int]] = collections.defaultdict(dict)
+        self.multi_requests = 0
+        self.refuse_multi_every = 0  # N > 0: every N-th multi-range request gets the whole file
+
+    def random_faults(self, rate: float, seed: int, kinds: tuple[str, ...] = SOAK_FAULTS,
+                      multi_only: bool = False) -> None:
+        with self.lock:
+            self.random = (rate, np.random.default_rng(seed), kinds, multi_only)
+
+    def corrupt_byte(self, path: str, offset: int, times: int) -> None:
+        with self.lock:
+            self.corrupt_at[path][offset] = times
+
+    def _flips(self, path: str, spans: list[tuple[int, int, int]]) -> list[int]:
+        """Body positions to flip: spans are (file lo, file hi inclusive, body position of lo)."""
+        flips = []
+        with self.lock:
+            for offset, times in self.corrupt_at[path].items():
+                if times <= 0:
+                    continue
+                for lo, hi, at in spans:
+                    if lo <= offset <= hi:
+                        flips.append(at + offset - lo)
+                        self.corrupt_at[path][offset] = times - 1
+                        self.served_faults["corrupt_byte"] += 1
+                        break
+        return flips
 
     def fault(self, path: str, *actions: tuple) -> None:
         with self.lock:
@@ -187,9 +230,22 @@ class FaultServer:
         with self.lock:
             self.always[path] = action
 
-    def _next_action(self, path: str, is_range: bool, multi: bool = False) -> tuple | None:
+    def _next_action(self, path: str, is_range: bool, multi: bool = False,
+                     head: bool = False) -> tuple | None:
         with self.lock:
             self.requests[path] += 1
+            self.multi_requests += multi
+            if multi and self.refuse_multi_every and self.multi_requests % self.refuse_multi_every == 0:
+                self.served_faults["refuse_multi"] += 1
+                return ("full",)
+            if self.random is not None and is_range and not head and (multi or not self.random[3]):
+                rate, rng, kinds, _ = self.random
+                if rng.random() < rate:
+                    # Kinds in turn, so a short run still meets each of them.
+                    kind = kinds[sum(self.served_faults[k] for k in kinds) % len(kinds)]
+                    self.served_faults[kind] += 1
+                    return {"503": ("status", 503, 0)}.get(kind, (kind,))
+                return None
             if path in self.always:
                 action = self.always[path]
             elif is_range and self.faults[path]:
@@ -221,7 +277,7 @@ class FaultServer:
                 file = os.path.join(server.root, path.lstrip("/"))
                 rng = self.headers.get("Range")
                 action = server._next_action(path, rng is not None or head,
-                                             multi=rng is not None and "," in rng)
+                                             multi=rng is not None and "," in rng, head=head)
                 if action and action[0] == "reset":
                     self.connection.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER,
                                                struct.pack("ii", 1, 0))
@@ -251,24 +307,23 @@ class FaultServer:
                     self.send_header("Content-Length", str(len(data)))
                     self.end_headers()
                     return
-                if rng is None or (action and action[0] == "full"):
-                    self.send_response(200)
-                    self.send_header("Content-Length", str(len(data)))
-                    self.end_headers()
-                    self.wfile.write(data)
-                    return
                 spans = [tuple(int(x) for x in part.split("-"))
-                         for part in rng.removeprefix("bytes=").split(",")]
-                if len(spans) > 1 and server.single_range_only:
+                         for part in rng.removeprefix("bytes=").split(",")] if rng else []
+                if (rng is None or (action and action[0] == "full")
+                        or (len(spans) > 1 and server.single_range_only)):
+                    body = bytearray(data)
+                    for at in server._flips(path, [(0, len(data) - 1, 0)]):
+                        body[at] ^= 0xFF
                     self.send_response(200)
-                    self.send_header("Content-Length", str(len(data)))
+                    self.send_header("Content-Length", str(len(body)))
                     self.end_headers()
-                    self.wfile.write(data)
+                    self.send(body)
                     return
                 if len(spans) > 1:
                     boundary = "tpfboundary"
                     body = bytearray()
                     flip = None  # a byte inside the first part's data
+                    parts = []  # (file lo, file hi, body position of lo)
                     kind = action[0] if action else None
                     for lo, hi in spans:
                         if kind == "part_elsewhere":
@@ -280,6 +335,7 @@ class FaultServer:
                             body += f"Content-Range: bytes {lo}-{hi}/{len(data)}\r\n".encode()
                         body += b"\r\n"
                         flip = len(body) + (hi - lo) // 2 if flip is None else flip
+                        parts.append((lo, hi, len(body)))
                         body += data[lo:hi + 1]
                     body += f"\r\n--{boundary}--\r\n".encode()
                     content_type = f"multipart/byteranges; boundary={boundary}"
@@ -288,29 +344,41 @@ class FaultServer:
                     lo, hi = spans[0]
                     body = bytearray(data[lo:hi + 1])
                     flip = len(body) // 2
+                    parts = [(lo, hi, 0)]
                     content_type = "application/octet-stream"
                     content_range = f"bytes {lo}-{hi}/{len(data)}"
                 if action and action[0] == "corrupt":
                     body[flip] ^= 0xFF
+                for at in server._flips(path, parts):
+                    body[at] ^= 0xFF
                 self.send_response(206)
                 self.send_header("Content-Type", content_type)
                 if content_range:
                     self.send_header("Content-Range", content_range)
                 self.send_header("Content-Length", str(len(body)))
                 self.end_headers()
-                try:
-                    if action and action[0] == "truncate":
+                if action and action[0] == "truncate":
+                    try:
                         self.wfile.write(body[: len(body) // 2])
                         self.wfile.flush()
-                        self.close_connection = True
                         self.connection.shutdown(socket.SHUT_RDWR)
-                        return
+                    except OSError:
+                        pass
+                    self.close_connection = True
+                    return
+                self.send(body)
+
+            def send(self, body) -> None:
+                # A client may stop reading early (it had the bytes it asked for from a whole file).
+                try:
                     self.wfile.write(body)
                 except OSError:
                     self.close_connection = True
 
-        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.httpd.daemon_threads = True
+        self.httpd = _Server(("127.0.0.1", 0), Handler)
+        # Clients that stop reading (a whole file read only as far as needed, a cancelled stream)
+        # reset their connections: expected here, not worth a traceback.
+        self.httpd.handle_error = lambda request, address: None
         self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
         self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
         self.thread.start()
@@ -339,6 +407,6 @@ def write_dataset(directory: str, rng: np.random.Generator, shards: int, records
                 w.append(rec)
                 reference.append(rec)
         entries.append({"path": name, "records": records_per_shard, "bytes": os.path.getsize(path)})
-    with open(os.path.join(directory, "manifest.json"), "w") as f:
-        json.dump({"format": MANIFEST_FORMAT, "version": 1, "shards": entries}, f)
+    write_manifest({"format": MANIFEST_FORMAT, "shards": entries},
+                   os.path.join(directory, "manifest.json"))
     return reference

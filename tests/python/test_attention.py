@@ -1,6 +1,7 @@
 """Triangle attention on the CPU: the op against the FP64 reference (FlashAttention-3's rule),
 determinism, output-residual compensation, bad input, opcheck and torch.compile."""
 import math
+import re
 
 import pytest
 import torch
@@ -104,18 +105,36 @@ def test_residual_lowers_gradient_error(seed):
     assert total["dv"] == 0  # the residual enters only the softmax correction
 
 
+# make_case's shapes: q, k, v [1, 3, 2, 6, 8], bias [1, 1, 2, 6, 6], mask [1, 3, 1, 1, 6].
 BAD_INPUTS = [
-    ("q must have 5 dimensions", lambda q, k, v, b, m: (q[0], k, v, b, m)),
-    ("k must have q's shape", lambda q, k, v, b, m: (q, k[:, :, :, :-1], v, b, m)),
-    ("bias must have shape", lambda q, k, v, b, m: (q, k, v, b[..., :-1], m)),
-    ("mask must have shape", lambda q, k, v, b, m: (q, k, v, b, m[..., :-1])),
-    ("mask must be a bool tensor", lambda q, k, v, b, m: (q, k, v, b, m.float())),
-    ("q must be float32, bfloat16 or float16", lambda q, k, v, b, m: (q.double(), k, v, b, m)),
-    ("k must have q's dtype", lambda q, k, v, b, m: (q, k.half(), v, b, m)),
-    ("q must have S >= 1 and D >= 1", lambda q, k, v, b, m: (q[..., :0], k[..., :0], v[..., :0], b, m)),
-    ("q must have S >= 1 and D >= 1",
+    ("q must have 5 dimensions [B, N, H, S, D], got [3, 2, 6, 8]",
+     lambda q, k, v, b, m: (q[0], k, v, b, m)),
+    ("k must have q's shape [1, 3, 2, 6, 8]", lambda q, k, v, b, m: (q, k[:, :, :, :-1], v, b, m)),
+    ("k must have shape [B, N, H, S, D] = [1, 3, 2, 6, 8], got [1, 3, 2, 6, 7]",
+     lambda q, k, v, b, m: (q, k[..., :-1], v, b, m)),
+    ("v must have shape [B, N, H, S, D] = [1, 3, 2, 6, 8], got [1, 3, 1, 6, 8]",
+     lambda q, k, v, b, m: (q, k, v[:, :, :1], b, m)),
+    ("bias must have shape [B, H, S, S] (or [B, 1, H, S, S]) = [1, 2, 6, 6], got [1, 1, 2, 6, 5]",
+     lambda q, k, v, b, m: (q, k, v, b[..., :-1], m)),
+    ("mask must have shape [B, N, S] (or [B, N, 1, 1, S]) = [1, 3, 6], got [1, 3, 1, 1, 5]",
+     lambda q, k, v, b, m: (q, k, v, b, m[..., :-1])),
+    ("mask must have shape [B, N, S] (or [B, N, 1, 1, S]) = [1, 3, 6], got [3, 6]",
+     lambda q, k, v, b, m: (q, k, v, b, m.reshape(3, 6))),
+    ("mask must be bool (True = attend), got float32",
+     lambda q, k, v, b, m: (q, k, v, b, m.float())),
+    ("q must be float32, bfloat16 or float16, got float64",
+     lambda q, k, v, b, m: (q.double(), k, v, b, m)),
+    ("k must have q's dtype float32, got float16", lambda q, k, v, b, m: (q, k.half(), v, b, m)),
+    ("bias must have q's dtype float32, got bfloat16",
+     lambda q, k, v, b, m: (q, k, v, b.bfloat16(), m)),
+    ("q must have a head dimension D >= 1",
+     lambda q, k, v, b, m: (q[..., :0], k[..., :0], v[..., :0], b, m)),
+    ("q must have at least one token (S >= 1)",
      lambda q, k, v, b, m: (q[:, :, :, :0], k[:, :, :, :0], v[:, :, :, :0], b[..., :0, :0], m[..., :0])),
-    ("v must be a torch.Tensor", lambda q, k, v, b, m: (q, k, v.numpy(), b, m)),
+    ("q must have B, N and H of at least 1",
+     lambda q, k, v, b, m: (q[:, :0], k[:, :0], v[:, :0], b, m[:, :0])),
+    ("v must be a torch.Tensor, got ndarray", lambda q, k, v, b, m: (q, k, v.numpy(), b, m)),
+    ("mask must be a torch.Tensor, got list", lambda q, k, v, b, m: (q, k, v, b, [True] * 6)),
 ]
 
 
@@ -123,7 +142,7 @@ BAD_INPUTS = [
 def test_bad_input_names_the_argument(message, mutate, seed):
     g = torch.Generator().manual_seed(seed)
     q, k, v, bias, mask, _ = make_case(1, 3, 2, 6, 8, torch.float32, "cpu", g)
-    with pytest.raises((ValueError, TypeError), match=message):
+    with pytest.raises((ValueError, TypeError), match=re.escape(message)):
         tpf.triangle_attention(*mutate(q, k, v, bias, mask))
 
 
@@ -143,8 +162,12 @@ def test_scale_argument(seed):
     ours = tpf.triangle_attention(q, k, v, bias, mask, scale=0.7)
     base = triangle_attention_torch(q, k, v, bias, mask, scale=0.7)
     assert max_err(ours, base.double()) < 1e-5
-    with pytest.raises(ValueError, match="scale"):
+    with pytest.raises(ValueError, match="scale must be a finite nonzero number, got nan"):
         tpf.triangle_attention(q, k, v, bias, mask, scale=float("nan"))
+    with pytest.raises(ValueError, match="scale must be a finite nonzero number, got 0"):
+        tpf.triangle_attention(q, k, v, bias, mask, scale=0.0)
+    with pytest.raises(TypeError, match="scale must be a number or None, got str"):
+        tpf.triangle_attention(q, k, v, bias, mask, scale="0.5")
 
 
 def test_rows_match_full_attention(seed):

@@ -1,5 +1,7 @@
 """The fused glue ops on the CPU path: against FP64, errors for bad input, custom-op registration
 (torch.library.opcheck: fake tensors, autograd, torch.compile's view of them)."""
+import re
+
 import pytest
 import torch
 
@@ -29,19 +31,34 @@ def test_gated_output_matches_fp64(case, dtype, seed):
     gate_case(*case, dtype, "cpu", torch.Generator().manual_seed(seed))
 
 
-def test_layer_norm_bad_input_names_the_argument():
-    x = torch.randn(2, 3, 8)
-    w, b = torch.ones(8), torch.zeros(8)
-    with pytest.raises(ValueError, match="weight must have shape \\[8\\]"):
-        fused.layer_norm(x, torch.ones(7), b)
-    with pytest.raises(ValueError, match="eps must be a positive number"):
-        fused.layer_norm(x, w, b, eps=0.0)
-    with pytest.raises(TypeError, match="out_dtype must be"):
-        fused.layer_norm(x, w, b, out_dtype=torch.int32)
-    with pytest.raises(TypeError, match="x must be float32, bfloat16 or float16"):
-        fused.layer_norm(x.long(), w, b)
-    with pytest.raises(ValueError, match="channels in its last dimension"):
-        fused.layer_norm(torch.randn(2, 1025), torch.ones(1025), torch.zeros(1025))
+LAYER_NORM_BAD_INPUTS = [  # x [2, 3, 8], weight and bias [8]
+    (ValueError, "weight must have shape [C] (x's last dim) = [8], got [7]",
+     lambda x, w, b: ((x, w[:-1], b), {})),
+    (ValueError, "bias must have shape [C] (x's last dim) = [8], got [9]",
+     lambda x, w, b: ((x, w, torch.zeros(9)), {})),
+    (ValueError, "eps must be a positive number, got 0",
+     lambda x, w, b: ((x, w, b), {"eps": 0.0})),
+    (TypeError, "eps must be a number, got NoneType",
+     lambda x, w, b: ((x, w, b), {"eps": None})),
+    (TypeError, "out_dtype must be float32, bfloat16 or float16, got torch.int32",
+     lambda x, w, b: ((x, w, b), {"out_dtype": torch.int32})),
+    (ValueError, "x must be float32, bfloat16 or float16, got int64",
+     lambda x, w, b: ((x.long(), w, b), {})),
+    (ValueError, "x must have 1 to 1024 channels in its last dimension, got 1025",
+     lambda x, w, b: ((torch.randn(2, 1025), torch.ones(1025), torch.zeros(1025)), {})),
+    (ValueError, "x must have 1 to 4 dimensions ([..., C]), got []",
+     lambda x, w, b: ((torch.tensor(1.0), w[:1], b[:1]), {})),
+    (TypeError, "bias must be a torch.Tensor, got float",
+     lambda x, w, b: ((x, w, 0.0), {})),
+]
+
+
+@pytest.mark.parametrize("kind,message,mutate", LAYER_NORM_BAD_INPUTS,
+                         ids=[m for _, m, _ in LAYER_NORM_BAD_INPUTS])
+def test_layer_norm_bad_input_names_the_argument(kind, message, mutate):
+    args, kwargs = mutate(torch.randn(2, 3, 8), torch.ones(8), torch.zeros(8))
+    with pytest.raises(kind, match=re.escape(message)):
+        fused.layer_norm(*args, **kwargs)
 
 
 def test_layer_norm_reads_overlapping_and_high_rank_inputs():
@@ -52,14 +69,33 @@ def test_layer_norm_reads_overlapping_and_high_rank_inputs():
         torch.testing.assert_close(fused.layer_norm(x, w, b), want, rtol=1e-5, atol=1e-5)
 
 
-def test_swiglu_and_gate_bad_input_names_the_argument():
-    with pytest.raises(ValueError, match="ab must have an even last dim"):
-        fused.swiglu(torch.randn(3, 5))
-    o = torch.randn(1, 2, 4, 3, 8)
-    with pytest.raises(ValueError, match="g must have shape \\[1, 2, 3, 32\\]"):
-        fused.gated_output(torch.randn(1, 2, 3, 31), o)
-    with pytest.raises(ValueError, match="o must have g's dtype"):
-        fused.gated_output(torch.randn(1, 2, 3, 32, dtype=torch.bfloat16), o)
+GLUE_BAD_INPUTS = [  # o [1, 2, 4, 3, 8]: g [1, 2, 3, 32]
+    (ValueError, "ab must have shape [M, 2H] (a then b: an even last dim), got [3, 5]",
+     lambda o: (fused.swiglu, torch.randn(3, 5))),
+    (ValueError, "ab must have shape [..., 2H] (a then b), got []",
+     lambda o: (fused.swiglu, torch.tensor(1.0))),
+    (ValueError, "ab must be float32, bfloat16 or float16, got int64",
+     lambda o: (fused.swiglu, torch.ones(3, 4, dtype=torch.long))),
+    (ValueError, "g must have shape [1, 2, 3, 32] (o's [..., H, S, D] as [..., S, H*D]), got "
+                 "[1, 2, 3, 31]",
+     lambda o: (fused.gated_output, torch.randn(1, 2, 3, 31), o)),
+    (ValueError, "o must have shape [..., H, S, D], got [4, 8]",
+     lambda o: (fused.gated_output, torch.randn(4, 8), o[0, 0, :, 0])),
+    (ValueError, "o must have g's dtype bfloat16, got float32",
+     lambda o: (fused.gated_output, torch.randn(1, 2, 3, 32, dtype=torch.bfloat16), o)),
+    (ValueError, "g must be float32, bfloat16 or float16, got float64",
+     lambda o: (fused.gated_output, torch.randn(1, 2, 3, 32, dtype=torch.float64), o.double())),
+    (TypeError, "o must be a torch.Tensor, got NoneType",
+     lambda o: (fused.gated_output, torch.randn(1, 2, 3, 32), None)),
+]
+
+
+@pytest.mark.parametrize("kind,message,mutate", GLUE_BAD_INPUTS,
+                         ids=[m for _, m, _ in GLUE_BAD_INPUTS])
+def test_swiglu_and_gate_bad_input_names_the_argument(kind, message, mutate):
+    fn, *args = mutate(torch.randn(1, 2, 4, 3, 8))
+    with pytest.raises(kind, match=re.escape(message)):
+        fn(*args)
 
 
 def test_custom_ops_pass_opcheck():

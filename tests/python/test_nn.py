@@ -336,6 +336,5 @@ def test_turbo_backend_runs_our_ops_and_reference_does_not(monkeypatch):
     # LayerNorms of both triangle attentions, both transitions and the single track's two; the
     # gates of the three attentions; both transitions' SwiGLU
     assert calls == {"attention": 3, "trimul": 2, "gate": 3, "swiglu": 2, "layer_norm": 6}
-    monkeypatch.setenv("TPF_FUSED_GLUE", "0")
-    set_backend(block, "turbo")(s, z)
+    set_backend(block, "turbo", fused_glue=False)(s, z)
     assert calls == {"attention": 6, "trimul": 4, "gate": 3, "swiglu": 2, "layer_norm": 6}

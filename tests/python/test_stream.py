@@ -3,6 +3,7 @@ workers, ranks, resume, and the memory budget. Each test builds fresh seeded ran
 reference is the records as written."""
 from __future__ import annotations
 
+import itertools
 import os
 import threading
 import time
@@ -14,13 +15,6 @@ import torch
 import stream_harness as h
 from turbopairformer import _C
 from turbopairformer.data import StreamingDataset
-
-
-@pytest.fixture
-def seed(request):
-    s = int.from_bytes(os.urandom(4), "little")
-    print(f"{request.node.name}: seed {s}")
-    return s
 
 
 @pytest.fixture
@@ -303,15 +297,154 @@ def test_corrupt_records_are_fetched_again(tmp_path, dataset, seed):
 
 
 def test_servers_without_multi_range_requests(tmp_path, dataset, seed):
+    """A server that answers every multi-range request with the whole file, which is too long to
+    read that far: the ranges go one per request for spells between probes, no record is lost."""
     directory, reference = dataset
     with h.FaultServer(directory) as server:
         server.single_range_only = True
-        ds = StreamingDataset(server.url + "/manifest.json", cache_bytes=256 << 10, seed=seed,
-                              coalesce_gap=0, **FAST_RETRY)
+        # A small budget, so groups are planned while the first answers come back.
+        ds = StreamingDataset(server.url + "/manifest.json", cache_bytes=32 << 10, seed=seed,
+                              coalesce_gap=0, group_records=8, full_body_max_bytes=1024,
+                              **FAST_RETRY)
         ids = collect(ds, reference)
         assert sorted(ids) == list(range(len(reference)))
-        # After the first refused multi-range request, every range is a request of its own.
+        stats = ds.last_stats
+        assert stats["single_range_spells"] >= 3, stats  # one per shard at least
+        assert stats["multi_range_probes"] >= 1, stats
+        assert stats["multi_range_refused"] < server.multi_requests + 1
+        # Each refused request costs one more per range; a spell's requests carry one range each.
         assert sum(server.requests.values()) >= len(reference) // 2
+
+
+def test_one_refused_multi_range_request_now_and_then_costs_nothing(tmp_path, dataset, seed):
+    """Every 7th multi-range request answered with 200 and the whole file (as a cache or proxy
+    may): its bytes are taken from that body and the shard keeps asking for many ranges at once
+    (once, one such answer switched it to one range per request for good)."""
+    directory, reference = dataset
+    with h.FaultServer(directory) as server:
+        ds = StreamingDataset(server.url + "/manifest.json", cache_bytes=256 << 10, seed=seed,
+                              coalesce_gap=0, group_records=16, **FAST_RETRY)
+        assert sorted(collect(ds, reference)) == list(range(len(reference)))
+        before = sum(server.requests.values())
+        assert collect(ds, reference) == collect(ds, reference)  # the same epoch, fault-free
+        fault_free = (sum(server.requests.values()) - before) // 2
+        server.refuse_multi_every = 7
+        before = sum(server.requests.values())
+        ids = collect(ds, reference)
+        assert sorted(ids) == list(range(len(reference)))
+        assert server.served_faults["refuse_multi"] >= 3
+        stats = ds.last_stats
+        assert stats["full_body_answers"] == server.served_faults["refuse_multi"], stats
+        assert stats["single_range_spells"] == 0, stats
+        assert sum(server.requests.values()) - before == fault_free
+
+
+def test_200_answers_to_range_requests_are_read_from_the_whole_body(tmp_path, dataset, seed):
+    """A server that answers every range request of a shard with 200 and the whole file: the
+    records are taken from it; where they lie past full_body_max_bytes the request is asked again,
+    and the error that ends the retries says why without quoting the body."""
+    directory, reference = dataset
+    with h.FaultServer(directory) as server:
+        server.fail_always("/shard-00001.tpf", ("full",))
+        ds = StreamingDataset(server.url + "/manifest.json", cache_bytes=256 << 10, seed=seed,
+                              **FAST_RETRY)
+        assert sorted(collect(ds, reference)) == list(range(len(reference)))
+        assert ds.last_stats["full_body_answers"] > 0
+        with pytest.raises(RuntimeError, match="shard-00001.tpf.*full_body_max_bytes") as e:
+            StreamingDataset(server.url + "/manifest.json", full_body_max_bytes=64, **FAST_RETRY)
+        message = str(e.value)
+        assert "TPFSTORE" not in message and message.isprintable(), message
+        assert server.requests["/shard-00001.tpf"] >= FAST_RETRY["max_attempts"]
+
+
+def record_offset(directory: str, reference: list[dict], i: int) -> tuple[str, int]:
+    """(URL path, file offset) of bytes inside record i's positions (shard 0, uncompressed)."""
+    data = open(os.path.join(directory, "shard-00000.tpf"), "rb").read()
+    at = data.find(reference[i]["positions"].tobytes())
+    assert at > 0 and data.find(reference[i]["positions"].tobytes(), at + 1) < 0
+    return "/shard-00000.tpf", at
+
+
+def test_a_record_damaged_in_transit_several_times_in_a_row_comes_right(tmp_path, dataset, seed):
+    directory, reference = dataset
+    rng = np.random.default_rng(seed)
+    with h.FaultServer(directory) as server:
+        # No gap bytes: the byte then travels only in its own record's requests.
+        ds = StreamingDataset(server.url + "/manifest.json", cache_bytes=256 << 10, seed=seed,
+                              coalesce_gap=0, verify_backoff_base_s=0.005,
+                              verify_backoff_max_s=0.02, **FAST_RETRY)
+        assert sorted(collect(ds, reference)) == list(range(len(reference)))
+        path, at = record_offset(directory, reference, int(rng.integers(0, 90)))
+        # Five bad copies in a row (once, three ended the epoch).
+        server.corrupt_byte(path, at, 5)
+        ds.set_epoch(1)
+        assert sorted(collect(ds, reference)) == list(range(len(reference)))
+        assert server.served_faults["corrupt_byte"] == 5
+        assert ds.last_stats["refetches"] == 5, ds.last_stats
+        # Corrupt at the source: every copy is bad, and the error says what was checked.
+        server.corrupt_byte(path, at, 1000)
+        ds.set_epoch(2)
+        with pytest.raises(RuntimeError, match=r"shard-00000.tpf.*did not match the XXH3-64 "
+                                               r"checksum in the shard's index on each of 8 fetches"):
+            collect(ds, reference)
+
+
+def test_the_manifest_is_read_again_when_damaged_and_checked_against_its_sha256(tmp_path, dataset):
+    directory, reference = dataset
+    manifest = os.path.join(directory, "manifest.json")
+    with h.FaultServer(directory) as server:
+        # A flipped byte in transit: the first download fails its checks, the second is right.
+        server.corrupt_byte("/manifest.json", os.path.getsize(manifest) // 2, 1)
+        ds = StreamingDataset(server.url + "/manifest.json", shuffle=False, **FAST_RETRY)
+        assert ds.manifests[0]["verified"] and ds.manifests[0]["downloads"] == 2
+        assert collect(ds, reference) == list(range(len(reference)))
+        # A manifest changed after tpf pack wrote it (its records count, here) never matches.
+        text = open(manifest).read()
+        edited = text.replace('"records": ', '"records": 1', 1)
+        open(manifest, "w").write(edited)
+        with pytest.raises(ValueError, match=r"manifest .*manifest.json' does not match its "
+                                             r"manifest_sha256 .* on each of 5 downloads"):
+            StreamingDataset(server.url + "/manifest.json", **FAST_RETRY)
+        with pytest.raises(ValueError, match="does not match its manifest_sha256"):
+            StreamingDataset(manifest)
+        # Version 2 manifests must carry it.
+        open(manifest, "w").write(text.replace('"manifest_sha256"', '"other"'))
+        with pytest.raises(ValueError, match="has no manifest_sha256"):
+            StreamingDataset(manifest)
+
+
+def test_retries_show_in_last_stats_and_tpf_stream(tmp_path, dataset, seed, capsys):
+    from turbopairformer import cli
+
+    directory, reference = dataset
+    with h.FaultServer(directory) as server:
+        ds = StreamingDataset(server.url + "/manifest.json", seed=seed, **FAST_RETRY)
+        server.fault("/shard-00002.tpf", ("status", 503, 0), ("status", 500))
+        assert sorted(collect(ds, reference)) == list(range(len(reference)))
+        assert ds.last_stats["retries"] == 2, ds.last_stats
+        server.fault("/shard-00002.tpf", ("status", 503, 0), ("full",))
+        assert cli.main(["stream", server.url + "/manifest.json", "--quiet"]) == 0
+        out = capsys.readouterr().out
+        assert "retries 1" in out and "200-for-206 answers read 1" in out, out
+
+
+def test_soak_one_epoch_at_5_percent_mixed_faults(tmp_path, seed):
+    """One epoch through a server that gives 5% of range requests a fault (503, reset, a body cut
+    short, a byte flipped in transit, 200 with the whole file): every record once, each checked
+    against what was written. (bench/stream_faults.py measures its speed against no faults.)"""
+    rng = np.random.default_rng(seed)
+    directory = str(tmp_path / "soak")
+    reference = h.write_dataset(directory, rng, shards=4, records_per_shard=500, max_atoms=60)
+    with h.FaultServer(directory) as server:
+        server.random_faults(0.05, seed)
+        ds = StreamingDataset(server.url + "/manifest.json", cache_bytes=1 << 20, seed=seed,
+                              group_records=16, verify_backoff_base_s=0.01,
+                              verify_backoff_max_s=0.1, **FAST_RETRY)
+        ids = collect(ds, reference)
+    assert sorted(ids) == list(range(len(reference))), "a record was lost or came twice"
+    for kind in h.SOAK_FAULTS:
+        assert server.served_faults[kind] > 0, (kind, dict(server.served_faults))
+    assert ds.last_stats["retries"] + ds.last_stats["refetches"] > 0
 
 
 def test_disk_cache_serves_later_epochs(tmp_path, dataset, seed):
@@ -350,9 +483,9 @@ def test_unreachable_shards_raise_their_url_within_bounded_time(tmp_path, datase
             list(StreamingDataset(server.url + "/manifest.json", **FAST_RETRY))
         assert server.requests["/shard-00001.tpf"] == FAST_RETRY["max_attempts"]
         assert time.monotonic() - t0 < 15
-        server.fail_always("/shard-00001.tpf", ("full",))
-        with pytest.raises(RuntimeError, match="shard-00001.tpf.*expected 206"):
-            list(StreamingDataset(server.url + "/manifest.json", **FAST_RETRY))
+        server.fail_always("/shard-00001.tpf", ("status", 403))
+        with pytest.raises(RuntimeError, match="shard-00001.tpf.*403 .expected 206"):
+            StreamingDataset(server.url + "/manifest.json", **FAST_RETRY)
 
 
 def test_a_shard_failing_mid_epoch_raises_its_url(tmp_path, dataset, seed):
@@ -424,13 +557,24 @@ def test_tpf_stream_cli(dataset, capsys):
     assert cli.main(["stream", directory + "/nothing.json"]) == 2
 
 
-def test_sampler_bindings_match_the_documented_split(seed):
+def test_plan_binding_matches_the_documented_split(seed):
     rng = np.random.default_rng(seed)
     n = int(rng.integers(50, 500))
-    order = _C.stream_epoch_order(n, seed, 3, True, 0)
+    plan = dict(seed=seed, epoch=3, shuffle=True, block_size=0, drop_last=True)
+    order = _C.stream_plan(n, plan)
     assert sorted(order.tolist()) == list(range(n))
-    ranks = [_C.stream_rank_slice(order, 0, r, 4, True) for r in range(4)]
+    ranks = [_C.stream_plan(n, {**plan, "rank": r, "world_size": 4}) for r in range(4)]
     assert np.array_equal(np.stack(ranks, axis=1).reshape(-1), order[: n // 4 * 4])
+    # Workers take whole batches of their rank's list in turn.
+    workers = [_C.stream_plan(n, {**plan, "rank": 1, "world_size": 4, "worker": w,
+                                  "num_workers": 2, "batch_size": 3}) for w in range(2)]
+    batches = [np.array_split(w, np.arange(3, len(w), 3)) for w in workers]
+    merged = [b for pair in itertools.zip_longest(*batches) for b in pair if b is not None]
+    assert np.array_equal(np.concatenate(merged), ranks[1])
+    with pytest.raises(ValueError, match="rank: expected < world_size"):
+        _C.stream_plan(n, {"rank": 4, "world_size": 4})
+    with pytest.raises(ValueError, match="unknown option 'max_inflights'"):
+        StreamingDataset(["x.tpf"], max_inflights=3)
 
 
 def test_streams_what_tpf_pack_writes(tmp_path, seed):

@@ -1,5 +1,6 @@
 """`tpf train` and its parts: chains from atoms and from the shipped files, distogram targets, crops,
-a tiny run whose loss falls, and a resume that reproduces the uninterrupted run's next losses."""
+a tiny run whose loss falls, training streamed from local shards and from nginx alike, and resumes
+(of resumes) that reproduce the uninterrupted run's losses."""
 from __future__ import annotations
 
 import json
@@ -13,7 +14,7 @@ from stream_harness import Nginx
 from turbopairformer.cli import main
 from turbopairformer.data import RecordWriter
 from turbopairformer.data.pack import pack
-from turbopairformer.train.data import CropSampler, load_chains, split_by_entry
+from turbopairformer.train.data import CropBatches, MemoryChains, load_chains, split_by_entry
 from turbopairformer.train.features import (
     RESIDUE_NAMES,
     UNKNOWN_TYPE,
@@ -43,6 +44,16 @@ def small_data(small_structures, tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("shards")
     pack([str(p) for p in sorted(small_structures.iterdir())], str(out), per_chain=True,
          shard_records=3, progress=False)
+    return out
+
+
+@pytest.fixture(scope="module")
+def entry_data(tmp_path_factory) -> Path:
+    """Entries with several protein chains, one record per entry: a record's chains may then
+    straddle two batches (and a checkpoint)."""
+    out = tmp_path_factory.mktemp("entries")
+    files = ["1A8O.pdb.gz", "1UBQ.pdb.gz", "1CS4.pdb.gz", "1D4V.pdb.gz", "1A0Q.pdb.gz"]
+    pack([str(DATA / f) for f in files], str(out), shard_records=2, progress=False)
     return out
 
 
@@ -121,8 +132,9 @@ def test_distogram_targets_match_brute_force():
 
 def test_crops_padding_and_determinism(small_data):
     chains = load_chains(str(small_data), progress=False)
-    sampler = CropSampler(chains, batch_size=3, crop_size=40, seed=5)
-    a, b, c = sampler.batch(11), sampler.batch(11), sampler.batch(12)
+    one, two = (CropBatches(MemoryChains(chains, 5), 3, 40, seed=5) for _ in range(2))
+    a, b = one.next(), two.next()
+    c = one.next()
     for k in a:
         assert torch.equal(a[k], b[k]), k
     assert not all(torch.equal(a[k], c[k]) for k in a)
@@ -169,21 +181,54 @@ def test_tiny_training_run_loss_decreases(small_data, tmp_path):
     assert Path(summary["plot"]).stat().st_size > 0
 
 
-def test_resume_reproduces_next_step_losses(small_data, tmp_path):
+def losses(run: Path) -> dict[int, float]:
+    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    return {r["step"]: r["loss"] for r in rows if "loss" in r}
+
+
+def copy_checkpoint(src: Path, dst: Path, step: int) -> None:
+    dst.mkdir(exist_ok=True)
+    name = f"checkpoint-{step:07d}.pt"
+    (dst / name).write_bytes((src / name).read_bytes())
+
+
+@pytest.mark.parametrize("data", ["small_data", "entry_data"])
+def test_resume_mid_epoch_and_resume_of_a_resume_see_the_same_batches(data, tmp_path, request):
+    """Streamed from shards (one chain a record, or whole entries whose chains straddle batches):
+    a run resumed from a checkpoint, and that run resumed again, give the uninterrupted run's
+    losses bit for bit, through several epochs of the loader."""
+    data = request.getfixturevalue(data)
+    # A constant schedule after warm-up: the runs that stop early have fewer steps, and a cosine
+    # schedule's learning rates depend on the number of steps.
+    cfg = lambda out, steps: tiny_config(data, out, steps=steps, checkpoint_every=3,  # noqa: E731
+                                         schedule="constant")
     full = tmp_path / "full"
-    train(tiny_config(small_data, full, steps=6, checkpoint_every=3), progress=False)
-    expected = [json.loads(line) for line in (full / "metrics.jsonl").read_text().splitlines()]
-    resumed = tmp_path / "resumed"
-    resumed.mkdir()
-    (resumed / "checkpoint-0000003.pt").write_bytes((full / "checkpoint-0000003.pt").read_bytes())
-    train(tiny_config(small_data, resumed, steps=6, checkpoint_every=3), resume=str(resumed),
-          progress=False)
-    got = [json.loads(line) for line in (resumed / "metrics.jsonl").read_text().splitlines()]
-    after = [r for r in got if r.get("step", 0) > 3 and "loss" in r]
-    assert [r["step"] for r in after] == [4, 5, 6]
-    for r in after:
-        e = next(x for x in expected if x["step"] == r["step"] and "loss" in x)
-        assert r["loss"] == e["loss"], (r, e)
+    train(cfg(full, 9), progress=False)
+    expected = losses(full)
+    assert sorted(expected) == list(range(1, 10))
+    first = tmp_path / "first"
+    copy_checkpoint(full, first, 3)
+    train(cfg(first, 6), resume=str(first), progress=False)
+    second = tmp_path / "second"
+    copy_checkpoint(first, second, 6)
+    train(cfg(second, 9), resume=str(second), progress=False)
+    got = {**{s: v for s, v in losses(first).items() if s > 3},
+           **{s: v for s, v in losses(second).items() if s > 6}}
+    assert got == {s: v for s, v in expected.items() if s > 3}
+
+
+def test_training_streamed_from_nginx_gives_the_local_losses(small_data, tmp_path):
+    """`tpf train --data http://...` over a served copy of the shards: the same batches, so the
+    same losses, as from the local files (DataLoader workers included)."""
+    local = tmp_path / "local"
+    train(tiny_config(small_data, local, steps=5), progress=False)
+    with Nginx(str(small_data), str(tmp_path / "nginx")) as server:
+        rc = main(["train", "--data", f"{server.url}/manifest.json", "--out", str(tmp_path / "http"),
+                   "--steps", "5", "--batch-size", "2", "--crop", "24", "--lr", "3e-3",
+                   "--warmup", "5", "--val-fraction", "0", "--blocks", "1", "--c-z", "16",
+                   "--heads", "2", "--head-dim", "8", "--loader-workers", "1", "--no-progress"])
+    assert rc == 0
+    assert losses(tmp_path / "http") == losses(local)
 
 
 def test_cli_train_prints_final_loss_and_plot(small_data, tmp_path, capsys):
@@ -210,3 +255,12 @@ def test_chains_round_trip_through_npz(tmp_path):
     for a, b in zip(chains, again):
         for field in ("aatype", "residue_index", "positions", "position_mask"):
             assert np.array_equal(getattr(a, field), getattr(b, field)), (a.name, field)
+    # Trained from memory (as on a build without the record store), resumed the same way.
+    full, resumed = tmp_path / "full", tmp_path / "resumed"
+    train(tiny_config(tmp_path / "chains.npz", full, steps=4, checkpoint_every=2,
+                      schedule="constant"), progress=False)
+    copy_checkpoint(full, resumed, 2)
+    train(tiny_config(tmp_path / "chains.npz", resumed, steps=4, checkpoint_every=2,
+                      schedule="constant"), resume=str(resumed), progress=False)
+    assert {k: v for k, v in losses(resumed).items() if k > 2} == \
+        {k: v for k, v in losses(full).items() if k > 2}

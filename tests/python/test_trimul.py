@@ -3,6 +3,8 @@ rule against plain PyTorch in the same precision), the reference against PyTorch
 cuEquivariance's argument conventions, opcheck, torch.compile and errors."""
 from __future__ import annotations
 
+import re
+
 import pytest
 import torch
 
@@ -148,26 +150,46 @@ def test_mask_dtype_errors():
         _C.trimul_forward(x, m, weights, True, 1e-5, y, *saved)
 
 
-def test_errors_name_the_argument():
+# make_inputs(1, 5, 8, ...): x [1, 5, 5, 8], mask [1, 5, 5], D = 8.
+BAD_INPUTS = [
+    (ValueError, "direction must be 'outgoing' or 'incoming', got 'sideways'",
+     lambda x, m, w: ((x, "sideways", m), w)),
+    (ValueError, "x must be float32, bfloat16 or float16, got int32",
+     lambda x, m, w: ((x.to(torch.int32), "outgoing", m), w)),
+    (ValueError, "x must be float32, bfloat16 or float16, got float64",
+     lambda x, m, w: ((x.double(), "outgoing", m), w)),
+    (ValueError, "x must have shape [B, S, S, D] (or [S, S, D]), got [5, 8]",
+     lambda x, m, w: ((x[0, 0], "outgoing", None), w)),
+    (ValueError, "x must be square in its two middle dimensions [B, S, S, D], got [1, 5, 4, 8]",
+     lambda x, m, w: ((x[:, :, :4], "outgoing", None), w)),
+    (ValueError, "mask must have shape [B, S, S] = [1, 5, 5], got [1, 4, 5]",
+     lambda x, m, w: ((x, "outgoing", m[:, :4]), w)),
+    (ValueError, "mask must not require grad",
+     lambda x, m, w: ((x, "outgoing", m.float().requires_grad_(True)), w)),
+    (TypeError, "mask must be a bool, integer or floating-point tensor, got torch.complex64",
+     lambda x, m, w: ((x, "outgoing", m.to(torch.complex64)), w)),
+    (ValueError, "p_in_weight must have shape [2D, D] = [16, 8], got [8, 16]",
+     lambda x, m, w: ((x, "outgoing", m), {**w, "p_in_weight": w["p_in_weight"].t()})),
+    (ValueError, "g_out_bias must have shape [D] = [8], got [7]",
+     lambda x, m, w: ((x, "outgoing", m), {**w, "g_out_bias": w["g_out_bias"][:-1]})),
+    (TypeError, "g_in_weight must be a floating-point tensor, got torch.int64",
+     lambda x, m, w: ((x, "outgoing", m), {**w, "g_in_weight": w["g_in_weight"].long()})),
+    (TypeError, "norm_in_weight must be a torch.Tensor, got list",
+     lambda x, m, w: ((x, "outgoing", m), {**w, "norm_in_weight": [1.0] * 8})),
+    (ValueError, "precision must be None or 'ieee', got 'tf32'",
+     lambda x, m, w: ((x, "outgoing", m), {**w, "precision": "tf32"})),
+    (ValueError, "eps must be a positive number, got 0",
+     lambda x, m, w: ((x, "outgoing", m), {**w, "eps": 0.0})),
+    (TypeError, "eps must be a number, got str",
+     lambda x, m, w: ((x, "outgoing", m), {**w, "eps": "1e-5"})),
+    (TypeError, "x must be a torch.Tensor, got ndarray",
+     lambda x, m, w: ((x.numpy(), "outgoing", m), w)),
+]
+
+
+@pytest.mark.parametrize("kind,message,mutate", BAD_INPUTS, ids=[m for _, m, _ in BAD_INPUTS])
+def test_errors_name_the_argument(kind, message, mutate):
     x, m, w, _ = make_inputs(1, 5, 8, torch.float32, "cpu", 1, mask=True)
-    op = tpf.triangle_multiplicative_update
-    with pytest.raises(ValueError, match="direction"):
-        op(x, "sideways", m, **w)
-    with pytest.raises(TypeError, match="x must be float32"):
-        op(x.to(torch.int32), "outgoing", m, **w)
-    with pytest.raises(ValueError, match="mask must have shape"):
-        op(x, "outgoing", m[:, :4], **w)
-    with pytest.raises(ValueError, match="p_in_weight must have shape"):
-        op(x, "outgoing", m, **{**w, "p_in_weight": w["p_in_weight"].t()})
-    with pytest.raises(ValueError, match="g_out_bias must have shape"):
-        op(x, "outgoing", m, **{**w, "g_out_bias": w["g_out_bias"][:-1]})
-    with pytest.raises(ValueError, match="x must be square"):
-        op(x[:, :, :4], "outgoing", None, **w)
-    with pytest.raises(ValueError, match="mask must not require grad"):
-        op(x, "outgoing", m.float().requires_grad_(True), **w)
-    with pytest.raises(ValueError, match="precision"):
-        op(x, "outgoing", m, **w, precision="tf32")
-    with pytest.raises(ValueError, match="eps"):
-        op(x, "outgoing", m, **w, eps=0.0)
-    with pytest.raises(TypeError, match="norm_in_weight must be a torch.Tensor"):
-        op(x, "outgoing", m, **{**w, "norm_in_weight": [1.0] * 8})
+    args, kwargs = mutate(x, m, w)
+    with pytest.raises(kind, match=re.escape(message)):
+        tpf.triangle_multiplicative_update(*args, **kwargs)

@@ -67,7 +67,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out-dir", default="bench/results",
                         help="where the default JSON and PNG names go")
     parser.add_argument("--json", default=None,
-                        help="rows out (default OUT_DIR/context_parallel-<gpu>x<P>-<date>.json)")
+                        help="rows out (default OUT_DIR/context_parallel-<gpu>x<P>.json)")
     parser.add_argument("--plot", default=None, help="PNG out (default: the JSON's name)")
 
 
@@ -456,7 +456,7 @@ def run(args: argparse.Namespace) -> int:
     for line in _summary(rows, largest):
         print(line)
     tag = _machine_tag(gpu, args)
-    default_name = f"context_parallel-{tag}-{meta['date']}.json"
+    default_name = f"context_parallel-{tag}.json"
     json_path = Path(args.json or Path(args.out_dir) / default_name)
     json_path.parent.mkdir(parents=True, exist_ok=True)
     json_path.write_text(json.dumps(out_rows, indent=1))

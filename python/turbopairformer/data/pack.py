@@ -14,7 +14,7 @@ from turbopairformer.data.store import RecordWriter
 from turbopairformer.data.structures import file_kind, file_records
 
 MANIFEST_FORMAT = "turbopairformer-manifest"
-MANIFEST_VERSION = 1
+MANIFEST_VERSION = 2
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -96,6 +96,7 @@ def pack(files: list[str], output: str, compression: str = "zstd", level: int = 
     manifest = {
         "format": MANIFEST_FORMAT,
         "version": MANIFEST_VERSION,
+        "manifest_sha256": "0" * 64,
         "store_format_version": 1,
         "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "compression": compression,
@@ -103,10 +104,23 @@ def pack(files: list[str], output: str, compression: str = "zstd", level: int = 
         "bytes": sum(s["bytes"] for s in shards),
         "shards": shards,
     }
-    with open(os.path.join(output, "manifest.json"), "w") as f:
-        json.dump(manifest, f, indent=2)
-        f.write("\n")
+    write_manifest(manifest, os.path.join(output, "manifest.json"))
     return manifest
+
+
+def write_manifest(manifest: dict, path: str) -> None:
+    """Writes `manifest` (version 2) with its manifest_sha256 (FORMAT.md), which readers check,
+    through a temporary file renamed into place."""
+    manifest["version"] = MANIFEST_VERSION
+    manifest["manifest_sha256"] = "0" * 64
+    text = json.dumps(manifest, indent=2) + "\n"
+    manifest["manifest_sha256"] = _C.stream_manifest_digest(text)
+    text = text.replace('"manifest_sha256": "' + "0" * 64 + '"',
+                        '"manifest_sha256": "' + manifest["manifest_sha256"] + '"', 1)
+    tmp = path + ".tmp"
+    with open(tmp, "w") as f:
+        f.write(text)
+    os.replace(tmp, path)
 
 
 def run(args: argparse.Namespace) -> int:

@@ -6,74 +6,49 @@ rank's list round-robin, which is the order DataLoader hands batches back in. So
 consumed is always a prefix of its list, and `state_dict(num_consumed)` resumes exactly after it,
 with any number of workers. The memory budget (`cache_bytes`) is shared by the workers: each
 worker's prefetcher gets `cache_bytes // num_workers`.
+
+The dataset is opened in one call into C++ (manifests read, checked and resolved there), and each
+epoch's stream is one more (the worker's plan is made there from the sampler's arguments).
 """
 from __future__ import annotations
 
 import json
 import os
-import posixpath
 from typing import Any, Callable, Iterator, Sequence
 
 import numpy as np
 import torch
 
 from turbopairformer import _C
-from turbopairformer.data.pack import MANIFEST_FORMAT
 
 STATE_VERSION = 1
 
-
-def _is_url(location: str) -> bool:
-    return "://" in location and not location.startswith("file://")
+is_remote = _C.stream_is_remote
 
 
-def _join(base: str, name: str) -> str:
-    """`name` relative to the folder of `base` (a path or URL); absolute names are kept."""
-    if "://" in name or os.path.isabs(name):
-        return name
-    if _is_url(base):
-        scheme, rest = base.split("://", 1)
-        return f"{scheme}://{posixpath.join(posixpath.dirname(rest), name)}"
-    return os.path.join(os.path.dirname(base.removeprefix("file://")), name)
+def stream_defaults() -> dict:
+    """The loader's options (sources and prefetcher; include/tpf/stream.h) and their defaults."""
+    return _C.stream_defaults()
 
 
-def read_manifest(location: str, **source_options: Any) -> dict:
-    """The manifest `tpf pack` writes, read from a path or URL, with every shard's `location`
-    resolved (its `url` when present, else its `path` relative to the manifest)."""
-    raw = bytes(_C.stream_read_all(location, **source_options))
-    try:
-        manifest = json.loads(raw)
-    except ValueError as e:
-        raise ValueError(f"manifest {location!r} is not valid JSON: {e}") from None
-    if not isinstance(manifest, dict) or manifest.get("format") != MANIFEST_FORMAT:
-        raise ValueError(f"manifest {location!r}: expected a JSON object with "
-                         f"format = {MANIFEST_FORMAT!r}")
-    shards = manifest.get("shards")
-    if not isinstance(shards, list) or not shards:
-        raise ValueError(f"manifest {location!r}: expected a non-empty list 'shards'")
-    for i, s in enumerate(shards):
-        name = s.get("url") or s.get("path")
-        if not name:
-            raise ValueError(f"manifest {location!r}: shards[{i}] has neither 'url' nor 'path'")
-        s["location"] = _join(location, name)
+def read_manifest(location: str, **options: Any) -> dict:
+    """The manifest `tpf pack` writes, read from a path or URL and checked (JSON, format, version,
+    manifest_sha256; a remote one is downloaded again when a check fails), with every shard's
+    `location` resolved (its `url` when present, else its `path` relative to the manifest)."""
+    read = _C.stream_read_manifest(location, **options)
+    manifest = json.loads(read["text"])
+    for shard, resolved in zip(manifest["shards"], read["shard_locations"]):
+        shard["location"] = resolved
     return manifest
 
 
-def _shard_specs(source: str | Sequence[str] | dict, options: dict) -> tuple[list[str], list[int], list[int]]:
-    if isinstance(source, dict):
-        manifest = source
-    elif isinstance(source, str) and source.endswith(".json"):
-        manifest = read_manifest(source, **options)
-    elif isinstance(source, str):
-        return [source], [], []
-    elif isinstance(source, Sequence) and source and all(isinstance(s, str) for s in source):
-        return list(source), [], []
-    else:
-        raise ValueError(f"source: expected a manifest (.json path or URL, or its dict), a shard "
-                         f"location or a list of them, got {source!r}")
-    shards = manifest["shards"]
-    return ([s["location"] for s in shards], [int(s.get("records", 0)) for s in shards],
-            [int(s.get("bytes", 0)) for s in shards])
+def _locations(source: str | Sequence[str]) -> list[str]:
+    if isinstance(source, str):
+        return [source]
+    if isinstance(source, Sequence) and source and all(isinstance(s, str) for s in source):
+        return list(source)
+    raise ValueError(f"source: expected a manifest (.json path or URL), a shard location or a "
+                     f"list of them, got {source!r}")
 
 
 def _default_rank_world() -> tuple[int, int]:
@@ -85,9 +60,10 @@ def _default_rank_world() -> tuple[int, int]:
 class StreamingDataset(torch.utils.data.IterableDataset):
     """Records of record-store shards, streamed in a deterministic shuffled order.
 
-    source: a manifest (path or URL of the JSON `tpf pack` writes, or its dict), one shard location
-        or a list of them; locations are paths, file://, http(s):// or s3:// URLs.
-    cache_bytes: hard limit on prefetched bytes held in memory, over all DataLoader workers.
+    source: a manifest (path or URL of the JSON `tpf pack` writes), one shard location or a list
+        of them; locations are paths, file://, http(s):// or s3:// URLs.
+    cache_bytes: hard limit on prefetched bytes held in memory, over all DataLoader workers
+        (default: the prefetcher's memory_budget).
     shuffle, seed: one permutation per (seed, epoch); block_size > 0 shuffles blocks of that many
         neighbouring records (and inside each block) for locality of range reads.
     rank, world_size: this process's share (default: torch.distributed, else RANK / WORLD_SIZE).
@@ -97,22 +73,26 @@ class StreamingDataset(torch.utils.data.IterableDataset):
     disk_cache_dir, disk_cache_bytes: keep fetched bytes of remote shards on local disk (a folder
         per process under disk_cache_dir, the budget shared by the DataLoader workers), so later
         epochs read them locally.
-    The remaining arguments tune the prefetcher and the sources (see include/tpf/stream.h).
+    **options: the sources' and the prefetcher's options by their C++ names (max_connections,
+        http_threads, timeouts, max_attempts, backoffs, full_body_max_bytes, max_inflight,
+        coalesce_gap, max_request_bytes, group_records, verify_attempts, ...;
+        `stream_defaults()` lists them with their defaults, include/tpf/stream.h says what each does).
+
+    `last_stats` holds the last epoch's counters: requests, bytes, refetches of corrupt records,
+    retries, 200 answers read as whole bodies, refused multi-range requests.
     """
 
-    def __init__(self, source: str | Sequence[str] | dict, cache_bytes: int = 256 << 20,
+    def __init__(self, source: str | Sequence[str], cache_bytes: int | None = None,
                  shuffle: bool = True, seed: int = 0, rank: int | None = None,
                  world_size: int | None = None, *, block_size: int = 0, drop_last: bool = False,
                  batch_size: int = 1, transform: Callable[[dict], Any] | None = None,
-                 max_inflight: int = 256, group_records: int = 0, coalesce_gap: int = 4 << 10,
-                 max_request_bytes: int = 8 << 20, verify_checksums: bool = True,
-                 disk_cache_dir: str | None = None, disk_cache_bytes: int = 0,
-                 max_connections: int = 16, http_threads: int = 0,
-                 connect_timeout_s: float = 10.0,
-                 request_timeout_s: float = 60.0, stall_timeout_s: float = 15.0,
-                 max_attempts: int = 8, backoff_base_s: float = 0.05, backoff_max_s: float = 2.0,
-                 retry_deadline_s: float = 120.0):
+                 verify_checksums: bool = True, disk_cache_dir: str | None = None,
+                 disk_cache_bytes: int = 0, **options: Any):
         super().__init__()
+        if "memory_budget" in options:
+            raise ValueError("memory_budget: give cache_bytes, the budget over all workers")
+        if cache_bytes is None:
+            cache_bytes = stream_defaults()["memory_budget"]
         if cache_bytes <= 0:
             raise ValueError(f"cache_bytes: expected > 0, got {cache_bytes}")
         if batch_size < 1:
@@ -132,49 +112,49 @@ class StreamingDataset(torch.utils.data.IterableDataset):
         if disk_cache_dir is not None and disk_cache_bytes <= 0:
             raise ValueError(f"disk_cache_bytes: expected > 0 with disk_cache_dir, got {disk_cache_bytes}")
         self.disk_cache_dir, self.disk_cache_bytes = disk_cache_dir, int(disk_cache_bytes)
-        self._source_options = dict(max_connections=max_connections, http_threads=http_threads,
-                                    connect_timeout_s=connect_timeout_s,
-                                    request_timeout_s=request_timeout_s,
-                                    stall_timeout_s=stall_timeout_s, max_attempts=max_attempts,
-                                    backoff_base_s=backoff_base_s, backoff_max_s=backoff_max_s,
-                                    retry_deadline_s=retry_deadline_s)
-        self._prefetch_options = dict(max_inflight=max_inflight, group_records=group_records,
-                                      coalesce_gap=coalesce_gap, max_request_bytes=max_request_bytes)
-        self._locations, self._records, self._bytes = _shard_specs(source, self._source_options)
-        self._shards = None
-        self._shards_pid = None
+        self._locations = _locations(source)
+        self._options = dict(options)
+        self._dataset = None
+        self._dataset_pid = None
         self.epoch = 0
         self._resume: tuple[int, int] | None = None  # (epoch, records consumed by all ranks)
         self._consumed_here = 0
         self.last_stats: dict | None = None
-        if not (self._records and all(self._records)):
-            self._records = [0] * len(self._locations)
-            self._num_records = len(self._open())
-        else:
-            self._num_records = sum(self._records)
+        self._num_records = len(self._open())
 
-    # Shards hold sockets and threads: never pickled, reopened in each process that iterates.
+    # The opened dataset holds sockets and threads: never pickled, reopened in each process that
+    # iterates.
     def __getstate__(self) -> dict:
         state = self.__dict__.copy()
-        state["_shards"] = None
-        state["_shards_pid"] = None
+        state["_dataset"] = None
+        state["_dataset_pid"] = None
         return state
 
     def _open(self, workers: int = 1):
-        if self._shards is None or self._shards_pid != os.getpid():
+        if self._dataset is None or self._dataset_pid != os.getpid():
             cache_dir, cache_bytes = "", 0
             if self.disk_cache_dir is not None:
                 cache_dir = os.path.join(self.disk_cache_dir, f"pid-{os.getpid()}")
                 cache_bytes = max(self.disk_cache_bytes // workers, 1)
-            self._shards = _C.StreamShards(self._locations, self._records, self._bytes,
-                                           cache_dir, cache_bytes, **self._source_options)
-            self._shards_pid = os.getpid()
-        return self._shards
+            self._dataset = _C.StreamDataset(self._locations, cache_dir, cache_bytes, **self._options)
+            self._dataset_pid = os.getpid()
+        return self._dataset
 
     @property
     def disk_cache_stats(self) -> dict:
         """used_bytes, budget, hit_bytes, miss_bytes of this process's disk cache ({} without one)."""
-        return self._shards.disk_cache_stats if self._shards is not None else {}
+        return self._dataset.disk_cache_stats if self._dataset is not None else {}
+
+    @property
+    def source_stats(self) -> dict:
+        """This process's sources' counters since the dataset was opened (opening included):
+        retries, full_body_answers, multi_range_refused, single_range_spells, multi_range_probes."""
+        return self._open().source_stats
+
+    @property
+    def manifests(self) -> list[dict]:
+        """The manifests the dataset was opened from: location, text, verified, downloads."""
+        return self._open().manifests
 
     @property
     def num_records(self) -> int:
@@ -190,23 +170,26 @@ class StreamingDataset(torch.utils.data.IterableDataset):
             return self._resume[1]
         return 0
 
+    def _plan(self, worker: int = 0, workers: int = 1) -> dict:
+        return dict(seed=self.seed, epoch=self.epoch, shuffle=self.shuffle,
+                    block_size=self.block_size, rank=self.rank, world_size=self.world_size,
+                    worker=worker, num_workers=workers, batch_size=self.batch_size,
+                    consumed=self._start(), drop_last=self.drop_last)
+
     def rank_order(self) -> np.ndarray:
         """The records this rank yields in the current epoch, in order (after any resume point)."""
-        order = _C.stream_epoch_order(self._num_records, self.seed, self.epoch, self.shuffle,
-                                      self.block_size)
-        return _C.stream_rank_slice(order, self._start(), self.rank, self.world_size, self.drop_last)
+        return _C.stream_plan(self._num_records, self._plan())
 
     def __len__(self) -> int:
-        return len(self.rank_order())
+        return self._open().rank_count(self._plan())
 
     def __iter__(self) -> Iterator[Any]:
         info = torch.utils.data.get_worker_info()
         workers, worker = (info.num_workers, info.id) if info is not None else (1, 0)
-        plan = _C.stream_worker_slice(self.rank_order(), worker, workers, self.batch_size)
         self._consumed_here = 0
-        stream = self._open(workers).stream(plan, max(self.cache_bytes // workers, 4096),
-                                     verify=self.verify_checksums, **self._prefetch_options)
-        del plan  # the prefetcher holds its own copy
+        stream = self._open(workers).stream(self._plan(worker, workers),
+                                            max(self.cache_bytes // workers, 4096),
+                                            self.verify_checksums)
         try:
             for record in stream:
                 self._consumed_here += 1

@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import math
-import os
 from typing import Optional
 
 import torch
@@ -54,18 +53,20 @@ def autocast_dtype(x: torch.Tensor) -> Optional[torch.dtype]:
     return torch.get_autocast_dtype(kind) if torch.is_autocast_enabled(kind) else None
 
 
-def fused_glue(backend: str) -> bool:
-    """Whether the turbo backend runs LayerNorm, SwiGLU and the attention gate through the fused
-    ops (turbopairformer.ops.fused). Not under torch.compile, whose generated kernels fuse this
-    glue into its neighbours; TPF_FUSED_GLUE=0 turns them off (PyTorch's ops instead), to measure
-    what they bring."""
-    return (backend == "turbo" and os.environ.get("TPF_FUSED_GLUE", "1") != "0"
+def fused_glue(module: nn.Module) -> bool:
+    """Whether `module` (one with a backend) runs LayerNorm, SwiGLU and the attention gate through
+    the fused ops (turbopairformer.ops.fused): on the turbo backend, where they are faster than
+    PyTorch's eager ops (bench/notes-train.md), unless set_backend(..., fused_glue=False) chose
+    PyTorch's ops to compare against; never under torch.compile, whose generated kernels fuse this
+    glue into its neighbours."""
+    return (module.backend == "turbo" and module.fused_glue
             and not torch.compiler.is_compiling())
 
 
-def layer_norm(ln: nn.LayerNorm, x: torch.Tensor, backend: str) -> torch.Tensor:
-    """ln(x); with the fused glue, in one kernel that reads x in place and writes the dtype the
-    next GEMM casts to under autocast (every consumer of these LayerNorms is a linear layer)."""
-    if not fused_glue(backend) or ln.weight is None or ln.bias is None:
+def layer_norm(ln: nn.LayerNorm, x: torch.Tensor, glue: bool) -> torch.Tensor:
+    """ln(x); with the fused glue (`glue`), in one kernel that reads x in place and writes the
+    dtype the next GEMM casts to under autocast (every consumer of these LayerNorms is a linear
+    layer)."""
+    if not glue or ln.weight is None or ln.bias is None:
         return ln(x)
     return fused_ops.layer_norm(x, ln.weight, ln.bias, ln.eps, autocast_dtype(x) or x.dtype)

@@ -29,6 +29,7 @@ class GatedAttention(nn.Module):
         self.c_hidden = c_hidden
         self.no_heads = no_heads
         self.backend = check_backend(backend)
+        self.fused_glue = True
         hd = c_hidden * no_heads
         self.linear_q = linear(c_in, hd, bias=q_bias, init="glorot")
         self.linear_k = linear(c_in, hd, init="glorot")
@@ -58,7 +59,7 @@ class GatedAttention(nn.Module):
         q, k, v, g = nn.functional.linear(x, weight, qkvg_bias).split(H * D, dim=-1)
         q, k, v = heads(q), heads(k), heads(v)
         o = self.attention(q, k, v, bias.to(q.dtype), mask)
-        if fused_glue(self.backend):  # the heads back to rows and the gate, in one pass
+        if fused_glue(self):  # the heads back to rows and the gate, in one pass
             return self.linear_o(gated_output(g, o))
         o = o.transpose(2, 3).reshape(B, N, S, H * D)
         return self.linear_o(torch.sigmoid(g) * o)
@@ -95,7 +96,7 @@ class TriangleAttention(nn.Module):
         if not self.starting:
             z = self.transpose(z)
             mask = None if mask is None else self.transpose(mask)
-        x = layer_norm(self.layer_norm, z, self.backend)
+        x = layer_norm(self.layer_norm, z, fused_glue(self.mha))
         bias = self.linear_z(x).permute(0, 3, 1, 2)  # [B, H, I, J]
         out = self.mha(x, bias, mask)
         return out if self.starting else self.transpose(out)
@@ -124,8 +125,8 @@ class AttentionPairBias(nn.Module):
     def forward(self, s: torch.Tensor, z: torch.Tensor,
                 mask: Optional[torch.Tensor] = None) -> torch.Tensor:
         """s [B, S, c_s]; z [B, S, S, c_z]; mask bool [B, S] (True = valid token)."""
-        backend = self.mha.backend
-        bias = self.linear_z(layer_norm(self.layer_norm_z, z, backend)).permute(0, 3, 1, 2)
-        out = self.mha(layer_norm(self.layer_norm_a, s, backend).unsqueeze(1), bias,
+        glue = fused_glue(self.mha)
+        bias = self.linear_z(layer_norm(self.layer_norm_z, z, glue)).permute(0, 3, 1, 2)
+        out = self.mha(layer_norm(self.layer_norm_a, s, glue).unsqueeze(1), bias,
                        None if mask is None else mask.unsqueeze(1))
         return out.squeeze(1)

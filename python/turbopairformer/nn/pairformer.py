@@ -98,12 +98,16 @@ class PairFormer(nn.Module):
         return s, z
 
 
-def set_backend(module: nn.Module, backend: str) -> nn.Module:
-    """Switches every submodule that has a backend to `backend`; parameters are untouched."""
+def set_backend(module: nn.Module, backend: str, *, fused_glue: bool = True) -> nn.Module:
+    """Switches every submodule that has a backend to `backend`; parameters are untouched.
+    fused_glue=False keeps the turbo backend's LayerNorm, SwiGLU and attention gate in PyTorch's
+    eager ops (to compare against the fused ones; the reference backend always uses those)."""
     check_backend(backend)
     for m in module.modules():
         if "backend" in vars(m):
             m.backend = backend
+        if "fused_glue" in vars(m):
+            m.fused_glue = fused_glue
     return module
 
 

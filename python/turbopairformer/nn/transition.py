@@ -38,13 +38,15 @@ class Transition(nn.Module):
     def __init__(self, c_in: int, n: int = 4, backend: str = "reference"):
         super().__init__()
         self.backend = check_backend(backend)
+        self.fused_glue = True
         self.layer_norm = nn.LayerNorm(c_in)
         self.swiglu = SwiGLU(c_in, n * c_in)
         self.linear_out = linear(n * c_in, c_in, init="final")
 
     def forward(self, x: torch.Tensor, mask: Optional[torch.Tensor] = None) -> torch.Tensor:
         """x [..., c_in]; mask bool [...] (True = valid)."""
-        h = self.swiglu(layer_norm(self.layer_norm, x, self.backend), fused_glue(self.backend))
+        glue = fused_glue(self)
+        h = self.swiglu(layer_norm(self.layer_norm, x, glue), glue)
         out = self.linear_out(h)
         return out if mask is None else out * mask.unsqueeze(-1).to(out.dtype)
 

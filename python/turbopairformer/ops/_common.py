@@ -1,8 +1,10 @@
-"""Helpers shared by the torch ops: argument checks, streams, tensors saved by name."""
+"""Helpers shared by the torch ops: calls into the C++ core, streams, scratch allocators, tensors
+saved by name. Arguments are validated in C++ (src/ops); the checks here are of what C++ cannot see."""
 from __future__ import annotations
 
+import functools
 from types import SimpleNamespace
-from typing import Optional
+from typing import Callable, Optional
 
 import torch
 
@@ -63,27 +65,29 @@ def stream_of(t: torch.Tensor) -> int:
     return torch.cuda.current_stream(t.device).cuda_stream if t.is_cuda else 0
 
 
+@functools.lru_cache(maxsize=None)
+def _allocator(device: torch.device) -> Callable[[int], object]:
+    def allocate(nbytes: int):
+        return _to_dlpack(torch.empty(nbytes, dtype=torch.uint8, device=device))
+    return allocate
+
+
+def workspace(t: torch.Tensor) -> Optional[Callable[[int], object]]:
+    """The allocator through which an op on t's CUDA device asks for its scratch, once it knows the
+    size: PyTorch's caching allocator, stream-ordered, so the block may be reused by later work
+    on the stream once the call has returned. None for CPU tensors (their paths need none)."""
+    return _allocator(t.device) if t.is_cuda else None
+
+
 def require_tensor(x, name: str) -> torch.Tensor:
     if not isinstance(x, torch.Tensor):
         raise TypeError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
     return x
 
 
-def require_float(x: torch.Tensor, name: str) -> None:
-    if x.dtype not in FLOAT_DTYPES:
-        raise TypeError(f"{name} must be float32, bfloat16 or float16, got {x.dtype}")
-
-
-def require_same(x: torch.Tensor, ref: torch.Tensor, name: str, ref_name: str) -> None:
-    if x.device != ref.device:
-        raise ValueError(f"{name} must be on {ref_name}'s device {ref.device}, got {x.device}")
-    if x.dtype != ref.dtype:
-        raise TypeError(f"{name} must have {ref_name}'s dtype {ref.dtype}, got {x.dtype}")
-
-
 def inner_contiguous(x: torch.Tensor) -> torch.Tensor:
     """x with stride 1 in its last dimension (the kernels take other strides as they are)."""
-    return x if x.shape[-1] <= 1 or x.stride(-1) == 1 else x.contiguous()
+    return x if x.dim() == 0 or x.shape[-1] <= 1 or x.stride(-1) == 1 else x.contiguous()
 
 
 def save_named(ctx, **tensors: Optional[torch.Tensor]) -> None:

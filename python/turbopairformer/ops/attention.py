@@ -2,7 +2,7 @@
 
 Layout (cuEquivariance's): q, k, v [B, N, H, S, D]; bias [B, 1, H, S, S] or [B, H, S, S], shared by
 the N slices; mask bool [B, N, 1, 1, S] or [B, N, S], True = attend. A query row whose keys are all
-masked gives zeros and zero gradients.
+masked gives zeros and zero gradients. The C++ core validates every argument (src/ops/attention.cpp).
 """
 from __future__ import annotations
 
@@ -18,11 +18,10 @@ from turbopairformer.ops._common import (
     inner_contiguous,
     load_named,
     native,
-    require_float,
-    require_same,
     require_tensor,
     save_named,
     stream_of,
+    workspace,
 )
 
 __all__ = ["triangle_attention", "triangle_attention_rows"]
@@ -43,25 +42,19 @@ def _attention_fwd(
 
 def _attention_fwd_impl(q, k, v, bias, mask, scale, keep_residual):
     o, lse, residual = _fwd_outputs(q, keep_residual)
-    workspace = None
-    if q.is_cuda:
-        B, N, H, Sq, D = q.shape
-        nbytes = _C.attention_forward_workspace_bytes(B, N, H, Sq, k.shape[3], D, True)
-        workspace = torch.empty(max(nbytes, 1), dtype=torch.uint8, device=q.device)
     native(
         _C.attention_forward,
         q, k, v, bias, mask, o, lse,
-        residual if residual.numel() else None, scale, workspace, stream_of(q))
+        residual if residual.numel() else None, scale, workspace(q), stream_of(q))
     return o, lse, residual
 
 
 def _fwd_outputs(q: torch.Tensor, keep_residual: bool):
-    B, N, H, S, _ = q.shape
     o = q.new_empty(q.shape)
     # float32 inputs on the CPU keep a float64 log-sum-exp: the backward recomputes probabilities
     # from it, and a float32 one would cost them a few ulps against a stored softmax.
     lse_dtype = torch.float64 if q.dtype == torch.float32 and not q.is_cuda else torch.float32
-    lse = q.new_empty((B, N, H, S), dtype=lse_dtype)
+    lse = q.new_empty(q.shape[:-1], dtype=lse_dtype)  # [B, N, H, S] for a valid q
     # O's rounding kept for the backward's delta (output-residual compensation); the CPU path
     # keeps it at float32 too, where it is the rounding of its FP64 accumulator.
     with_residual = keep_residual and (q.dtype != torch.float32 or not q.is_cuda)
@@ -92,16 +85,11 @@ def _attention_bwd(
 
 def _attention_bwd_impl(grad_out, q, k, v, bias, mask, o, lse, residual, scale):
     dq, dk, dv, dbias = _bwd_outputs(q, k, v, bias)
-    workspace = None
-    if q.is_cuda:
-        B, N, H, Sq, D = q.shape
-        nbytes = _C.attention_backward_workspace_bytes(B, N, H, Sq, k.shape[3], D, True)
-        workspace = torch.empty(max(nbytes, 1), dtype=torch.uint8, device=q.device)
     native(
         _C.attention_backward,
         q, k, v, bias, mask, o,
         lse, grad_out, residual if residual.numel() else None,
-        dq, dk, dv, dbias, scale, workspace, stream_of(q))
+        dq, dk, dv, dbias, scale, workspace(q), stream_of(q))
     return dq, dk, dv, dbias
 
 
@@ -135,54 +123,14 @@ _attention_call = eager_autograd(_attention_fwd, _attention_fwd_impl, _setup_con
                                  _backward(_attention_bwd_impl))
 
 
-def _normalize_bias(bias: torch.Tensor, B: int, H: int, Sq: int, Sk: int) -> torch.Tensor:
-    if bias.dim() == 5 and bias.shape[1] == 1:
-        bias = bias.squeeze(1)
-    if bias.dim() != 4 or tuple(bias.shape) != (B, H, Sq, Sk):
-        raise ValueError(
-            f"bias must have shape [B, 1, H, S, S] or [B, H, S, S] = [{B}, {H}, {Sq}, {Sk}], "
-            f"got {list(bias.shape)}")
-    return bias
-
-
-def _normalize_mask(mask: torch.Tensor, q: torch.Tensor, B: int, N: int, S: int) -> torch.Tensor:
-    require_tensor(mask, "mask")
-    if mask.device != q.device:
-        raise ValueError(f"mask must be on q's device {q.device}, got {mask.device}")
-    if mask.dtype != torch.bool:
-        raise TypeError(f"mask must be a bool tensor (True = attend), got {mask.dtype}")
-    if mask.dim() == 5 and mask.shape[2] == 1 and mask.shape[3] == 1:
-        mask = mask.reshape(mask.shape[0], mask.shape[1], mask.shape[4])
-    if mask.dim() != 3 or tuple(mask.shape) != (B, N, S):
-        raise ValueError(
-            f"mask must have shape [B, N, 1, 1, S] or [B, N, S] = [{B}, {N}, {S}], "
-            f"got {list(mask.shape)}")
-    return mask
-
-
-def _check_common(q, k, v, bias):
-    for name, x in (("q", q), ("k", k), ("v", v), ("bias", bias)):
-        require_tensor(x, name)
-    require_float(q, "q")
-    for name, x in (("k", k), ("v", v)):
-        require_same(x, q, name, "q")
-    if bias.dtype == torch.float32 and q.dtype in (torch.bfloat16, torch.float16):
-        # A float32 bias with 16-bit q, k, v (Protenix passes bias.float()) is read as float32.
-        require_same(bias, bias.new_empty(0, device=q.device), "bias", "q")
-    else:
-        require_same(bias, q, "bias", "q")
-    if q.dim() != 5:
-        raise ValueError(f"q must have 5 dimensions [B, N, H, S, D], got {list(q.shape)}")
-    if q.shape[3] == 0 or q.shape[4] == 0:
-        raise ValueError(f"q must have S >= 1 and D >= 1, got {list(q.shape)}")
-
-
-def _check_scale(scale: Optional[float], D: int) -> float:
-    if scale is None:
-        return 1.0 / math.sqrt(D)
-    if not math.isfinite(scale) or scale == 0:
-        raise ValueError(f"scale must be a finite nonzero number, got {scale}")
-    return float(scale)
+def _scale(scale: Optional[float], q: torch.Tensor) -> float:
+    """scale, by default 1/sqrt(D) (any number where q has no head dim: C++ rejects that q)."""
+    if scale is not None:
+        if not isinstance(scale, (int, float)):
+            raise TypeError(f"scale must be a number or None, got {type(scale).__name__}")
+        return float(scale)
+    D = q.shape[-1] if q.dim() else 0
+    return 1.0 / math.sqrt(D) if D > 0 else 1.0
 
 
 def _tma_rows(x: torch.Tensor) -> torch.Tensor:
@@ -198,8 +146,15 @@ def _tma_rows(x: torch.Tensor) -> torch.Tensor:
 
 
 def _run(q, k, v, bias, mask, scale, residual):
+    for name, x in (("q", q), ("k", k), ("v", v), ("bias", bias)):
+        require_tensor(x, name)
+    if mask is not None:
+        require_tensor(mask, "mask")
+    scale = _scale(scale, q)
     if q.is_cuda and q.dtype == torch.float32:
-        # The CUDA kernels are BF16/FP16 (tensor cores); float32 CUDA tensors take PyTorch's math.
+        # The CUDA kernels are BF16/FP16 (tensor cores); float32 CUDA tensors take PyTorch's math,
+        # after the op's own validation.
+        native(_C.attention_check_inputs, q, k, v, bias, mask, scale)
         return triangle_attention_torch(q, k, v, bias, mask, scale)
     o, _, _ = _attention_call(
         inner_contiguous(q), _tma_rows(k), _tma_rows(v), inner_contiguous(bias),
@@ -230,15 +185,12 @@ def triangle_attention(
     residual: keep the BF16 residual of O's rounding for the backward's softmax correction
     ("output-residual compensation", 16-bit inputs only); False gives the uncompensated backward.
     """
-    _check_common(q, k, v, bias)
-    B, N, H, S, D = q.shape
-    for name, x in (("k", k), ("v", v)):
-        if tuple(x.shape) != tuple(q.shape):
-            raise ValueError(f"{name} must have q's shape {list(q.shape)}, got {list(x.shape)}")
-    bias = _normalize_bias(bias, B, H, S, S)
-    if mask is not None:
-        mask = _normalize_mask(mask, q, B, N, S)
-    return _run(q, k, v, bias, mask, _check_scale(scale, D), residual)
+    # C++ takes any key count (triangle_attention_rows); here the keys are the queries' tokens.
+    if (isinstance(q, torch.Tensor) and isinstance(k, torch.Tensor) and q.dim() == k.dim() == 5
+            and q.shape[3] != k.shape[3]):
+        raise ValueError(f"k must have q's shape {list(q.shape)} (triangle_attention_rows takes "
+                         f"other key counts), got {list(k.shape)}")
+    return _run(q, k, v, bias, mask, scale, residual)
 
 
 def triangle_attention_rows(
@@ -255,16 +207,7 @@ def triangle_attention_rows(
 
     q: [B, N, H, Sq, D]; k, v: [B, N, H, Sk, D]; bias: [B, H, Sq, Sk], the bias rows of those
     queries; mask: bool [B, N, Sk]. Each softmax runs over all Sk keys, so the result equals the
-    matching rows of triangle_attention. Autograd as triangle_attention.
+    matching rows of triangle_attention (which is the same op with Sq = Sk). Autograd as
+    triangle_attention.
     """
-    _check_common(q, k, v, bias)
-    B, N, H, Sq, D = q.shape
-    Sk = k.shape[3] if k.dim() == 5 else -1
-    for name, x in (("k", k), ("v", v)):
-        if x.dim() != 5 or tuple(x.shape) != (B, N, H, Sk, D):
-            raise ValueError(f"{name} must have shape [B, N, H, Sk, D] = {[B, N, H, Sk, D]}, "
-                             f"got {list(x.shape)}")
-    bias = _normalize_bias(bias, B, H, Sq, Sk)
-    if mask is not None:
-        mask = _normalize_mask(mask, q, B, N, Sk)
-    return _run(q, k, v, bias, mask, _check_scale(scale, D), residual)
+    return _run(q, k, v, bias, mask, scale, residual)

@@ -18,7 +18,6 @@ x's; the results are the same either way. The CPU path gets float32 weights and 
 """
 from __future__ import annotations
 
-import functools
 import math
 from typing import Optional
 
@@ -29,10 +28,10 @@ from turbopairformer.ops._common import (
     FLOAT_DTYPES,
     load_named,
     native,
-    require_float,
     require_tensor,
     save_named,
     stream_of,
+    workspace,
 )
 
 __all__ = ["triangle_multiplicative_update"]
@@ -51,23 +50,10 @@ _KERNEL_MASK_DTYPES = frozenset((torch.bool, torch.uint8, torch.float32, torch.b
                                  torch.float16))
 
 
-@functools.lru_cache(maxsize=256)
-def _workspace_bytes(B: int, S: int, D: int, dtype: torch.dtype, backward: bool) -> int:
-    name = str(dtype).removeprefix("torch.")
-    return max(_C.trimul_workspace_bytes(B, S, D, name, True, backward), 1)
-
-
-def _workspace(x: torch.Tensor, backward: bool) -> Optional[torch.Tensor]:
-    if not x.is_cuda:
-        return None
-    B, S, _, D = x.shape
-    return torch.empty(_workspace_bytes(B, S, D, x.dtype, backward), dtype=torch.uint8,
-                       device=x.device)
-
-
 def _fwd_outputs(x: torch.Tensor):
-    B, S, _, D = x.shape
     y = x.new_empty(x.shape)
+    # [B, D, S, S] for a valid x [B, S, S, D] (C++ names any other shape)
+    B, S, _, D = x.shape if x.dim() == 4 else (0, 0, 0, 0)
     a, b, z = (x.new_empty((B, D, S, S)) for _ in range(3))
     go = x.new_empty(x.shape)
     return y, a, b, z, go
@@ -88,8 +74,7 @@ def _trimul_fwd_impl(x, mask, weights, outgoing, eps):
     y, a, b, z, go = _fwd_outputs(x)
     native(
         _C.trimul_forward,
-        x, mask, weights, outgoing, eps, y, a, b, z, go,
-        _workspace(x, backward=False), stream_of(x))
+        x, mask, weights, outgoing, eps, y, a, b, z, go, workspace(x), stream_of(x))
     return y, a, b, z, go
 
 
@@ -124,8 +109,7 @@ def _trimul_bwd_impl(grad_out, x, mask, weights, a, b, z, go, outgoing, eps):
     native(
         _C.trimul_backward,
         x, mask, weights, outgoing, eps, a,
-        b, z, go, grad_out, grads[0], grads[1:],
-        _workspace(x, backward=True), stream_of(x))
+        b, z, go, grad_out, grads[0], grads[1:], workspace(x), stream_of(x))
     return grads
 
 
@@ -190,12 +174,11 @@ def _lecun_normal(shape: tuple[int, int], device: torch.device) -> torch.Tensor:
     return torch.nn.init.trunc_normal_(w, std=std, a=-2 * std, b=2 * std)
 
 
-def _check_weight(w: torch.Tensor, name: str, x: torch.Tensor) -> None:
+def _check_weight(w: torch.Tensor, name: str) -> None:
+    """What C++ cannot see of a weight: its type, and a dtype before the cast below."""
     require_tensor(w, name)
     if not w.is_floating_point():
         raise TypeError(f"{name} must be a floating-point tensor, got {w.dtype}")
-    if w.device != x.device:
-        raise ValueError(f"{name} must be on x's device {x.device}, got {w.device}")
 
 
 def _weights(given: dict, x: torch.Tensor, D: int) -> list[torch.Tensor]:
@@ -209,7 +192,7 @@ def _weights(given: dict, x: torch.Tensor, D: int) -> list[torch.Tensor]:
     for name in WEIGHT_NAMES:  # in order: draws from torch's generator as before
         w = given[name]
         if w is not None:
-            _check_weight(w, name, x)
+            _check_weight(w, name)
         elif name not in _OPTIONAL and not name.startswith("norm_"):
             rows = 2 * D if name.endswith("in_weight") else D
             w = _lecun_normal((rows, D), x.device)
@@ -235,22 +218,19 @@ def _weights(given: dict, x: torch.Tensor, D: int) -> list[torch.Tensor]:
 
 
 def _flatten_leading(x: torch.Tensor, mask: Optional[torch.Tensor]):
+    """x as [B, S, S, D] and mask as [B, S, S] (C++ validates both); a mask of another shape than
+    x's without D is passed as it is, for C++ to name."""
     if x.dim() < 3:
         raise ValueError(f"x must have shape [B, S, S, D] (or [S, S, D]), got {list(x.shape)}")
     x4 = x if x.dim() == 4 else x.unsqueeze(0) if x.dim() == 3 else x.reshape(-1, *x.shape[-3:])
     if mask is None:
         return x4, None
     require_tensor(mask, "mask")
-    if tuple(mask.shape) != tuple(x.shape[:-1]):
-        raise ValueError(f"mask must have shape {list(x.shape[:-1])} (x's without D), "
-                         f"got {list(mask.shape)}")
-    if mask.device != x.device:
-        raise ValueError(f"mask must be on x's device {x.device}, got {mask.device}")
     if mask.requires_grad and torch.is_grad_enabled():
         raise ValueError("mask must not require grad: the op treats it as a constant")
     if mask.is_complex():
         raise TypeError(f"mask must be a bool, integer or floating-point tensor, got {mask.dtype}")
-    mask3 = mask if mask.dim() == 3 else mask.reshape(-1, *mask.shape[-2:])
+    mask3 = mask.reshape(x4.shape[:-1]) if mask.shape == x.shape[:-1] else mask
     if not (x.is_cuda and mask.dtype in _KERNEL_MASK_DTYPES):
         mask3 = mask3.to(x.dtype)
     return x4, mask3 if mask3.is_contiguous() else mask3.contiguous()
@@ -286,13 +266,12 @@ def triangle_multiplicative_update(
     accepted for compatibility: None or "ieee" (float32 inputs always use IEEE float32 math).
     """
     require_tensor(x, "x")
-    require_float(x, "x")
     if direction not in ("outgoing", "incoming"):
         raise ValueError(f"direction must be 'outgoing' or 'incoming', got {direction!r}")
     if precision is not None and str(precision).lower() != "ieee":
         raise ValueError(f"precision must be None or 'ieee', got {precision!r}")
-    if not isinstance(eps, (int, float)) or not math.isfinite(eps) or eps <= 0:
-        raise ValueError(f"eps must be a positive number, got {eps!r}")
+    if not isinstance(eps, (int, float)):
+        raise TypeError(f"eps must be a number, got {type(eps).__name__}")
     x4, mask3 = _flatten_leading(x, mask)
     D = x4.shape[-1]
     given = dict(

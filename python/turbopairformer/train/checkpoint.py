@@ -1,4 +1,4 @@
-"""Checkpoints: model, optimizer and schedule state plus the step, written atomically."""
+"""Checkpoints: model, optimizer, schedule and loader state plus the step, written atomically."""
 from __future__ import annotations
 
 import os
@@ -16,12 +16,13 @@ def checkpoint_path(run_dir: Path, step: int) -> Path:
 
 
 def save_checkpoint(run_dir: Path, step: int, model: torch.nn.Module,
-                    optimizer: torch.optim.Optimizer, scheduler, config: dict) -> Path:
-    """Writes checkpoint-<step>.pt in run_dir; a crash mid-write leaves the previous ones intact."""
+                    optimizer: torch.optim.Optimizer, scheduler, config: dict, data: dict) -> Path:
+    """Writes checkpoint-<step>.pt in run_dir (`data`: where the loader stands, so a resumed run
+    sees the same batches); a crash mid-write leaves the previous ones intact."""
     path = checkpoint_path(run_dir, step)
     tmp = path.with_suffix(".pt.tmp")
     torch.save({"step": step, "model": model.state_dict(), "optimizer": optimizer.state_dict(),
-                "scheduler": scheduler.state_dict(), "config": config}, tmp)
+                "scheduler": scheduler.state_dict(), "config": config, "data": data}, tmp)
     os.replace(tmp, path)
     return path
 
@@ -43,7 +44,7 @@ def load_checkpoint(path: str) -> dict:
     if not p.is_file():
         raise FileNotFoundError(f"checkpoint {path!r} does not exist")
     state = torch.load(p, map_location="cpu", weights_only=True)
-    missing = {"step", "model", "optimizer", "scheduler", "config"} - set(state)
+    missing = {"step", "model", "optimizer", "scheduler", "config", "data"} - set(state)
     if missing:
         raise ValueError(f"checkpoint {str(p)!r} lacks {sorted(missing)}: not written by tpf train")
     return state

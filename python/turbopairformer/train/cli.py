@@ -18,13 +18,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     d, m = TrainConfig(), ModelConfig()
     data = parser.add_argument_group("data")
     data.add_argument("--data", default=d.data,
-                      help="record-store shards (a directory with manifest.json, a manifest, or a "
-                           "shard file), an http(s):// or s3:// URL of a manifest streamed through "
-                           "FoldPipe, or a directory of mmCIF/PDB files (default: %(default)s)")
+                      help="record-store shards streamed through FoldPipe (a directory with "
+                           "manifest.json, a manifest or a shard file, local or an http(s):// or "
+                           "s3:// URL), or chains held in memory (a directory of mmCIF/PDB files, "
+                           "a .npz of chains) (default: %(default)s)")
     data.add_argument("--crop", type=int, default=d.crop, help="residues per crop (default: %(default)s)")
     data.add_argument("--batch-size", type=int, default=d.batch_size, help="(default: %(default)s)")
     data.add_argument("--val-fraction", type=float, default=d.val_fraction,
                       help="share of entries held out for the validation loss (default: %(default)s)")
+    data.add_argument("--cache-mib", type=float, default=d.cache_mib,
+                      help="the streaming loader's memory budget in MiB (default: %(default)s)")
+    data.add_argument("--loader-workers", type=int, default=d.loader_workers,
+                      help="DataLoader processes turning streamed records into chains "
+                           "(default: %(default)s)")
     model = parser.add_argument_group("model (taken from the checkpoint when resuming)")
     model.add_argument("--blocks", type=int, default=m.blocks, help="(default: %(default)s)")
     model.add_argument("--c-z", type=int, default=m.c_z, help="pair channels (default: %(default)s)")
@@ -70,8 +76,13 @@ def config_from_args(args: argparse.Namespace) -> TrainConfig:
 
 def run(args: argparse.Namespace) -> int:
     summary = train(config_from_args(args), resume=args.resume, progress=not args.no_progress)
-    print(f"trained {summary['steps']} steps on {summary['train_chains']} chains "
+    print(f"trained {summary['steps']} steps on {summary['train_data']} "
           f"(median {summary['median_step_ms']:.0f} ms/step)")
+    loader = summary["loader"]
+    if loader.get("records_per_s"):
+        print(f"loader: {loader['records']} records streamed at {loader['records_per_s']:,.0f} "
+              f"records/s ({loader['wait_s']:.2f} s waiting for them; retries {loader['retries']}, "
+              f"refetches {loader['refetches']} in the last epoch)")
     print(f"train loss: {summary['first_loss']:.3f} (first {summary['window']} steps) -> "
           f"{summary['final_loss']:.3f} (last {summary['window']} steps)")
     if summary["val_loss_end"] is not None:

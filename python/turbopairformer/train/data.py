@@ -1,10 +1,13 @@
 """Where the training chains come from, and which crops each step sees.
 
-The batch of step t is a pure function of (seed, t): resuming at step t sees exactly the data the
-uninterrupted run would have seen, with no loader state to save.
+A record store (local shards, HTTP or S3) is streamed through FoldPipe's StreamingDataset, epoch
+after epoch in its shuffled order; chains held in memory (a .npz, structure files) go in a seeded
+permutation per epoch. Either way the batches follow from the position in that order, which the
+checkpoint holds, so a resumed run sees exactly the batches of the uninterrupted one.
 """
 from __future__ import annotations
 
+import time
 import zlib
 from pathlib import Path
 from typing import Iterator, Sequence
@@ -13,10 +16,6 @@ import numpy as np
 from tqdm import tqdm
 
 from turbopairformer.train.features import ProteinChain, chains_from_atoms, crop_start, make_batch
-
-
-def _is_url(source: str) -> bool:
-    return "://" in source and not source.startswith("file://")
 
 
 def chains_from_record(record: dict, min_residues: int = 16) -> list[ProteinChain]:
@@ -48,8 +47,9 @@ def iter_records(source: str) -> Iterator[dict]:
     - a directory of mmCIF/PDB files (.gz or not), read as `tpf pack` would pack them.
     """
     from turbopairformer.data import RecordReader, StreamingDataset, read_manifest
+    from turbopairformer.data.streaming import is_remote
 
-    if _is_url(source):
+    if is_remote(source):
         yield from StreamingDataset(source, shuffle=False, world_size=1, rank=0)
         return
     path = Path(source.removeprefix("file://"))
@@ -107,38 +107,195 @@ def load_chains(source: str, min_residues: int = 16, progress: bool = True) -> l
     return chains
 
 
+def is_held_out(chain: ProteinChain, val_fraction: float) -> bool:
+    """Whether a chain's entry is held out for validation: a hash of the entry name, so the split
+    depends neither on the order nor on the number of files, and an entry's chains stay together."""
+    entry = chain.name.rsplit("_", 1)[0]
+    return zlib.crc32(entry.encode()) % 10_000 < val_fraction * 10_000
+
+
+class TrainSide:
+    """Keeps the chains that are not held out (picklable, for DataLoader workers)."""
+
+    def __init__(self, val_fraction: float):
+        self.val_fraction = val_fraction
+
+    def __call__(self, chain: ProteinChain) -> bool:
+        return not is_held_out(chain, self.val_fraction)
+
+
 def split_by_entry(chains: Sequence[ProteinChain], val_fraction: float):
-    """(train, validation): whole entries go to one side, chosen by a hash of the entry name, so
-    the split does not depend on the order or the number of files."""
+    """(train, validation) by is_held_out."""
     if not 0 <= val_fraction < 1:
         raise ValueError(f"val_fraction must be in [0, 1), got {val_fraction}")
     train, val = [], []
     for c in chains:
-        entry = c.name.rsplit("_", 1)[0]
-        (val if zlib.crc32(entry.encode()) % 10_000 < val_fraction * 10_000 else train).append(c)
+        (val if is_held_out(c, val_fraction) else train).append(c)
     if not train:
         raise ValueError(f"val_fraction {val_fraction} leaves no training chain")
     return train, val
 
 
-class CropSampler:
-    """Random chains and random contiguous crops; the batch of step t depends only on (seed, t)."""
+def record_store_location(source: str) -> str | None:
+    """The location to stream when `source` is a record store (a URL, a manifest, a directory
+    holding manifest.json, or one shard file), else None (a directory of structure files, .npz)."""
+    from turbopairformer import _C
 
-    def __init__(self, chains: Sequence[ProteinChain], batch_size: int, crop_size: int, seed: int):
+    # A build without the record store (the GPU machine's) trains from chains in memory only.
+    if source.endswith(".npz") or not _C.with_data:
+        return None
+    if _C.stream_is_remote(source):
+        return source
+    path = Path(source.removeprefix("file://"))
+    if path.is_dir() and (path / "manifest.json").is_file():
+        return str(path / "manifest.json")
+    if path.is_file() and path.suffix in (".json", ".tpf"):
+        return str(path)
+    return None
+
+
+class StreamedChains:
+    """Protein chains in the order FoldPipe streams their records: StreamingDataset's shuffle for
+    (seed, epoch), this rank's share, its byte budget, epoch after epoch. A record gives its chains
+    in order (none when all are short or held out). The state is the loader's plus how many chains
+    of a record already went out, so a resumed run sees exactly the chains the uninterrupted one
+    would have; `loader_workers` DataLoader processes turn records into chains meanwhile."""
+
+    def __init__(self, location: str, seed: int, cache_bytes: int, keep=None,
+                 loader_workers: int = 0, min_residues: int = 16):
+        from turbopairformer.data import StreamingDataset
+
+        self.dataset = StreamingDataset(location, cache_bytes=cache_bytes, shuffle=True, seed=seed,
+                                        transform=_RecordChains(min_residues, keep))
+        self.workers = loader_workers
+        self.records = 0  # records taken this epoch (after the resume point)
+        self.pending: list[ProteinChain] = []  # chains of the last record not handed out yet
+        self.used = 0  # chains of that record handed out
+        self.skip = 0  # chains of the first record to drop (a resume inside a record)
+        self._it = None
+        self.read_s = 0.0  # time spent waiting for records
+        self.records_read = 0
+
+    def _next_record(self) -> tuple[int, list[ProteinChain]]:
+        import torch
+
+        while True:
+            if self._it is None:
+                loader = torch.utils.data.DataLoader(self.dataset, batch_size=None,
+                                                     num_workers=self.workers,
+                                                     collate_fn=_as_is)
+                self._it = iter(loader)
+            try:
+                t0 = time.perf_counter()
+                chains = next(self._it)
+                self.read_s += time.perf_counter() - t0
+                self.records_read += 1
+                self.records += 1
+                return self.records, chains
+            except StopIteration:
+                self._it = None
+                self.dataset.set_epoch(self.dataset.epoch + 1)
+                self.records = 0
+                if len(self.dataset) == 0:
+                    raise ValueError("the data source has no record for this rank") from None
+
+    def next(self) -> tuple[tuple[int, ...], ProteinChain]:
+        """The next chain and its key (epoch, record position, chain) for its crop's randomness."""
+        while not self.pending:
+            position, chains = self._next_record()
+            self.used, self.skip = self.skip, 0
+            self.pending = chains[self.used:]
+        self.used += 1
+        ds = self.dataset
+        key = (ds.epoch, ds.state_dict(num_consumed=self.records)["consumed"] // ds.world_size,
+               self.used)
+        return key, self.pending.pop(0)
+
+    def state_dict(self) -> dict:
+        # A record with chains still pending is taken again on resume, its first `used` dropped.
+        partial = bool(self.pending)
+        taken = self.records - 1 if partial else self.records
+        return {"loader": self.dataset.state_dict(num_consumed=taken),
+                "used": self.used if partial else 0}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.dataset.load_state_dict(state["loader"])
+        self._it, self.pending, self.records = None, [], 0
+        self.skip = int(state["used"])
+
+    def throughput(self) -> dict:
+        stats = self.dataset.last_stats or {}
+        return {"records": self.records_read, "wait_s": self.read_s,
+                "records_per_s": self.records_read / self.read_s if self.read_s else None,
+                "retries": stats.get("retries", 0), "refetches": stats.get("refetches", 0)}
+
+
+def _as_is(item):
+    return item
+
+
+class _RecordChains:
+    """A record's chains (picklable, for DataLoader workers), less those `keep` rejects."""
+
+    def __init__(self, min_residues: int, keep):
+        self.min_residues, self.keep = min_residues, keep
+
+    def __call__(self, record: dict) -> list[ProteinChain]:
+        chains = chains_from_record(record, self.min_residues)
+        return [c for c in chains if self.keep is None or self.keep(c)]
+
+
+class MemoryChains:
+    """Chains held in memory (a .npz or structure files, for builds without the record store),
+    one seeded permutation per epoch; the state is (epoch, position)."""
+
+    def __init__(self, chains: Sequence[ProteinChain], seed: int):
+        if not chains:
+            raise ValueError("no training chain")
+        self.chains, self.seed = list(chains), seed
+        self.epoch, self.position = 0, 0
+        self._order = self._permutation()
+
+    def _permutation(self) -> np.ndarray:
+        return np.random.default_rng([self.seed, self.epoch]).permutation(len(self.chains))
+
+    def next(self) -> tuple[tuple[int, ...], ProteinChain]:
+        if self.position == len(self.chains):
+            self.epoch, self.position = self.epoch + 1, 0
+            self._order = self._permutation()
+        key = (self.epoch, self.position)
+        self.position += 1
+        return key, self.chains[self._order[self.position - 1]]
+
+    def state_dict(self) -> dict:
+        return {"epoch": self.epoch, "position": self.position}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.epoch, self.position = int(state["epoch"]), int(state["position"])
+        self._order = self._permutation()
+
+    def throughput(self) -> dict:
+        return {}
+
+
+class CropBatches:
+    """Batches of `batch_size` chains in the order `chains` (StreamedChains or MemoryChains) gives
+    them, each cropped at a random start drawn from (seed, the chain's key): what a batch holds
+    depends only on the position in that order, so the chains' state resumes the batches too."""
+
+    def __init__(self, chains, batch_size: int, crop_size: int, seed: int):
         if batch_size < 1 or crop_size < 1:
             raise ValueError(f"batch_size and crop_size must be >= 1, got {batch_size} and {crop_size}")
-        self.chains = list(chains)
-        self.batch_size = batch_size
-        self.crop_size = crop_size
-        self.seed = seed
+        self.chains, self.batch_size, self.crop_size, self.seed = chains, batch_size, crop_size, seed
 
-    def batch(self, step: int) -> dict:
-        rng = np.random.default_rng([self.seed, step])
-        picks = rng.choice(len(self.chains), self.batch_size,
-                           replace=self.batch_size > len(self.chains))
-        chains = [self.chains[i] for i in picks]
-        starts = [crop_start(len(c), self.crop_size, rng) for c in chains]
-        return make_batch(chains, starts, self.crop_size)
+    def next(self) -> dict:
+        picks, starts = [], []
+        for _ in range(self.batch_size):
+            key, chain = self.chains.next()
+            rng = np.random.default_rng([self.seed, *key])
+            picks.append(chain)
+            starts.append(crop_start(len(chain), self.crop_size, rng))
+        return make_batch(picks, starts, self.crop_size)
 
 
 def fixed_batches(chains: Sequence[ProteinChain], batch_size: int, crop_size: int) -> list[dict]:

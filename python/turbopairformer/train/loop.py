@@ -6,7 +6,7 @@ import math
 import statistics
 import time
 from contextlib import nullcontext
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Optional
 
@@ -15,7 +15,17 @@ from tqdm import tqdm
 
 from turbopairformer.nn._layers import check_backend
 from turbopairformer.train.checkpoint import load_checkpoint, save_checkpoint
-from turbopairformer.train.data import CropSampler, fixed_batches, load_chains, split_by_entry
+from turbopairformer.train.data import (
+    CropBatches,
+    MemoryChains,
+    StreamedChains,
+    TrainSide,
+    fixed_batches,
+    is_held_out,
+    load_chains,
+    record_store_location,
+    split_by_entry,
+)
 from turbopairformer.train.model import DistogramModel, ModelConfig
 
 SCHEDULES = ("constant", "cosine")
@@ -40,6 +50,8 @@ class TrainConfig:
     precision: str = "fp32"
     seed: int = 0
     val_fraction: float = 0.1
+    cache_mib: float = 64.0  # the loader's memory budget (StreamingDataset's cache_bytes)
+    loader_workers: int = 0  # DataLoader processes that turn records into chains
     eval_every: int = 100
     checkpoint_every: int = 100
     model: ModelConfig = field(default_factory=ModelConfig)
@@ -51,6 +63,9 @@ class TrainConfig:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
         if not (self.lr > 0 and math.isfinite(self.lr)):
             raise ValueError(f"lr must be a positive number, got {self.lr}")
+        if self.cache_mib <= 0 or self.loader_workers < 0:
+            raise ValueError(f"cache_mib must be > 0 and loader_workers >= 0, got {self.cache_mib} "
+                             f"and {self.loader_workers}")
         if self.warmup < 0:
             raise ValueError(f"warmup must be >= 0, got {self.warmup}")
         if self.schedule not in SCHEDULES:
@@ -64,7 +79,7 @@ class TrainConfig:
 
     @staticmethod
     def from_dict(d: dict) -> "TrainConfig":
-        d = dict(d)
+        d = {k: v for k, v in d.items() if k in {f.name for f in fields(TrainConfig)}}
         d["model"] = ModelConfig(**d["model"])
         return TrainConfig(**d)
 
@@ -105,10 +120,27 @@ class Trainer:
         self.cfg = cfg.validate()
         self.device = torch.device(cfg.device)
         torch.manual_seed(cfg.seed)
-        if chains is None:
-            chains = load_chains(cfg.data, progress=progress)
-        self.train_chains, self.val_chains = split_by_entry(chains, cfg.val_fraction)
-        self.sampler = CropSampler(self.train_chains, cfg.batch_size, cfg.crop, cfg.seed)
+        location = None if chains is not None else record_store_location(cfg.data)
+        if location is None:
+            # Chains in memory: a .npz or structure files (builds without the record store).
+            if chains is None:
+                chains = load_chains(cfg.data, progress=progress)
+            train_chains, self.val_chains = split_by_entry(chains, cfg.val_fraction)
+            self.chains = MemoryChains(train_chains, cfg.seed)
+            self.train_size = f"{len(train_chains)} chains"
+        else:
+            # A record store: streamed, held-out entries skipped; the held-out chains (middle
+            # crops, fixed) come from one read of the data when there are any.
+            if not 0 <= cfg.val_fraction < 1:
+                raise ValueError(f"val_fraction must be in [0, 1), got {cfg.val_fraction}")
+            self.val_chains = []
+            if cfg.val_fraction > 0:
+                self.val_chains = [c for c in load_chains(location, progress=progress)
+                                   if is_held_out(c, cfg.val_fraction)]
+            self.chains = StreamedChains(location, cfg.seed, int(cfg.cache_mib * 2**20),
+                                         TrainSide(cfg.val_fraction), cfg.loader_workers)
+            self.train_size = f"a stream of {self.chains.dataset.num_records} records"
+        self.batches = CropBatches(self.chains, cfg.batch_size, cfg.crop, cfg.seed)
         self.val_batches = fixed_batches(self.val_chains, cfg.batch_size, cfg.crop)
         self.model = DistogramModel(cfg.model, cfg.backend).to(self.device)
         if cfg.compile:
@@ -123,12 +155,13 @@ class Trainer:
         self.model.load_state_dict(state["model"])
         self.optimizer.load_state_dict(state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
+        self.chains.load_state_dict(state["data"])
         self.step_count = int(state["step"])
 
     def step(self) -> dict:
         self.model.train()
         t0 = time.perf_counter()
-        batch = to_device(self.sampler.batch(self.step_count), self.device)
+        batch = to_device(self.batches.next(), self.device)
         with autocast(self.cfg, self.device):
             loss = self.model.loss(batch)
         loss.backward()
@@ -244,11 +277,11 @@ def train(cfg: TrainConfig, resume: Optional[str] = None, progress: bool = True)
                 log({"step": t, "val_loss": trainer.evaluate()})
             if t % cfg.checkpoint_every == 0 or t == cfg.steps:
                 save_checkpoint(out, t, trainer.model, trainer.optimizer, trainer.scheduler,
-                                cfg.to_dict())
+                                cfg.to_dict(), trainer.chains.state_dict())
     plot = out / "loss.png"
     m = cfg.model
     plot_metrics(rows, plot, f"tpf train: {m.blocks} blocks, c_z {m.c_z}, crop {cfg.crop}, "
-                 f"{cfg.backend}, {cfg.precision}, {len(trainer.train_chains)} train chains")
+                 f"{cfg.backend}, {cfg.precision}, {trainer.train_size}")
     train_rows = [r for r in rows if "loss" in r]
     val_rows = [r for r in rows if r.get("val_loss") is not None]
     k = max(1, min(20, len(train_rows) // 5))
@@ -261,8 +294,9 @@ def train(cfg: TrainConfig, resume: Optional[str] = None, progress: bool = True)
         "val_loss_end": val_rows[-1]["val_loss"] if val_rows else None,
         "median_step_ms": statistics.median(r["step_ms"] for r in train_rows),
         "nonfinite_steps": nonfinite,
-        "train_chains": len(trainer.train_chains),
+        "train_data": trainer.train_size,
         "val_chains": len(trainer.val_chains),
+        "loader": trainer.chains.throughput(),
         "plot": str(plot),
         "metrics": str(out / "metrics.jsonl"),
     }

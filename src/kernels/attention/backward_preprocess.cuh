@@ -7,8 +7,8 @@
 
 #include <cstdint>
 
-#include "kernels/attention/mma.cuh"
 #include "kernels/attention/params.h"
+#include "kernels/common/mma.cuh"
 
 namespace tpf::cuda {
 

@@ -23,7 +23,7 @@
 #include "kernels/attention/backward_sm90.h"
 #include "kernels/attention/backward_sm90_epilogue.cuh"
 #include "kernels/attention/backward_sm90_mainloop.cuh"
-#include "kernels/attention/wgmma.cuh"
+#include "kernels/common/wgmma.cuh"
 
 namespace tpf::cuda {
 namespace {

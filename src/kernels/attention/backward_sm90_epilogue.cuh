@@ -17,8 +17,8 @@
 
 #include "kernels/attention/backward_sm90.h"
 #include "kernels/attention/backward_sm90_mainloop.cuh"
-#include "kernels/attention/mma.cuh"
-#include "kernels/attention/wgmma.cuh"
+#include "kernels/common/mma.cuh"
+#include "kernels/common/wgmma.cuh"
 
 namespace tpf::cuda {
 

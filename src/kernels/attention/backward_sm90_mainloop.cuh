@@ -21,11 +21,11 @@
 #include <cstdint>
 
 #include "kernels/attention/backward_sm90.h"
-#include "kernels/attention/mma.cuh"
 #include "kernels/attention/params.h"
 #include "kernels/attention/tile_config.h"
-#include "kernels/attention/tile_io.cuh"
-#include "kernels/attention/wgmma.cuh"
+#include "kernels/common/mma.cuh"
+#include "kernels/common/tile_io.cuh"
+#include "kernels/common/wgmma.cuh"
 
 namespace tpf::cuda {
 

@@ -1,6 +1,6 @@
 // Host entry points of libtpf_cuda for triangle attention (declared in api.h): TensorViews to the
-// params structs, dtype and head-dim dispatch, launch on the caller's stream. Arguments were
-// validated by the dispatcher; here only what is specific to the CUDA kernels is checked.
+// params structs, dtype and head-dim dispatch, launch on the caller's stream on the tensors'
+// device. Arguments were validated by src/ops/attention.cpp.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
@@ -9,10 +9,9 @@
 
 #include "kernels/attention/api.h"
 #include "kernels/attention/backward_sm90.h"
-#include "kernels/attention/backward_workspace.h"
-#include "kernels/attention/forward.h"
 #include "kernels/attention/forward_sm90.h"
 #include "kernels/attention/params.h"
+#include "kernels/common/device_guard.h"
 #include "tpf/error.h"
 
 namespace tpf::cuda {
@@ -27,33 +26,6 @@ bool rows_aligned(const TensorView& t, int row_dim) {
   if (reinterpret_cast<uintptr_t>(t.data) % 16 != 0) return false;
   for (int i = 0; i <= row_dim; ++i)
     if ((t.stride[i] * elem) % 16 != 0) return false;
-  return true;
-}
-
-void check_cuda_device(const TensorView& q, const AttentionDims& d) {
-  TPF_CHECK(q.dtype == DType::bf16 || q.dtype == DType::f16,
-            std::string("the CUDA kernels take bfloat16 or float16 q, k, v and bias, got ") +
-                dtype_name(q.dtype));
-  TPF_CHECK(d.B * d.H <= 65535 && (d.Sq + kTileQ - 1) / kTileQ <= 65535,
-            "B * H and the number of query tiles must each be at most 65535");
-  int device = -1;
-  cudaGetDevice(&device);
-  TPF_CHECK(q.device_index == device,
-            "q is on cuda:" + std::to_string(q.device_index) +
-                " but the current device is cuda:" + std::to_string(device));
-}
-
-void check_cuda_inputs(const TensorView& q, const AttentionDims& d) {
-  check_cuda_device(q, d);
-  TPF_CHECK(d.D == 16 || d.D == 32 || d.D == 64,
-            "the CUDA kernels support head dims D = 16, 32 and 64, got D = " + std::to_string(d.D));
-}
-
-// K and V go through TMA: 16-byte aligned start and row, slice and batch strides.
-bool tma_ready(const TensorView& t) {
-  if (reinterpret_cast<uintptr_t>(t.data) % 16 != 0) return false;
-  for (int i = 0; i < 4; ++i)
-    if ((t.stride[i] * dtype_size(t.dtype)) % 16 != 0) return false;
   return true;
 }
 
@@ -112,45 +84,18 @@ bool available() {
 }
 
 void attention_forward(const AttentionForwardArgs& a, const AttentionDims& d, void* stream) {
+  DeviceGuard guard(a.q.device_index);
+  void* ws = a.workspace(fwd90::forward_workspace_bytes(d.B, d.H, d.Sq, d.Sk));
   auto s = static_cast<cudaStream_t>(stream);
-  if (fwd90::supports(d)) {
-    check_cuda_device(a.q, d);
-    TPF_CHECK(a.bias.dtype == a.q.dtype || a.bias.dtype == DType::f32,
-              "the CUDA forward takes a bias of q's dtype or float32");
-    TPF_CHECK(tma_ready(a.k) && tma_ready(a.v),
-              "k and v must start on 16-byte boundaries, with every stride a multiple of 16 "
-              "bytes (8 elements), for the CUDA forward");
-    if (a.q.dtype == DType::bf16)
-      fwd90::launch<__nv_bfloat16>(a, d, s);
-    else
-      fwd90::launch<__half>(a, d, s);
-    check_launch("triangle attention forward");
-    return;
-  }
-  check_cuda_inputs(a.q, d);
-  const AttentionForwardParams p =
-      forward_params(a.q, a.k, a.v, a.bias, a.mask, a.o, a.lse, a.residual, a.scale, d);
   if (a.q.dtype == DType::bf16)
-    attention_forward_launch<__nv_bfloat16>(p, int(d.D), s);
+    fwd90::launch<__nv_bfloat16>(a, d, ws, s);
   else
-    attention_forward_launch<__half>(p, int(d.D), s);
+    fwd90::launch<__half>(a, d, ws, s);
   check_launch("triangle attention forward");
 }
 
-size_t attention_backward_workspace_bytes(const AttentionDims& d) {
-  if (sm90_backward_supports(d.D))
-    return sm90_backward_workspace(d.B, d.N, d.H, d.Sq, d.Sk, d.D).total;
-  if (d.D != 16 && d.D != 32 && d.D != 64) return 0;
-  return backward_workspace_layout(d.B, d.N, d.H, d.Sq, d.Sk, d.D).total;
-}
-
 void attention_backward(const AttentionBackwardArgs& a, const AttentionDims& d, void* stream) {
-  check_cuda_inputs(a.q, d);
-  TPF_CHECK(a.bias.dtype == a.q.dtype,
-            "the CUDA backward takes a bias of q's dtype (a float32 bias: forward only for now)");
-  TPF_CHECK(a.dq.dtype == a.q.dtype && a.dk.dtype == a.q.dtype && a.dv.dtype == a.q.dtype &&
-                a.dbias.dtype == a.q.dtype && a.dout.dtype == a.q.dtype,
-            "grad_out, dq, dk, dv and dbias must have q's dtype for the CUDA kernels");
+  DeviceGuard guard(a.q.device_index);
   AttentionBackwardParams p{};
   p.fwd = forward_params(a.q, a.k, a.v, a.bias, a.mask, a.o, a.lse, a.residual, a.scale, d);
   p.dout = a.dout.data;
@@ -168,40 +113,21 @@ void attention_backward(const AttentionBackwardArgs& a, const AttentionDims& d, 
   p.dout_aligned = rows_aligned(a.dout, 3);
   p.delta_vectorized = p.dout_aligned && rows_aligned(a.o, 3) &&
                        (!a.residual.present || rows_aligned(a.residual.view, 3));
-  char* ws = static_cast<char*>(a.workspace);
-  auto s = static_cast<cudaStream_t>(stream);
-  if (sm90_backward_supports(d.D)) {
-    const Sm90BackwardWorkspace w = sm90_backward_workspace(d.B, d.N, d.H, d.Sq, d.Sk, d.D);
-    p.delta = reinterpret_cast<float*>(ws + w.delta);
-    p.dq_acc = reinterpret_cast<float*>(ws + w.dq_acc);
-    p.dbias_acc_t = reinterpret_cast<float*>(ws + w.dbias_acc);
-    p.dq_sem = reinterpret_cast<int*>(ws + w.sem);
-    const Sm90BackwardGrid grid =
-        sm90_backward_grid(int(d.N), int(d.Sq), int(d.Sk), sm90_backward_slices(d.D));
-    p.dbias_sem = p.dq_sem + int64_t(grid.groups) * d.B * d.H * grid.query_tiles;
-    p.dq_aligned = rows_aligned(a.dq, 3);
-    if (a.q.dtype == DType::bf16)
-      attention_backward_sm90_launch<__nv_bfloat16>(p, int(d.D), s);
-    else
-      attention_backward_sm90_launch<__half>(p, int(d.D), s);
-    check_launch("triangle attention backward");
-    return;
-  }
-  const BackwardWorkspaceLayout w = backward_workspace_layout(d.B, d.N, d.H, d.Sq, d.Sk, d.D);
+  const Sm90BackwardWorkspace w = sm90_backward_workspace(d.B, d.N, d.H, d.Sq, d.Sk, d.D);
+  char* ws = static_cast<char*>(a.workspace(w.total));
   p.delta = reinterpret_cast<float*>(ws + w.delta);
-  p.dq_partial = reinterpret_cast<float*>(ws + w.dq_partial);
-  p.dbias_partial = reinterpret_cast<float*>(ws + w.dbias_partial);
-  p.dbias_acc = reinterpret_cast<float*>(ws + w.dbias_acc);
-  p.chunk = w.chunk;
-  if (backward_dq_cluster(int(d.D))) {
-    const DqClusters c = dq_clusters((d.Sk + kTileK - 1) / kTileK);
-    p.dq_cluster = c.size;
-    p.dq_parts = c.parts;
-  }
+  p.dq_acc = reinterpret_cast<float*>(ws + w.dq_acc);
+  p.dbias_acc_t = reinterpret_cast<float*>(ws + w.dbias_acc);
+  p.dq_sem = reinterpret_cast<int*>(ws + w.sem);
+  const Sm90BackwardGrid grid =
+      sm90_backward_grid(int(d.N), int(d.Sq), int(d.Sk), sm90_backward_slices(d.D));
+  p.dbias_sem = p.dq_sem + int64_t(grid.groups) * d.B * d.H * grid.query_tiles;
+  p.dq_aligned = rows_aligned(a.dq, 3);
+  auto s = static_cast<cudaStream_t>(stream);
   if (a.q.dtype == DType::bf16)
-    attention_backward_launch<__nv_bfloat16>(p, int(d.D), s);
+    attention_backward_sm90_launch<__nv_bfloat16>(p, int(d.D), s);
   else
-    attention_backward_launch<__half>(p, int(d.D), s);
+    attention_backward_sm90_launch<__half>(p, int(d.D), s);
   check_launch("triangle attention backward");
 }
 

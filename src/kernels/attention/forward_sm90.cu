@@ -198,13 +198,14 @@ void launch_prepass(const AttentionForwardArgs& a, const AttentionDims& d, const
 }
 
 template <typename T, int DP>
-void launch_dp(const AttentionForwardArgs& a, const AttentionDims& d, cudaStream_t stream) {
+void launch_dp(const AttentionForwardArgs& a, const AttentionDims& d, void* workspace,
+               cudaStream_t stream) {
   using L = Layout<DP>;
   const bool fp16 = std::is_same_v<T, __half>;
   Params p{};
   p.tma_k = key_tensor_map<DP>(a.k, fp16, "k", p.k_dims);
   p.tma_v = key_tensor_map<DP>(a.v, fp16, "v", p.v_dims);
-  p.bias = static_cast<const float*>(a.workspace);
+  p.bias = static_cast<const float*>(workspace);
   p.q = a.q.data;
   p.q_stride = strides4(a.q);
   p.mask = a.mask.present ? static_cast<const uint8_t*>(a.mask.view.data) : nullptr;
@@ -234,7 +235,7 @@ void launch_dp(const AttentionForwardArgs& a, const AttentionDims& d, cudaStream
   p.score_log2 = float(std::fabs(a.scale) * 1.4426950408889634);
   p.q_sign = a.scale < 0 ? 0x80008000u : 0u;
 
-  float* bias_out = static_cast<float*>(a.workspace);
+  float* bias_out = static_cast<float*>(workspace);
   switch (a.bias.dtype) {
     case DType::bf16: launch_prepass<__nv_bfloat16>(a, d, p, bias_out, stream); break;
     case DType::f16: launch_prepass<__half>(a, d, p, bias_out, stream); break;
@@ -253,27 +254,25 @@ void launch_dp(const AttentionForwardArgs& a, const AttentionDims& d, cudaStream
 
 }  // namespace
 
-bool supports(const AttentionDims& d) {
-  return d.D % 8 == 0 && padded_head_dim(int(d.D)) <= kCompiledHeadDim;
-}
-
 template <typename T>
-void launch(const AttentionForwardArgs& a, const AttentionDims& d, cudaStream_t stream) {
+void launch(const AttentionForwardArgs& a, const AttentionDims& d, void* workspace,
+            cudaStream_t stream) {
   switch (padded_head_dim(int(d.D))) {
-    case 16: return launch_dp<T, 16>(a, d, stream);
-    case 32: return launch_dp<T, 32>(a, d, stream);
-    case 48: return launch_dp<T, 48>(a, d, stream);
-    case 64: return launch_dp<T, 64>(a, d, stream);
-    case 80: return launch_dp<T, 80>(a, d, stream);
-    case 96: return launch_dp<T, 96>(a, d, stream);
-    case 112: return launch_dp<T, 112>(a, d, stream);
-    case 128: return launch_dp<T, 128>(a, d, stream);
+    case 16: return launch_dp<T, 16>(a, d, workspace, stream);
+    case 32: return launch_dp<T, 32>(a, d, workspace, stream);
+    case 48: return launch_dp<T, 48>(a, d, workspace, stream);
+    case 64: return launch_dp<T, 64>(a, d, workspace, stream);
+    case 80: return launch_dp<T, 80>(a, d, workspace, stream);
+    case 96: return launch_dp<T, 96>(a, d, workspace, stream);
+    case 112: return launch_dp<T, 112>(a, d, workspace, stream);
+    case 128: return launch_dp<T, 128>(a, d, workspace, stream);
   }
   throw Error("the Hopper attention forward has no kernel for head dim " + std::to_string(d.D));
 }
 
-template void launch<__nv_bfloat16>(const AttentionForwardArgs&, const AttentionDims&,
+template void launch<__nv_bfloat16>(const AttentionForwardArgs&, const AttentionDims&, void*,
                                     cudaStream_t);
-template void launch<__half>(const AttentionForwardArgs&, const AttentionDims&, cudaStream_t);
+template void launch<__half>(const AttentionForwardArgs&, const AttentionDims&, void*,
+                             cudaStream_t);
 
 }  // namespace tpf::cuda::fwd90

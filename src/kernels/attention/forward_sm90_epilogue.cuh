@@ -6,10 +6,23 @@
 
 #include <cmath>
 
-#include "kernels/attention/forward_common.cuh"
 #include "kernels/attention/forward_sm90_params.h"
+#include "kernels/common/mma.cuh"
 
 namespace tpf::cuda::fwd90 {
+
+// Two adjacent columns of a normalized output row: O in T, and the BF16 residual of that rounding
+// when `res` is given.
+template <typename T>
+__device__ __forceinline__ void store_o_pair(T* dst, __nv_bfloat16* res, float x0, float x1) {
+  const T y0 = from_float<T>(x0), y1 = from_float<T>(x1);
+  dst[0] = y0;
+  dst[1] = y1;
+  if (res) {
+    res[0] = __float2bfloat16_rn(x0 - to_float(y0));
+    res[1] = __float2bfloat16_rn(x1 - to_float(y1));
+  }
+}
 
 // o: the accumulator of P [V | 1], so o[DP / 8] holds each row's sum of P (every column of that
 // block, in particular both of this thread's). m in acc units: lse = m |scale| + ln(l). A row

@@ -11,7 +11,7 @@
 
 #include "kernels/attention/forward_sm90_heuristics.h"
 #include "kernels/attention/forward_sm90_primitives.cuh"
-#include "kernels/attention/mma.cuh"
+#include "kernels/common/mma.cuh"
 
 namespace tpf::cuda::fwd90 {
 

@@ -1,14 +1,13 @@
 // Entry points of libtpf_cuda for the fused glue ops (tpf/fused.h). Arguments are validated by the
-// caller (src/core/fused.cpp); these only launch. Defined in the CUDA library, or by
-// src/core/cuda_unavailable.cpp in a build without it.
+// caller (src/ops/glue.cpp); these only launch. Defined in the CUDA library, or by
+// src/kernels/unavailable.cpp in a build without it.
 #pragma once
 #include <cstddef>
-#include "kernels/fused/geometry.h"
+#include "core/glue_geometry.h"
 #include "tpf/fused.h"
 
 namespace tpf::cuda {
 
-size_t layer_norm_backward_workspace_bytes(int64_t rows, int64_t channels);
 void layer_norm_forward(const LayerNormForwardArgs& a, const fused::Rows& rows, int64_t n_rows,
                         void* stream);
 void layer_norm_backward(const LayerNormBackwardArgs& a, const fused::Rows& rows, int64_t n_rows,

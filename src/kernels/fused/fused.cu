@@ -10,8 +10,8 @@
 #include <cstdint>
 #include <string>
 
-#include "kernels/column_sums.cuh"
-#include "kernels/device_guard.h"
+#include "kernels/common/column_sums.cuh"
+#include "kernels/common/device_guard.h"
 #include "kernels/fused/api.h"
 #include "tpf/error.h"
 
@@ -287,10 +287,6 @@ bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) ==
 
 }  // namespace
 
-size_t layer_norm_backward_workspace_bytes(int64_t rows, int64_t channels) {
-  return size_t(backward_blocks(rows)) * size_t(2 * channels) * sizeof(float);
-}
-
 void layer_norm_forward(const LayerNormForwardArgs& a, const Rows& rows, int64_t n_rows,
                         void* stream) {
   DeviceGuard guard(a.x.device_index);
@@ -320,7 +316,7 @@ void layer_norm_backward(const LayerNormBackwardArgs& a, const Rows& rows, int64
   const int64_t blocks = backward_blocks(n_rows);
   const size_t smem = size_t(kWarps) * 2 * C * sizeof(float);
   auto s = static_cast<cudaStream_t>(stream);
-  float* partial = static_cast<float*>(a.workspace);
+  float* partial = static_cast<float*>(a.workspace(size_t(blocks) * size_t(2 * C) * sizeof(float)));
   with_type(a.x.dtype, [&](auto tx) {
     using TX = decltype(tx);
     with_type(a.dy.dtype, [&](auto td) {

@@ -1,6 +1,6 @@
 // Entry points of libtpf_cuda for the triangle multiplicative update. Arguments are validated by
-// the caller (src/core/trimul_dispatch.cpp); these only launch. Defined in the CUDA library, or by
-// src/core/cuda_unavailable.cpp in a build without it.
+// the caller (src/ops/trimul.cpp); these only launch. Defined in the CUDA library, or by
+// src/kernels/unavailable.cpp in a build without it.
 #pragma once
 #include <cstddef>
 #include "tpf/trimul.h"
@@ -10,8 +10,7 @@ namespace tpf::cuda {
 // The CUDA kernels' limits on the channel count D (a multiple of 8, at most this).
 constexpr int64_t kTrimulMaxD = 128;
 
-size_t trimul_forward_workspace_bytes(const TrimulDims& d, DType dtype);
-size_t trimul_backward_workspace_bytes(const TrimulDims& d, DType dtype);
+// Each sizes its workspace once and asks a.workspace for it.
 void trimul_forward(const TrimulForwardArgs& a, const TrimulDims& d, void* stream);
 void trimul_backward(const TrimulBackwardArgs& a, const TrimulDims& d, void* stream);
 

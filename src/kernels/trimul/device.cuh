@@ -9,7 +9,7 @@
 #include <cstdint>
 #include <type_traits>
 
-#include "kernels/attention/mma.cuh"
+#include "kernels/common/mma.cuh"
 #include "kernels/trimul/params.h"
 #include "kernels/trimul/tiles.h"
 

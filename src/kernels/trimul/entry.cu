@@ -11,7 +11,7 @@
 // The mask is read in its own dtype (bool, uint8, float32, bfloat16 or float16).
 #include <cuda_runtime.h>
 
-#include "kernels/device_guard.h"
+#include "kernels/common/device_guard.h"
 #include "kernels/trimul/api.h"
 #include "kernels/trimul/blas.h"
 #include "kernels/trimul/launch.h"
@@ -23,8 +23,6 @@ namespace {
 using namespace trimul;
 
 static_assert(kTrimulMaxD == trimul::kMaxD, "one limit on D");
-
-int elem_bytes(DType d) { return d == DType::f32 ? 4 : 2; }
 
 cudaDataType cuda_type(DType d) {
   return d == DType::f32 ? CUDA_R_32F : d == DType::bf16 ? CUDA_R_16BF : CUDA_R_16F;
@@ -38,7 +36,7 @@ int mask_type(DType d) {
     case DType::f32: return kMaskF32;
     case DType::f16: return kMaskF16;
     case DType::bf16: return kMaskBF16;
-    default: return kMaskByte;  // bool, uint8 (checked by trimul_dispatch.cpp)
+    default: return kMaskByte;  // bool, uint8 (checked by src/ops/trimul.cpp)
   }
 }
 
@@ -98,8 +96,8 @@ void pack(const Params& p, const TrimulWeights& w, char* ws, const Workspace& la
 
 template <typename T>
 void forward(const TrimulForwardArgs& a, const TrimulDims& d, cudaStream_t stream) {
-  char* ws = static_cast<char*>(a.workspace);
   const Workspace layout = workspace_layout(d.B, d.S, d.D, sizeof(T), false);
+  char* ws = static_cast<char*>(a.workspace(layout.total));
   Params p = make_params(d, a.x, a.mask, a.outgoing, a.eps, a.saved, ws, layout);
   p.y = a.y.data;
   pack<T>(p, a.w, ws, layout, stream);
@@ -110,8 +108,8 @@ void forward(const TrimulForwardArgs& a, const TrimulDims& d, cudaStream_t strea
 
 template <typename T>
 void backward(const TrimulBackwardArgs& a, const TrimulDims& d, cudaStream_t stream) {
-  char* ws = static_cast<char*>(a.workspace);
   const Workspace layout = workspace_layout(d.B, d.S, d.D, sizeof(T), true);
+  char* ws = static_cast<char*>(a.workspace(layout.total));
   Params p = make_params(d, a.x, a.mask, a.outgoing, a.eps, a.saved, ws, layout);
   p.dy = a.dy.data;
   p.dx = a.dx.data;
@@ -173,14 +171,6 @@ void backward(const TrimulBackwardArgs& a, const TrimulDims& d, cudaStream_t str
 }
 
 }  // namespace
-
-size_t trimul_forward_workspace_bytes(const TrimulDims& d, DType dtype) {
-  return workspace_layout(d.B, d.S, d.D, elem_bytes(dtype), false).total;
-}
-
-size_t trimul_backward_workspace_bytes(const TrimulDims& d, DType dtype) {
-  return workspace_layout(d.B, d.S, d.D, elem_bytes(dtype), true).total;
-}
 
 void trimul_forward(const TrimulForwardArgs& a, const TrimulDims& d, void* stream) {
   DeviceGuard guard(a.x.device_index);

@@ -23,7 +23,7 @@
 // Dx kernel, shared memory: two stages of (A [kRows, 64 + 8] columns of dpg, W [64, Dp] rows of
 // w_in); dx_ln (fp32 [kRows, kLdC]) over the second stage and past it, so that the next tile's
 // first stage loads during the LayerNorm backward.
-#include "kernels/attention/tile_io.cuh"
+#include "kernels/common/tile_io.cuh"
 #include "kernels/trimul/device.cuh"
 #include "kernels/trimul/launch.h"
 #include "kernels/trimul/layer_norm.cuh"

@@ -2,7 +2,7 @@
 // their own dtype) into the blocks the kernels load (T, zero padded) and the biases and LayerNorm
 // weights into float32, the ordered sum of the backward's per-CTA partials, and the gradients
 // assembled from those sums (in the weights' dtype).
-#include "kernels/column_sums.cuh"
+#include "kernels/common/column_sums.cuh"
 #include "kernels/trimul/device.cuh"
 #include "kernels/trimul/launch.h"
 

@@ -78,8 +78,8 @@ struct SumColumns {
 inline int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 inline int padded_d(int64_t D) { return int(ceil_div(D, 16) * 16); }
 
-// Byte offsets of everything in a workspace, each 256-byte aligned. The same function sizes the
-// workspace (trimul_*_workspace_bytes) and carves it (entry.cu), so the two cannot disagree.
+// Byte offsets of everything in a workspace, each 256-byte aligned. entry.cu sizes the workspace
+// with it and carves the same layout out of what the caller's allocator returns.
 struct Workspace {
   size_t w_in, w_out, bias_in, bias_out, norms, cublas;
   // Backward only. Slots are reused once their first contents are consumed (stream order):

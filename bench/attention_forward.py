@@ -2,7 +2,7 @@
 """Triangle attention forward times on a GPU, side by side in one process: TurboPairFormer (the
 CUDA library this process loaded) and its peers from bench/attention.py (TriFast by default),
 B = 1, N = S, H = 4, bf16, the tail S/8 keys masked (make_inputs), no gradient. Also our per-kernel
-CUDA times of one forward (profiler). Runs of several libraries (scripts/gpu-check attention-fwd90
+CUDA times of one forward (profiler). Runs of several libraries (scripts/gpu-check attention-forward
 swaps them under one binding) land in one JSON each; --compare prints their ratios."""
 from __future__ import annotations
 

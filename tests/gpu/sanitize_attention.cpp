@@ -2,8 +2,8 @@
 // racecheck, synccheck, initcheck). Forward cases of the Hopper kernel: sizes that are not tile
 // multiples, 1 to 5 key tiles (stage reuse past the two stages), two query blocks, slice groups
 // with absent slices (N not a multiple of G), masked keys, a fully masked slice, rows whose bias
-// is -inf everywhere, negative scale, bf16 and fp16, D = 8, 16, 24, 32, 40, 64, 128; outputs poisoned with NaN
-// first and compared with the FP64 reference. Then the backward once on the first case's forward.
+// is -inf everywhere, negative scale, bf16 and fp16, a float32 bias, D = 8, 16, 24, 32, 40, 64,
+// 128; outputs poisoned with NaN first and compared with the FP64 reference. Then the backward once on the first case's forward.
 // Exits non-zero on any CUDA error, non-finite gradient or forward outside the tolerance.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -61,11 +61,13 @@ struct Case {
   int64_t B, N, H, S, D;
   bool fp16, minus_inf_rows;
   double scale_sign;
+  bool fp32_bias = false;  // a float32 bias with 16-bit q, k, v (read unrounded)
 };
 
 // Returns the inputs' host copies and the forward's device outputs for the backward.
 struct Run {
-  uint16_t *q, *k, *v, *bias, *o, *res;
+  uint16_t *q, *k, *v, *o, *res;
+  void* bias;
   uint8_t* mask;
   float* lse;
 };
@@ -91,8 +93,20 @@ Run run_forward(const Case& c, float* worst_out) {
   std::vector<uint8_t> mh(B * N * S);
   for (size_t i = 0; i < mh.size(); ++i) mh[i] = (i % 7) != 3 && (i % S) < S - S / 8;
   for (int64_t s = 0; s < S; ++s) mh[(B * N - 1) * S + s] = 0;  // the last slice: no key
-  Run r{device_copy(qh), device_copy(kh), device_copy(vh), device_copy(bh),
-        nullptr,         nullptr,         device_copy(mh), nullptr};
+  // The float32 bias: the 16-bit one plus a part no 16-bit format holds.
+  std::vector<float> bh32;
+  if (c.fp32_bias)
+    for (uint16_t x : bh) bh32.push_back(from16(x, c.fp16) + 1e-3f * normal(rng));
+  const DType bias_dt = c.fp32_bias ? DType::f32 : dt;
+  void* bias_data = c.fp32_bias ? static_cast<void*>(bh32.data()) : static_cast<void*>(bh.data());
+  Run r{device_copy(qh),
+        device_copy(kh),
+        device_copy(vh),
+        nullptr,
+        nullptr,
+        c.fp32_bias ? static_cast<void*>(device_copy(bh32)) : static_cast<void*>(device_copy(bh)),
+        device_copy(mh),
+        nullptr};
   r.o = static_cast<uint16_t*>(device_nan(qn * 2));
   r.res = static_cast<uint16_t*>(device_nan(qn * 2));
   r.lse = static_cast<float*>(device_nan(B * N * H * S * 4));
@@ -102,7 +116,7 @@ Run run_forward(const Case& c, float* worst_out) {
   f.q = view5(r.q, dt, Device::cuda);
   f.k = view5(r.k, dt, Device::cuda);
   f.v = view5(r.v, dt, Device::cuda);
-  f.bias = tpf::make_view(r.bias, dt, {B, H, S, S}, Device::cuda);
+  f.bias = tpf::make_view(r.bias, bias_dt, {B, H, S, S}, Device::cuda);
   f.mask = {true, tpf::make_view(r.mask, DType::boolean, {B, N, S}, Device::cuda)};
   f.o = view5(r.o, dt, Device::cuda);
   f.lse = tpf::make_view(r.lse, DType::f32, {B, N, H, S}, Device::cuda);
@@ -121,7 +135,7 @@ Run run_forward(const Case& c, float* worst_out) {
   h.q = view5(qh.data(), dt, Device::cpu);
   h.k = view5(kh.data(), dt, Device::cpu);
   h.v = view5(vh.data(), dt, Device::cpu);
-  h.bias = tpf::make_view(bh.data(), dt, {B, H, S, S}, Device::cpu);
+  h.bias = tpf::make_view(bias_data, bias_dt, {B, H, S, S}, Device::cpu);
   h.mask = {true, tpf::make_view(mh.data(), DType::boolean, {B, N, S}, Device::cpu)};
   h.o = view5(o_ref.data(), DType::f64, Device::cpu);
   h.lse = tpf::make_view(lse_ref.data(), DType::f64, {B, N, H, S}, Device::cpu);
@@ -176,13 +190,16 @@ int run() {
       {1, 3, 2, 100, 64, false, false, 1.0},  // D = 64: 2 slices per CTA, 128-byte swizzle
       {1, 2, 1, 70, 128, true, false, 1.0},   // D = 128: 1 slice, two K/V blocks, own ones atom
       {1, 2, 2, 65, 40, false, true, 1.0},    // D = 40 (padded to 48): three 32-byte blocks
+      {2, 5, 2, 150, 32, false, false, 1.0, true},  // float32 bias, bf16 q, k, v
+      {1, 3, 1, 70, 16, true, true, -1.0, true},    // float32 bias, fp16, -inf rows
   };
   Run first{};
   float worst_all = 0.f;
   for (const Case& c : cases) {
-    std::printf("forward B=%lld N=%lld H=%lld S=%lld D=%lld %s%s scale %+g\n", (long long)c.B,
+    std::printf("forward B=%lld N=%lld H=%lld S=%lld D=%lld %s%s scale %+g%s\n", (long long)c.B,
                 (long long)c.N, (long long)c.H, (long long)c.S, (long long)c.D,
-                c.fp16 ? "fp16" : "bf16", c.minus_inf_rows ? " -inf rows" : "", c.scale_sign);
+                c.fp16 ? "fp16" : "bf16", c.minus_inf_rows ? " -inf rows" : "", c.scale_sign,
+                c.fp32_bias ? ", float32 bias" : "");
     std::fflush(stdout);
     float worst = 0.f;
     Run r = run_forward(c, &worst);

@@ -74,6 +74,9 @@ def main(argv=None):
     p.add_argument("--deadline", type=float, default=None,
                    help="seconds: start no chunk after this (the report says how many ran)")
     p.add_argument("--out", default=None, help="report path without extension")
+    p.add_argument("--tests", default=None,
+                   help="file listing the accuracy tests (one node id per line, as a sweep writes to "
+                        "OUT.tests.txt): skips the discovery run")
     args = p.parse_args(argv)
 
     paths = ["tests/gpu"] if args.gpu else ["tests/python"]
@@ -85,12 +88,17 @@ def main(argv=None):
 
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
-        discover = tmp / "discover.jsonl"
-        run_pytest(paths, extra, {}, discover)
-        tests = sorted({without_seed_id(r["test"]) for r in read_log(discover)})
+        if args.tests:
+            tests = sorted(set(Path(args.tests).read_text().split()))
+            paths = sorted({t.split("::")[0] for t in tests})  # collect only their files
+        else:
+            discover = tmp / "discover.jsonl"
+            run_pytest(paths, extra, {}, discover)
+            tests = sorted({without_seed_id(r["test"]) for r in read_log(discover)})
         if not tests:
             raise SystemExit("no accuracy test ran (no GPU here? use the CPU sweep)")
-        listed = tmp / "tests.txt"
+        listed = out.with_suffix(".tests.txt")
+        listed.parent.mkdir(parents=True, exist_ok=True)
         listed.write_text("\n".join(tests) + "\n")
         print(f"{len(tests)} accuracy tests; {args.seeds} seeds x threads {threads}", flush=True)
 

@@ -4,7 +4,6 @@ PyTorch profiler (forward, backward's delta / main / dQ and dbias reductions), a
 from __future__ import annotations
 
 import argparse
-import os
 
 import torch
 
@@ -36,10 +35,7 @@ def main() -> None:
             fb = median_ms(fwd_bwd, torch.device("cuda"), warmup=3, repeats=10)
             per, _ = kernel_times(fwd_bwd)
             top = sorted(((n, v[0]) for n, v in per.items()), key=lambda kv: -kv[1])[:6]
-            variant = "registers backward, " if os.environ.get("TPF_ATTENTION_BWD_LEAN") == "0" else ""
-            if os.environ.get("TPF_ATTENTION_BWD_DQ") == "cluster":
-                variant += f"cluster dQ (<= {os.environ.get('TPF_ATTENTION_DQ_CLUSTER_MAX', '8')} CTAs), "
-            print(f"{variant}D={D} S={S}: fwd {f:.3f} ms, fwd+bwd {fb:.3f} ms | "
+            print(f"D={D} S={S}: fwd {f:.3f} ms, fwd+bwd {fb:.3f} ms | "
                   + ", ".join(f"{n} {t:.3f}" for n, t in top), flush=True)
 
 

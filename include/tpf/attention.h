@@ -23,6 +23,7 @@ struct AttentionForwardArgs {
   // BF16 residual of O's rounding, r = bf16(O_fp32 - O_out); only for 16-bit outputs.
   OptionalTensor residual;
   double scale = 0.0;
+  Allocator workspace;  // required for CUDA tensors (the bias pre-scaled to fp32 for the kernel)
 };
 
 struct AttentionBackwardArgs {

@@ -1,5 +1,5 @@
 // Triangle attention entry points. Outputs are allocated by the caller (the torch layer) and
-// passed in, the backward's scratch through its allocator `workspace`; `stream` is the caller's
+// passed in, the kernels' scratch through the allocator `workspace`; `stream` is the caller's
 // cudaStream_t as an integer (0 on the CPU).
 #include "arrays.h"
 #include "tpf/attention.h"
@@ -54,14 +54,16 @@ void bind_attention(nb::module_& m) {
       "attention_forward",
       [](const Array& q, const Array& k, const Array& v, const Array& bias, const OptArray& mask,
          const Array& o, const Array& lse, const OptArray& residual, double scale,
-         uintptr_t stream) {
+         const std::optional<nb::callable>& workspace, uintptr_t stream) {
         AttentionForwardArgs a = forward_args(q, k, v, bias, mask, o, lse, residual, scale);
+        std::vector<Array> keep;
+        a.workspace = allocator_of(workspace, keep);
         nb::gil_scoped_release release;
         attention_forward(a, stream_ptr(stream));
       },
       nb::arg("q"), nb::arg("k"), nb::arg("v"), nb::arg("bias"), nb::arg("mask").none(),
       nb::arg("o"), nb::arg("lse"), nb::arg("residual").none(), nb::arg("scale"),
-      nb::arg("stream") = 0);
+      nb::arg("workspace").none() = nb::none(), nb::arg("stream") = 0);
 
   m.def(
       "attention_backward",

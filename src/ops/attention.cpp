@@ -62,7 +62,13 @@ AttentionDims check_inputs(const TensorView& q, const TensorView& k, const Tenso
   check_float_tensor(q, "q", path == Path::reference);
   check_same_dtype(k, q, "k", "q");
   check_same_dtype(v, q, "v", "q");
-  check_same_dtype(bias, q, "bias", "q");
+  // A float32 bias with 16-bit q, k, v (Protenix passes bias.float()) is read as float32, not
+  // rounded to q's dtype.
+  if (!(bias.dtype == DType::f32 && (q.dtype == DType::bf16 || q.dtype == DType::f16)))
+    TPF_CHECK(bias.dtype == q.dtype,
+              std::string("bias must have q's dtype ") + dtype_name(q.dtype) +
+                  (q.dtype == DType::bf16 || q.dtype == DType::f16 ? " or float32" : "") +
+                  ", got " + dtype_name(bias.dtype));
   check_same_device(k, q, "k", "q");
   check_same_device(v, q, "v", "q");
   check_same_device(bias, q, "bias", "q");
@@ -108,15 +114,27 @@ void check_residual(const OptionalTensor& r, const TensorView& q) {
             std::string("residual must be bfloat16, got ") + dtype_name(r.view.dtype));
 }
 
+// "[s0, s1, ...]": t's strides in elements.
+std::string strides_string(const TensorView& t) {
+  std::string r = "[";
+  for (int i = 0; i < t.ndim; ++i) r += (i ? ", " : "") + std::to_string(t.stride[i]);
+  return r + "]";
+}
+
 // What the CUDA kernels take beyond the checks above (the tensors' device is made current there).
-void check_cuda(const TensorView& q, const AttentionDims& d) {
+void check_cuda(const TensorView& q, const AttentionDims& d, bool forward) {
   TPF_CHECK(q.dtype == DType::bf16 || q.dtype == DType::f16,
             std::string("q must be bfloat16 or float16 for the CUDA kernels (float32 CUDA inputs "
                         "take PyTorch's math in the torch layer), got ") +
                 dtype_name(q.dtype));
-  TPF_CHECK(cuda::attention_head_dim_supported(d.D),
-            std::string("q must have one of the CUDA kernels' head dims D = ") +
-                cuda::kAttentionHeadDims + ", got D = " + std::to_string(d.D));
+  if (forward)
+    TPF_CHECK(cuda::attention_forward_head_dim_supported(d.D),
+              std::string("q must have one of the CUDA forward's head dims D = ") +
+                  cuda::kAttentionForwardHeadDims + ", got D = " + std::to_string(d.D));
+  else
+    TPF_CHECK(cuda::attention_head_dim_supported(d.D),
+              std::string("q must have one of the CUDA backward's head dims D = ") +
+                  cuda::kAttentionHeadDims + ", got D = " + std::to_string(d.D));
   TPF_CHECK(d.B * d.H <= cuda::kAttentionMaxGridY &&
                 (d.Sq + cuda::kAttentionQueryTile - 1) / cuda::kAttentionQueryTile <=
                     cuda::kAttentionMaxGridY,
@@ -133,10 +151,20 @@ AttentionForwardArgs validated(const AttentionForwardArgs& a, Path path, Attenti
   check_lse(n.lse, d, n.q);
   if (path == Path::op) check_residual(n.residual, n.q);
   if (path == Path::op && n.q.device == Device::cuda) {
-    check_cuda(n.q, d);
+    check_cuda(n.q, d, true);
     check_same_dtype(n.o, n.q, "o", "q");
     TPF_CHECK(n.lse.dtype == DType::f32,
               std::string("lse must be float32 for CUDA tensors, got ") + dtype_name(n.lse.dtype));
+    for (const auto& [t, name] : {std::pair{&n.k, "k"}, {&n.v, "v"}})
+      TPF_CHECK(cuda::attention_tma_ready(*t),
+                std::string(name) +
+                    " must start on a 16-byte boundary with every stride a "
+                    "multiple of 16 bytes for the CUDA forward (its TMA copies), "
+                    "got strides " +
+                    strides_string(*t) + " of " + std::to_string(dtype_size(t->dtype)) +
+                    "-byte elements");
+    TPF_CHECK(static_cast<bool>(n.workspace),
+              "workspace (an allocator) is required for CUDA tensors");
   }
   *dims = d;
   return n;
@@ -161,7 +189,11 @@ AttentionBackwardArgs validated(const AttentionBackwardArgs& a, Path path, Atten
   check_same_device(n.dbias, n.q, "dbias", "q");
   check_inner_contiguous(n.dbias, "dbias");
   if (path == Path::op && n.q.device == Device::cuda) {
-    check_cuda(n.q, d);
+    check_cuda(n.q, d, false);
+    TPF_CHECK(n.bias.dtype == n.q.dtype,
+              std::string("bias must have q's dtype ") + dtype_name(n.q.dtype) +
+                  " for the CUDA backward (a float32 bias: the CUDA forward only), got " +
+                  dtype_name(n.bias.dtype));
     for (const auto& [t, name] : {std::pair{&n.dout, "grad_out"},
                                   {&n.dq, "dq"},
                                   {&n.dk, "dk"},

@@ -213,7 +213,7 @@ TEST(Errors, NameTheArgument) {
   auto forward = [](const AttentionBackwardArgs& b) {
     AttentionForwardArgs f;
     f.q = b.q, f.k = b.k, f.v = b.v, f.bias = b.bias, f.mask = b.mask, f.o = b.o, f.lse = b.lse;
-    f.residual = b.residual, f.scale = b.scale;
+    f.residual = b.residual, f.scale = b.scale, f.workspace = b.workspace;
     attention_forward(f);
   };
   auto backward = [](const AttentionBackwardArgs& b) { attention_backward(b); };
@@ -286,12 +286,6 @@ TEST(Errors, NameTheArgument) {
          on_cuda(a);
          for (TensorView* t : {&a.q, &a.k, &a.v, &a.bias, &a.o}) t->dtype = DType::f32;
        }},
-      {"q must have one of the CUDA kernels' head dims D = 16, 32 and 64, got D = 24",
-       [](auto& a) {
-         on_cuda(a);
-         for (TensorView* t : {&a.q, &a.k, &a.v, &a.o, &a.dout, &a.dq, &a.dk, &a.dv})
-           t->shape[4] = 24;
-       }},
       {"q must have B * H and the number of query tiles each at most 65535 for the CUDA kernels",
        [](auto& a) {
          on_cuda(a);
@@ -303,12 +297,45 @@ TEST(Errors, NameTheArgument) {
   };
   expect_errors(g, cuda_inputs, forward);
   expect_errors(g, cuda_inputs, backward);
+  // Head dims: the forward takes multiples of 8 up to 128, the backward 16, 32 and 64.
+  auto head_dim = [](int64_t D) {
+    return [D](auto& a) {
+      on_cuda(a);
+      for (TensorView* t : {&a.q, &a.k, &a.v, &a.o, &a.dout, &a.dq, &a.dk, &a.dv}) t->shape[4] = D;
+    };
+  };
+  expect_errors(g,
+                {{"q must have one of the CUDA forward's head dims D = 8, 16, 24, ..., 128 "
+                  "(multiples of 8), got D = 20",
+                  head_dim(20)},
+                 {"q must have one of the CUDA forward's head dims", head_dim(136)}},
+                forward);
+  expect_errors(g,
+                {{"q must have one of the CUDA backward's head dims D = 16, 32 and 64, got D = 24",
+                  head_dim(24)}},
+                backward);
   expect_errors(g,
                 {{"o must have q's dtype bfloat16, got float32",
                   [](auto& a) { on_cuda(a), a.o.dtype = DType::f32; }},
                  {"lse must be float32 for CUDA tensors, got float64",
-                  [](auto& a) { on_cuda(a), a.lse.dtype = DType::f64; }}},
+                  [](auto& a) { on_cuda(a), a.lse.dtype = DType::f64; }},
+                 {"k must start on a 16-byte boundary with every stride a multiple of 16 bytes for "
+                  "the CUDA forward (its TMA copies), got strides [",
+                  [](auto& a) { on_cuda(a), a.k.stride[3] = 12; }},
+                 {"v must start on a 16-byte boundary",
+                  [](auto& a) {
+                    on_cuda(a);
+                    a.v.data = static_cast<char*>(a.v.data) + 2;
+                  }},
+                 {"workspace (an allocator) is required for CUDA tensors",
+                  [](auto& a) { on_cuda(a), a.workspace = nullptr; }}},
                 forward);
+  // A float32 bias with 16-bit q, k, v: read by the CUDA forward, refused by the CUDA backward.
+  expect_errors(g,
+                {{"bias must have q's dtype bfloat16 for the CUDA backward (a float32 bias: the "
+                  "CUDA forward only), got float32",
+                  [](auto& a) { on_cuda(a), a.bias.dtype = DType::f32; }}},
+                backward);
   expect_errors(g,
                 {{"dbias must have q's dtype bfloat16, got float32",
                   [](auto& a) { on_cuda(a), a.dbias.dtype = DType::f32; }},
@@ -318,10 +345,12 @@ TEST(Errors, NameTheArgument) {
                   [](auto& a) { on_cuda(a), a.workspace = nullptr; }}},
                 backward);
   // Past the checks, a build without the kernels says so; with them, the workspace is asked for.
-  expect_errors(g,
-                {{cuda_available() ? "no workspace in this test" : "has no CUDA kernels",
-                  [](auto& a) { on_cuda(a); }}},
-                backward);
+  for (const auto& run : {std::function<void(const AttentionBackwardArgs&)>(forward),
+                          std::function<void(const AttentionBackwardArgs&)>(backward)})
+    expect_errors(g,
+                  {{cuda_available() ? "no workspace in this test" : "has no CUDA kernels",
+                    [](auto& a) { on_cuda(a); }}},
+                  run);
   expect_errors(g,
                 {{"the FP64 reference runs on CPU tensors only, got q on cuda:0",
                   [](auto& a) {

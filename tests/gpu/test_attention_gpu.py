@@ -1,9 +1,6 @@
 """Triangle attention CUDA kernels against the FP64 reference (FlashAttention-3's rule),
 bitwise determinism, the residual's effect, chunked backward, strided inputs, CUDA graphs."""
 import math
-import os
-import subprocess
-import sys
 
 import pytest
 import torch
@@ -11,8 +8,10 @@ import torch
 import turbopairformer as tpf
 from turbopairformer.ops.torch_reference import triangle_attention_torch
 
-from attention_cases import (GRADS, attention_finite_rows_torch, check_fa3_rule, make_case,
-                             reference_fp64, run_with_grads, with_minus_inf_bias)
+from accuracy import assert_accurate, unit_roundoff
+from attention_cases import (GRADS, ROUNDINGS_16BIT, attention_finite_rows_torch, check_fa3_rule,
+                             make_case, max_err, reference_fp64, run_with_grads,
+                             with_minus_inf_bias)
 from conftest import poison_allocator
 
 DTYPES = [torch.bfloat16, torch.float16]
@@ -113,16 +112,97 @@ def test_bitwise_deterministic(S, N, D, seed):
                 assert torch.equal(first[name], again[name]), f"{name} differs (input {case})"
 
 
-def test_chunked_backward_matches_single_chunk(monkeypatch, seed):
-    """A small workspace budget splits the slices into many chunks; the gradients stay within the
-    FP64 rule and are bitwise equal to... themselves across calls."""
+@pytest.mark.parametrize("D", [16, 32, 64])
+def test_chunked_backward_matches_single_chunk(monkeypatch, D, seed):
+    """A small workspace budget splits the slices into chunks of one slice group (one launch each);
+    the gradients stay within the FP64 rule and are bitwise the single launch's: dQ and dbias are
+    added in the same order (key blocks, then slice groups) however the slices are chunked."""
     g = torch.Generator().manual_seed(seed)
-    q, k, v, bias, mask, grad = make_case(1, 37, 2, 70, 32, torch.bfloat16, "cuda", g)
-    ref = reference_fp64(q, k, v, bias, mask, grad, 1 / math.sqrt(32))
-    monkeypatch.setenv("TPF_ATTENTION_DQ_BUDGET_BYTES", str(2 * 70 * 32 * 4 * 2 * 2))
+    q, k, v, bias, mask, grad = make_case(1, 37, 2, 200, D, torch.bfloat16, "cuda", g)
+    ref = reference_fp64(q, k, v, bias, mask, grad, 1 / math.sqrt(D))
+    monkeypatch.delenv("TPF_ATTENTION_DQ_BUDGET_BYTES", raising=False)
+    whole = run_with_grads(tpf.triangle_attention, q, k, v, bias, mask, grad)
+    monkeypatch.setenv("TPF_ATTENTION_DQ_BUDGET_BYTES", "1")
     ours = run_with_grads(tpf.triangle_attention, q, k, v, bias, mask, grad)
     base = run_with_grads(triangle_attention_torch, q, k, v, bias, mask, grad)
-    check_fa3_rule(ours, base, ref, torch.bfloat16, "(chunked)")
+    check_fa3_rule(ours, base, ref, torch.bfloat16, f"(chunked, D={D})")
+    for name in GRADS:
+        assert torch.equal(ours[name], whole[name]), f"{name}: chunked differs from one launch"
+
+
+def test_workspace_budget_sets_the_chunks(monkeypatch, seed):
+    """The budget variable the chunked test relies on lowers the backward's peak memory (its fp32
+    dQ accumulator then holds one slice group, not all 37 slices), so the test above does run
+    many launches."""
+    g = torch.Generator().manual_seed(seed)
+    inputs = make_case(1, 37, 2, 200, 32, torch.bfloat16, "cuda", g)
+
+    def peak():
+        run_with_grads(tpf.triangle_attention, *inputs)  # warm: outputs cached by the allocator
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+        run_with_grads(tpf.triangle_attention, *inputs)
+        torch.cuda.synchronize()
+        return torch.cuda.max_memory_allocated()
+
+    monkeypatch.delenv("TPF_ATTENTION_DQ_BUDGET_BYTES", raising=False)
+    big = peak()
+    monkeypatch.setenv("TPF_ATTENTION_DQ_BUDGET_BYTES", "1")
+    small = peak()
+    # 36 slices' dQ accumulators less (19 groups of 2 slices against one group): 36 x 2 heads x
+    # 256 padded rows x 32 x 4 bytes; half of it as the bound (other scratch may differ).
+    assert big - small >= 36 * 2 * 256 * 32 * 4 // 2, (small, big)
+
+
+@pytest.mark.parametrize("D", [16, 32, 64])
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_strided_inputs_backward(D, dtype, seed):
+    """q, k, v and the output gradient as strided views (q and k halves of one packed tensor in
+    [B, N, S, H, 2D] storage, v with rows off 16-byte boundaries, the output gradient permuted): the
+    outputs and gradients are bitwise those of contiguous copies."""
+    g = torch.Generator().manual_seed(seed)
+    B, N, H, S = 2, 5, 3, 150
+    q, k, v, bias, mask, grad = make_case(B, N, H, S, D, dtype, "cuda", g)
+    # Leaves in strided storage (a clone would not keep the strides of a half of a tensor).
+    packed = torch.cat([q, k], dim=-1).transpose(2, 3).contiguous().transpose(2, 3)
+    packed = packed.detach().requires_grad_(True)
+    # v one element past a 16-byte boundary: rows no longer aligned (the copies' scalar path).
+    v_s = torch.empty(*v.shape[:-1], D + 1, dtype=dtype, device="cuda")[..., 1:]
+    v_s.copy_(v)
+    v_s = v_s.detach().requires_grad_(True)
+    bias_s = bias.detach().clone().requires_grad_(True)
+    grad_s = grad.transpose(2, 3).contiguous().transpose(2, 3)
+    q_s, k_s = packed[..., :D], packed[..., D:]
+    assert not q_s.is_contiguous() and not v_s.is_contiguous() and not grad_s.is_contiguous()
+    o = tpf.triangle_attention(q_s, k_s, v_s, bias_s, mask)
+    o.backward(grad_s)
+    strided = {"o": o.detach(), "dq": packed.grad[..., :D], "dk": packed.grad[..., D:],
+               "dv": v_s.grad, "dbias": bias_s.grad}
+    dense = run_with_grads(tpf.triangle_attention, q, k, v, bias, mask, grad)
+    for name in ("o",) + tuple(GRADS):
+        assert torch.equal(strided[name], dense[name]), f"{name} differs with strided inputs"
+
+
+@pytest.mark.parametrize("D", [16, 32, 64])
+def test_dead_key_blocks_and_slices(D, seed):
+    """Keys 128..255 masked in every slice (every CTA of that key block has nothing to compute but
+    still takes its turn in the ordered sums), the last S/8 keys masked, and whole masked slices:
+    FP64 rule, zero gradients where nothing attends, bitwise reproducible."""
+    g = torch.Generator().manual_seed(seed)
+    B, N, S = 2, 7, 300
+    q, k, v, bias, _, grad = make_case(B, N, 2, S, D, torch.bfloat16, "cuda", g)
+    mask = torch.ones(B, N, 1, 1, S, dtype=torch.bool)
+    mask[..., 128:256] = False
+    mask[..., S - S // 8:] = False
+    mask[0, 2] = False
+    mask[1, 6] = False
+    ours = check_fp64_and_repeatable(q, k, v, bias, mask.to("cuda"), grad, torch.bfloat16,
+                                     f"(dead key blocks, D={D}, seed {seed})")
+    for name in ("dk", "dv"):
+        assert (ours[name][..., 128:256, :] == 0).all(), f"{name} of masked keys is not zero"
+    for name in ("o", "dq", "dk", "dv"):
+        assert (ours[name][0, 2] == 0).all() and (ours[name][1, 6] == 0).all(), name
+    assert (ours["dbias"][..., 128:256] == 0).all(), "dbias of keys no slice attends to"
 
 
 def check_fp64_and_repeatable(q, k, v, bias, mask, grad, dtype, context,
@@ -139,137 +219,6 @@ def check_fp64_and_repeatable(q, k, v, bias, mask, grad, dtype, context,
     for name in ("o",) + tuple(GRADS):
         assert torch.equal(ours[name], again[name]), f"{name} differs between calls {context}"
     return ours
-
-
-def check_kernel_variant(monkeypatch, variable, value, S, N, D, seed, label, dtype=torch.bfloat16):
-    """Under variable=value: within the FP64 rule with an odd slice count (a half-empty last group),
-    B = 2, masked keys and rows, a poisoned allocator, and bitwise reproducible (gradients and O)."""
-    monkeypatch.setenv(variable, value)
-    g = torch.Generator().manual_seed(seed)
-    inputs = make_case(2, N, 4, S, D, dtype, "cuda", g)
-    return check_fp64_and_repeatable(*inputs, dtype,
-                                     f"({label}, S={S}, N={N}, D={D}, {dtype}, seed {seed})")
-
-
-@pytest.mark.parametrize("D", [16, 32])
-@pytest.mark.parametrize("S,N", [(33, 5), (257, 7)])
-def test_register_backward_matches_fp64_reference(monkeypatch, S, N, D, seed):
-    """The backward that keeps dbias in registers (TPF_ATTENTION_BWD_LEAN=0; the default at head
-    dims 16 and 32 is the lean one that every other test runs)."""
-    check_kernel_variant(monkeypatch, "TPF_ATTENTION_BWD_LEAN", "0", S, N, D, seed, "registers")
-
-
-@pytest.mark.parametrize("D", [16, 32])
-@pytest.mark.parametrize("S,N", [(33, 5), (257, 7)])
-def test_uncapped_forward_matches_fp64_reference(monkeypatch, S, N, D, seed):
-    """The forward without the 5-blocks-per-SM register cap (TPF_ATTENTION_FWD_BLOCKS=4; the
-    default at head dims 16 and 32 is the capped one that every other test runs)."""
-    check_kernel_variant(monkeypatch, "TPF_ATTENTION_FWD_BLOCKS", "4", S, N, D, seed, "uncapped forward")
-
-
-@pytest.mark.parametrize("D", [16, 32])
-@pytest.mark.parametrize("masked", [True, False])
-def test_four_block_forward_whole_tiles(monkeypatch, D, masked, seed):
-    """The 4-block forward on whole key tiles (make_case's masks leave none whole)."""
-    monkeypatch.setenv("TPF_ATTENTION_FWD_BLOCKS", "4")
-    check_whole_and_masked_tiles(257, D, torch.bfloat16, masked, seed, "4-block forward")
-
-
-def test_two_row_tile_forward_in_a_subprocess(seed):
-    """TPF_ATTENTION_FWD_ROW_TILES=2 (two 64-query row tiles per warp) is read once per process,
-    so its tests run in a fresh one: the FP64 rule at S = 257 and the whole/masked tile cases."""
-    env = dict(os.environ, TPF_ATTENTION_FWD_ROW_TILES="2", TPF_SEED=str(seed))
-    run = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", __file__,
-         "-k", "test_matches_fp64_reference and 257 or test_whole_and_masked_key_tiles and 257"],
-        env=env, cwd=os.path.dirname(__file__), capture_output=True, text=True, timeout=900)
-    assert run.returncode == 0, f"MT = 2 forward (seed {seed}):\n{run.stdout[-4000:]}{run.stderr[-2000:]}"
-    assert " passed" in run.stdout and "skipped" not in run.stdout.splitlines()[-1], run.stdout[-2000:]
-
-
-# TPF_ATTENTION_FWD_WGMMA=1: the warpgroup-MMA forward (forward_wgmma.cu).
-WGMMA_VERSIONS = ["1"]
-
-
-@pytest.mark.parametrize("version", WGMMA_VERSIONS)
-@pytest.mark.parametrize("D", [16, 32])
-@pytest.mark.parametrize("S,N", [(33, 5), (257, 7), (384, 3)])
-def test_wgmma_forward_matches_fp64_reference(monkeypatch, S, N, D, version, seed):
-    """The warpgroup-MMA forward (TPF_ATTENTION_FWD_WGMMA=1, forward_wgmma.cu); the backward,
-    which reads its O, lse and residual, is the default one. The last slice of the second batch is
-    fully masked: its O must be zero. 1, 5 and 6 key tiles."""
-    ours = check_kernel_variant(monkeypatch, "TPF_ATTENTION_FWD_WGMMA", version, S, N, D, seed,
-                                f"wgmma forward {version}")
-    assert (ours["o"][-1, N - 1] == 0).all(), "O of the fully masked slice is not zero"
-
-
-@pytest.mark.parametrize("D", [16, 32])
-@pytest.mark.parametrize("S,N", [(33, 5), (257, 7), (384, 3)])
-def test_cluster_dq_backward_matches_fp64_reference(monkeypatch, S, N, D, seed):
-    """The lean backward with dQ summed over the key tiles in a thread-block cluster
-    (TPF_ATTENTION_BWD_DQ=cluster): 1, 5 and 6 key tiles, one cluster per slice."""
-    check_kernel_variant(monkeypatch, "TPF_ATTENTION_BWD_DQ", "cluster", S, N, D, seed, "cluster dQ")
-
-
-@pytest.mark.parametrize("D", [16, 32])
-def test_cluster_dq_partials_padding_and_chunks(monkeypatch, D, seed):
-    """Clusters of at most 4 CTAs: S = 257 has 5 key tiles, so 2 clusters of 3 (the last with one
-    CTA past the keys) leave 2 dQ partials for the reduce kernel; a small budget makes 4 chunks."""
-    monkeypatch.setenv("TPF_ATTENTION_DQ_CLUSTER_MAX", "4")
-    monkeypatch.setenv("TPF_ATTENTION_DQ_BUDGET_BYTES", str(5 * 2 * 4 * 257 * D * 4 * 2))
-    check_kernel_variant(monkeypatch, "TPF_ATTENTION_BWD_DQ", "cluster", 257, 7, D, seed,
-                         "cluster dQ, 2 partials")
-
-
-@pytest.mark.parametrize("D", [16, 32])
-def test_cluster_dq_is_bitwise_the_default(monkeypatch, D, seed):
-    """With one cluster per slice the cluster adds the same scaled per-key-tile dQ tiles in the same
-    order, from zero, as the reduce kernel: every gradient is bitwise the default backward's."""
-    g = torch.Generator().manual_seed(seed)
-    inputs = make_case(2, 7, 4, 257, D, torch.bfloat16, "cuda", g)
-    monkeypatch.delenv("TPF_ATTENTION_BWD_DQ", raising=False)
-    base = run_with_grads(tpf.triangle_attention, *inputs)
-    monkeypatch.setenv("TPF_ATTENTION_BWD_DQ", "cluster")
-    ours = run_with_grads(tpf.triangle_attention, *inputs)
-    for name in GRADS:
-        assert torch.equal(ours[name], base[name]), f"{name} differs from the default backward"
-
-
-@pytest.mark.parametrize("version", WGMMA_VERSIONS)
-@pytest.mark.parametrize("D", [16, 32])
-def test_wgmma_forward_float16(monkeypatch, D, version, seed):
-    check_kernel_variant(monkeypatch, "TPF_ATTENTION_FWD_WGMMA", version, 257, 7, D, seed,
-                         f"wgmma forward {version}", dtype=torch.float16)
-
-
-def forward_with_residual(q, k, v, bias, mask):
-    """The forward op alone (O, lse, residual) on make_case's inputs."""
-    B, N, H, S, D = q.shape
-    o, lse, res = torch.ops.turbopairformer.triangle_attention_fwd(
-        q, k, v, bias.reshape(B, H, S, S), mask.reshape(B, N, S), 1 / math.sqrt(D), True)
-    torch.cuda.synchronize()
-    return o, lse, res
-
-
-@pytest.mark.parametrize("version", WGMMA_VERSIONS)
-@pytest.mark.parametrize("D", [16, 32])
-def test_wgmma_forward_matches_default_forward(monkeypatch, D, version, seed):
-    """O and the lse of the wgmma forward against the default forward on the same inputs, with
-    residual, at a size with a partial last query and key tile: both round P to bf16 and accumulate
-    in fp32, so they agree to a few bf16 ulps (the MMA summation order may differ)."""
-    g = torch.Generator().manual_seed(seed)
-    inputs = make_case(2, 6, 4, 200, D, torch.bfloat16, "cuda", g)[:5]
-    monkeypatch.delenv("TPF_ATTENTION_FWD_WGMMA", raising=False)
-    o0, lse0, res0 = forward_with_residual(*inputs)
-    monkeypatch.setenv("TPF_ATTENTION_FWD_WGMMA", version)
-    o1, lse1, res1 = forward_with_residual(*inputs)
-    finite = torch.isfinite(lse0)
-    assert torch.equal(finite, torch.isfinite(lse1)), "rows without keys differ"
-    assert (lse0[~finite] == lse1[~finite]).all()
-    torch.testing.assert_close(lse1[finite], lse0[finite], rtol=0, atol=1e-3)
-    exact0 = o0.float() + res0.float()
-    exact1 = o1.float() + res1.float()
-    torch.testing.assert_close(exact1, exact0, rtol=2e-2, atol=2e-3)
 
 
 def test_residual_lowers_gradient_error(seed):
@@ -334,6 +283,244 @@ def test_float32_cuda_inputs_fall_back_to_torch_math(seed):
 
 def test_unsupported_head_dim_is_a_clear_error(seed):
     g = torch.Generator().manual_seed(seed)
-    q, k, v, bias, mask, _ = make_case(1, 2, 1, 8, 24, torch.bfloat16, "cuda", g)
+    q, k, v, bias, mask, _ = make_case(1, 2, 1, 8, 20, torch.bfloat16, "cuda", g)
     with pytest.raises(ValueError, match="head dims"):
         tpf.triangle_attention(q, k, v, bias, mask)
+
+
+def test_backward_limits_are_clear_errors(seed):
+    """What the forward takes and the backward does not yet: D = 24 and a float32 bias. The forward
+    runs; the backward names the argument."""
+    g = torch.Generator().manual_seed(seed)
+    q, k, v, bias, mask, grad = make_case(1, 2, 1, 40, 24, torch.bfloat16, "cuda", g)
+    with pytest.raises(ValueError, match="backward's head dims"):
+        run_with_grads(tpf.triangle_attention, q, k, v, bias, mask, grad)
+    # A float32 bias with a gradient to come: the op runs in float32 (ops/attention.py's _run),
+    # since the CUDA backward reads 16-bit biases; its gradients are those of that math.
+    q, k, v, bias, mask, grad = make_case(1, 2, 1, 40, 32, torch.bfloat16, "cuda", g)
+    got = run_with_grads(tpf.triangle_attention, q, k, v, bias.float(), mask, grad)
+    assert got["dbias"].dtype == torch.float32 and got["o"].dtype == torch.bfloat16
+    assert all(torch.isfinite(x).all() for x in got.values() if torch.is_tensor(x))
+
+
+# ---- the Hopper forward (forward_sm90.cu): every head dim it takes, forward only ----------------
+# (The backward takes D = 16, 32, 64; the tests above run both at those.)
+
+FWD_DIMS = [8, 16, 24, 32]
+
+
+def forward_op(q, k, v, bias, mask, scale, keep_residual=True):
+    """The forward op alone (O, lse, residual), into a poisoned allocator."""
+    B, N, H, Sq, D = q.shape
+    Sk = k.shape[3]
+    poison_allocator()
+    o, lse, res = torch.ops.turbopairformer.triangle_attention_fwd(
+        q, k, v, bias.reshape(B, H, Sq, Sk), None if mask is None else mask.reshape(B, N, Sk),
+        scale, keep_residual)
+    torch.cuda.synchronize()
+    return o, lse, res
+
+
+def forward_fp64(q, k, v, bias, mask, scale):
+    B, N, H, Sq, D = q.shape
+    Sk = k.shape[3]
+    cpu = [t.detach().cpu() for t in (q, k, v, bias)]
+    o = torch.empty(q.shape, dtype=torch.float64)
+    lse = torch.empty((B, N, H, Sq), dtype=torch.float64)
+    tpf._C.attention_forward_reference(
+        cpu[0], cpu[1], cpu[2], cpu[3].reshape(B, H, Sq, Sk),
+        None if mask is None else mask.detach().cpu().reshape(B, N, Sk), o, lse, scale)
+    return o, lse
+
+
+def check_forward(q, k, v, bias, mask, scale, dtype, context, baseline=triangle_attention_torch):
+    """O within the suite's accuracy rule against FP64 (baseline: PyTorch in the input dtype), O +
+    residual at least as close as O, the lse within its error model where finite and +inf exactly
+    where the reference has no finite score; bitwise reproducible. Returns (o, lse).
+    The lse's model: the forward takes the row sums l from the ones column of P [V | 1], so l sums
+    P rounded to q's dtype (|round(p) - p| <= u p): |d lse| = |log(l~ / l)| <= -log(1 - u), plus
+    the fp32 sums (S ulps of 2^-24 at most) and the exp2 on the FMA pipe (2.6e-6 relative)."""
+    o, lse, res = forward_op(q, k, v, bias, mask, scale)
+    ref_o, ref_lse = forward_fp64(q, k, v, bias, mask, scale)
+    with torch.no_grad():
+        base = baseline(q, k, v, bias, mask, scale) if baseline is triangle_attention_torch else \
+            baseline(q, k, v, bias, mask)
+    assert_accurate("o", o, base, ref_o, roundings=ROUNDINGS_16BIT["o"], dtype=dtype,
+                    context=context)
+    err = max_err(o, ref_o)
+    exact = o.double().cpu() + res.double().cpu()
+    assert (exact - ref_o).abs().max() <= err + 1e-6, f"O + residual is farther than O {context}"
+    lse_c = lse.double().cpu()
+    finite = torch.isfinite(ref_lse)
+    assert torch.equal(torch.isfinite(lse_c), finite), f"rows without a finite score differ {context}"
+    assert (lse_c[~finite] == float("inf")).all(), context
+    u = unit_roundoff(dtype)
+    lse_bound = -math.log1p(-u) + k.shape[3] * 2.0**-24 + 1e-5
+    lse_err = (lse_c[finite] - ref_lse[finite]).abs().max().item() if finite.any() else 0.0
+    assert lse_err <= lse_bound, f"lse: {lse_err:.3e} > {lse_bound:.3e} {context}"
+    again = forward_op(q, k, v, bias, mask, scale)
+    for name, x, y in zip(("o", "lse", "residual"), (o, lse, res), again):
+        assert torch.equal(x, y), f"{name} differs between calls {context}"
+    return o, lse
+
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("D", FWD_DIMS)
+@pytest.mark.parametrize("S", [1, 33, 100, 257, 384])
+def test_forward_matches_fp64_reference(S, D, dtype, seed):
+    """B = 2, N = 23 (the last slice group of 4 is partial), random masks, the last slice fully
+    masked: 1 to 6 key tiles, 1 to 3 query blocks."""
+    g = torch.Generator().manual_seed(seed)
+    N = min(S, 23)
+    q, k, v, bias, mask, _ = make_case(2, N, 4, S, D, dtype, "cuda", g)
+    o, lse = check_forward(q, k, v, bias, mask, 1 / math.sqrt(D), dtype,
+                           f"(S={S}, D={D}, {dtype}, seed {seed})")
+    assert (o[-1, N - 1] == 0).all() and (lse[-1, N - 1] == float("inf")).all()
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("D", list(range(40, 129, 8)))
+@pytest.mark.parametrize("S", [1, 33, 100, 257, 384])
+def test_forward_wide_head_dims(S, D, dtype, seed):
+    """Every head dim past 32 (multiples of 8 to 128): two slices per CTA up to 64, one above; K
+    and V in 2 to 8 swizzled blocks per tile (D = 40: padded to 48, three 16-wide blocks), the
+    ones column past them."""
+    g = torch.Generator().manual_seed(seed)
+    q, k, v, bias, mask, _ = make_case(2, 5, 2, S, D, dtype, "cuda", g)
+    check_forward(q, k, v, bias, mask, 1 / math.sqrt(D), dtype, f"(S={S}, D={D}, {dtype})")
+
+
+def whole_slice_mask(B, N, S, g):
+    """Key masks [B, N, 1, 1, S] of padded crops: in batch 0 the slices past a length L are fully
+    masked (so slice groups of 4 are fully, partly or not masked) and keys past L masked in the
+    others; batch 1 mixes whole 64-key tiles with partial ones (mixed_tile_mask)."""
+    mask = torch.ones(B, N, 1, 1, S, dtype=torch.bool)
+    L = max(1, (2 * N) // 3)
+    mask[0, L:] = False
+    mask[0, :, ..., min(S, L * S // N + 1):] = False
+    mask[1:] = mixed_tile_mask(B - 1, N, S, g)
+    return mask
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("D", [16, 32])
+@pytest.mark.parametrize("S,N", [(64, 9), (200, 13), (300, 11)])
+def test_forward_whole_masked_slices_and_tiles(S, N, D, dtype, seed):
+    g = torch.Generator().manual_seed(seed)
+    q, k, v, bias, _, _ = make_case(2, N, 4, S, D, dtype, "cuda", g)
+    mask = whole_slice_mask(2, N, S, g).to("cuda")
+    o, lse = check_forward(q, k, v, bias, mask, 1 / math.sqrt(D), dtype,
+                           f"(S={S}, N={N}, D={D}, {dtype}, seed {seed})")
+    dead = ~mask.reshape(2, N, S).any(-1)
+    assert (o[dead] == 0).all() and (lse[dead] == float("inf")).all()
+
+
+@pytest.mark.parametrize("D", [16, 32])
+def test_forward_without_mask_and_negative_scale(D, seed):
+    """mask=None (every key tile whole but the tail) and a negative scale (Q's sign flipped)."""
+    g = torch.Generator().manual_seed(seed)
+    q, k, v, bias, _, _ = make_case(2, 6, 4, 150, D, torch.bfloat16, "cuda", g)
+    for scale in (1 / math.sqrt(D), -0.7 / math.sqrt(D)):
+        check_forward(q, k, v, bias, None, scale, torch.bfloat16, f"(D={D}, scale {scale})")
+
+
+@pytest.mark.parametrize("D", [16, 32])
+@pytest.mark.parametrize("kind", ["first-key-tile", "every-key"])
+def test_forward_minus_infinity_in_the_bias(kind, D, seed):
+    g = torch.Generator().manual_seed(seed)
+    q, k, v, bias, mask, _ = make_case(2, 5, 4, 150, D, torch.float16, "cuda", g)
+    bias = with_minus_inf_bias(bias, kind)
+    check_forward(q, k, v, bias, mask, 1 / math.sqrt(D), torch.float16, f"({kind}, D={D})",
+                  baseline=attention_finite_rows_torch)
+
+
+@pytest.mark.parametrize("D", [16, 24, 32])
+def test_forward_strided_inputs(D, seed):
+    """q, k, v as models produce them: permuted views of [B, N, S, H, D] (slice and batch
+    strides merge), of a [B, S, N, H, D] transpose (head and slice strides merge, batch apart),
+    of a fused [.., 3, H, D] projection; a bias with padded rows; k misaligned (copied by the
+    op). Each bitwise equal to the contiguous inputs' result."""
+    g = torch.Generator().manual_seed(seed)
+    B, N, H, S = 2, 7, 3, 90
+    q, k, v, bias, mask, _ = make_case(B, N, H, S, D, torch.bfloat16, "cuda", g)
+    scale = 1 / math.sqrt(D)
+    want = forward_op(q, k, v, bias, mask, scale)
+    views = {
+        "bnshd": lambda x: x.permute(0, 1, 3, 2, 4).contiguous().permute(0, 1, 3, 2, 4),
+        "bsnhd": lambda x: x.permute(0, 3, 1, 2, 4).contiguous().permute(0, 2, 3, 1, 4),
+        "fused": lambda x: torch.stack([x.permute(0, 1, 3, 2, 4)] * 3, 3).permute(0, 1, 4, 2, 3, 5)[:, :, :, :, 1],
+    }
+    for name, view in views.items():
+        qs, ks, vs = view(q), view(k), view(v)
+        assert torch.equal(qs, q) and not qs.is_contiguous(), name
+        got = forward_op(qs, ks, vs, bias, mask, scale)
+        for a, b in zip(got, want):
+            assert torch.equal(a, b), f"{name}: differs from the contiguous inputs"
+    wide = torch.zeros(B, H, S, S + 5, dtype=bias.dtype, device="cuda")
+    wide[..., :S] = bias.reshape(B, H, S, S)
+    got = forward_op(q, k, v, wide[..., :S], mask, scale)
+    assert torch.equal(got[0], want[0]), "strided bias"
+    padded = torch.zeros(B, N, H, S, D + 1, dtype=k.dtype, device="cuda")
+    padded[..., 1:] = k
+    out = tpf.triangle_attention(q, padded[..., 1:], v, bias, mask)
+    assert torch.equal(out, want[0]), "misaligned k"
+
+
+def test_forward_without_saved_state_matches(seed):
+    """No residual kept (residual=False, or no gradient needed): the same O."""
+    g = torch.Generator().manual_seed(seed)
+    q, k, v, bias, mask, _ = make_case(1, 5, 2, 100, 32, torch.bfloat16, "cuda", g)
+    o, _, _ = forward_op(q, k, v, bias, mask, 1 / math.sqrt(32))
+    o2, _, res = forward_op(q, k, v, bias, mask, 1 / math.sqrt(32), keep_residual=False)
+    assert res.numel() == 0 and torch.equal(o, o2)
+    with torch.no_grad():
+        assert torch.equal(tpf.triangle_attention(q, k, v, bias, mask), o)
+
+
+@pytest.mark.parametrize("D", [16, 32])
+def test_forward_bitwise_repeatable(D, seed):
+    """O, lse and residual bitwise identical over 5 calls, on 20 random inputs."""
+    g = torch.Generator().manual_seed(seed)
+    for case in range(20):
+        q, k, v, bias, mask, _ = make_case(1, 9, 4, 257, D, torch.bfloat16, "cuda", g)
+        first = forward_op(q, k, v, bias, mask, 1 / math.sqrt(D))
+        for _ in range(4):
+            for a, b in zip(first, forward_op(q, k, v, bias, mask, 1 / math.sqrt(D))):
+                assert torch.equal(a, b), f"input {case}"
+
+
+def test_forward_cuda_graph_capture(seed):
+    g = torch.Generator().manual_seed(seed)
+    q, k, v, bias, mask, _ = make_case(2, 9, 4, 200, 16, torch.bfloat16, "cuda", g)
+    eager = tpf.triangle_attention(q, k, v, bias, mask)
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        tpf.triangle_attention(q, k, v, bias, mask)
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = tpf.triangle_attention(q, k, v, bias, mask)
+    out.fill_(float("nan"))
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(out, eager)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("D", [16, 32])
+def test_forward_float32_bias(D, dtype, seed):
+    """A float32 bias is read as float32: within the FP64 rule, and closer to FP64 than the same
+    bias rounded to q's dtype (spread 8, where that rounding moves scores by up to 8 x 2^-9)."""
+    g = torch.Generator().manual_seed(seed)
+    q, k, v, bias, mask, _ = make_case(2, 7, 4, 200, D, dtype, "cuda", g)
+    bias = bias.float() * 8
+    scale = 1 / math.sqrt(D)
+    rounded = bias.to(dtype)
+    check_forward(q, k, v, bias, mask, scale, dtype, f"(float32 bias, D={D}, {dtype})",
+                  baseline=lambda q, k, v, b, m: triangle_attention_torch(q, k, v, rounded, m, scale))
+    ref_o, _ = forward_fp64(q, k, v, bias, mask, scale)
+    o32 = forward_op(q, k, v, bias, mask, scale)[0]
+    o16 = forward_op(q, k, v, rounded, mask, scale)[0]
+    assert max_err(o32, ref_o) < max_err(o16, ref_o)

@@ -207,3 +207,20 @@ def test_torch_compile(seed):
     comp = run_with_grads(compiled, q, k, v, bias, mask, grad)
     for name in ("o",) + GRADS:
         assert torch.allclose(eager[name], comp[name], atol=1e-5, rtol=1e-5), name
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_float32_bias_is_read_unrounded(dtype, seed):
+    """A float32 bias with 16-bit q, k, v (Protenix passes bias.float()): O and the gradients
+    within the FP64 rule, and O closer to FP64 than with the bias rounded to q's dtype (a bias
+    of spread 8, where that rounding moves scores by up to 8 x 2^-9)."""
+    g = torch.Generator().manual_seed(seed)
+    q, k, v, bias, mask, grad = make_case(2, 5, 2, 70, 16, dtype, "cpu", g)
+    bias = bias.float() * 8 + torch.rand(bias.shape, generator=g) * 1e-2
+    ref = reference_fp64(q, k, v, bias, mask, grad, 1 / math.sqrt(16))
+    ours = run_with_grads(tpf.triangle_attention, q, k, v, bias, mask, grad)
+    base = run_with_grads(triangle_attention_torch, q, k, v, bias.to(dtype), mask, grad)
+    check_fa3_rule(ours, base, ref, dtype, f"(float32 bias, {dtype})")
+    assert ours["dbias"].dtype == torch.float32
+    rounded = tpf.triangle_attention(q, k, v, bias.to(dtype), mask)
+    assert max_err(ours["o"], ref["o"]) < max_err(rounded, ref["o"])

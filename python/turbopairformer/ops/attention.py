@@ -50,7 +50,7 @@ def _attention_fwd_impl(q, k, v, bias, mask, scale, keep_residual):
     native(
         _C.attention_forward,
         q, k, v, bias, mask, o, lse,
-        residual if residual.numel() else None, scale, stream_of(q))
+        residual if residual.numel() else None, scale, workspace(q), stream_of(q))
     return o, lse, residual
 
 
@@ -147,8 +147,8 @@ def _cueq_forms(q, k, v, bias, mask):
     - a mask of any dtype, cast to bool (nonzero = attend);
     - under autocast on q's device, q, k, v cast to its dtype (not float64, as autocast; nor the
       bias);
-    - a floating bias whose dtype is not q's taken in float32 (exact from 16 bits; _run then runs
-      the op in float32)."""
+    - a floating bias whose dtype is not q's taken in float32 (exact from 16 bits; _run says how a
+      float32 bias with 16-bit q, k, v runs)."""
     for name, x in (("q", q), ("k", k), ("v", v), ("bias", bias)):
         require_tensor(x, name)
     if mask is not None:
@@ -170,15 +170,29 @@ def _cueq_forms(q, k, v, bias, mask):
     return q, k, v, bias, mask
 
 
+def _tma_rows(x: torch.Tensor) -> torch.Tensor:
+    """x as the CUDA forward's TMA copies need it (start and every stride on 16 bytes), copied
+    only when it is not."""
+    x = inner_contiguous(x)
+    if not x.is_cuda:
+        return x
+    item = x.element_size()
+    if x.data_ptr() % 16 == 0 and all(s * item % 16 == 0 for s in x.stride()[:-1]):
+        return x
+    return x.contiguous() if x.shape[-1] * item % 16 == 0 else x
+
+
 def _run(q, k, v, bias, mask, scale, residual):
     for name, x in (("q", q), ("k", k), ("v", v), ("bias", bias)):
         require_tensor(x, name)
     if mask is not None:
         require_tensor(mask, "mask")
-    if bias.dtype == torch.float32 and q.dtype in (torch.bfloat16, torch.float16):
-        # A float32 bias with 16-bit q, k, v (as cuEquivariance's kernels take it): the op runs in
-        # float32, q, k, v widened exactly, o rounded to their dtype. The bias keeps every bit; the
-        # CUDA kernels read 16-bit inputs only, so on CUDA this call takes PyTorch's float32 math.
+    if (bias.dtype == torch.float32 and q.dtype in (torch.bfloat16, torch.float16) and q.is_cuda
+            and _needs_grad(q, k, v, bias)):
+        # A float32 bias with 16-bit q, k, v (Protenix passes bias.float()) is read as float32 by
+        # the CPU path and the CUDA forward; the CUDA backward reads a 16-bit bias only, so with a
+        # gradient to come the op runs in float32 (q, k, v widened exactly, o rounded to their
+        # dtype; PyTorch's float32 math on CUDA), which keeps every bit of the bias.
         return _run(q.float(), k.float(), v.float(), bias, mask, scale, residual).to(q.dtype)
     scale = _scale(scale, q)
     if q.is_cuda and q.dtype == torch.float32:
@@ -187,9 +201,15 @@ def _run(q, k, v, bias, mask, scale, residual):
         native(_C.attention_check_inputs, q, k, v, bias, mask, scale)
         return triangle_attention_torch(q, k, v, bias, mask, scale)
     o, _, _ = _attention_call(
-        inner_contiguous(q), inner_contiguous(k), inner_contiguous(v), inner_contiguous(bias),
-        None if mask is None else inner_contiguous(mask), scale, bool(residual))
+        inner_contiguous(q), _tma_rows(k), _tma_rows(v), inner_contiguous(bias),
+        None if mask is None else inner_contiguous(mask), scale,
+        bool(residual) and _needs_grad(q, k, v, bias))
     return o
+
+
+def _needs_grad(*tensors: torch.Tensor) -> bool:
+    """Whether autograd will ask for the backward: when not, the forward keeps no residual."""
+    return torch.is_grad_enabled() and any(t.requires_grad for t in tensors)
 
 
 def triangle_attention(
@@ -210,7 +230,7 @@ def triangle_attention(
     ("output-residual compensation", 16-bit inputs only); False gives the uncompensated backward.
     Also cuEquivariance's forms (see _cueq_forms): [N, H, S, D] for B = 1 (o is then
     [1, N, H, S, D], as cuEquivariance returns it), a mask of any dtype, a bias of another float
-    dtype (taken in float32: a float32 bias with 16-bit q, k, v runs in float32), autocast.
+    dtype (taken in float32 and read as float32), autocast.
     """
     q, k, v, bias, mask = _cueq_forms(q, k, v, bias, mask)
     # C++ takes any key count (triangle_attention_rows); here the keys are the queries' tokens.

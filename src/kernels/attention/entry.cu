@@ -8,8 +8,9 @@
 #include <string>
 
 #include "kernels/attention/api.h"
-#include "kernels/attention/backward_workspace.h"
-#include "kernels/attention/forward.h"
+#include "kernels/attention/backward_sm90.h"
+#include "kernels/attention/forward_sm90.h"
+#include "kernels/attention/forward_sm90_heuristics.h"
 #include "kernels/attention/params.h"
 #include "kernels/common/device_guard.h"
 #include "tpf/error.h"
@@ -85,13 +86,12 @@ bool available() {
 
 void attention_forward(const AttentionForwardArgs& a, const AttentionDims& d, void* stream) {
   DeviceGuard guard(a.q.device_index);
-  const AttentionForwardParams p =
-      forward_params(a.q, a.k, a.v, a.bias, a.mask, a.o, a.lse, a.residual, a.scale, d);
+  void* ws = a.workspace(fwd90::forward_workspace_bytes(d.B, d.H, d.Sq, d.Sk));
   auto s = static_cast<cudaStream_t>(stream);
   if (a.q.dtype == DType::bf16)
-    attention_forward_launch<__nv_bfloat16>(p, int(d.D), s);
+    fwd90::launch<__nv_bfloat16>(a, d, ws, s);
   else
-    attention_forward_launch<__half>(p, int(d.D), s);
+    fwd90::launch<__half>(a, d, ws, s);
   check_launch("triangle attention forward");
 }
 
@@ -114,23 +114,21 @@ void attention_backward(const AttentionBackwardArgs& a, const AttentionDims& d, 
   p.dout_aligned = rows_aligned(a.dout, 3);
   p.delta_vectorized = p.dout_aligned && rows_aligned(a.o, 3) &&
                        (!a.residual.present || rows_aligned(a.residual.view, 3));
-  const BackwardWorkspaceLayout w = backward_workspace_layout(d.B, d.N, d.H, d.Sq, d.Sk, d.D);
+  const Sm90BackwardWorkspace w = sm90_backward_workspace(d.B, d.N, d.H, d.Sq, d.Sk, d.D);
   char* ws = static_cast<char*>(a.workspace(w.total));
   p.delta = reinterpret_cast<float*>(ws + w.delta);
-  p.dq_partial = reinterpret_cast<float*>(ws + w.dq_partial);
-  p.dbias_partial = reinterpret_cast<float*>(ws + w.dbias_partial);
-  p.dbias_acc = reinterpret_cast<float*>(ws + w.dbias_acc);
-  p.chunk = w.chunk;
-  if (backward_dq_cluster(int(d.D))) {
-    const DqClusters c = dq_clusters((d.Sk + kTileK - 1) / kTileK);
-    p.dq_cluster = c.size;
-    p.dq_parts = c.parts;
-  }
+  p.dq_acc = reinterpret_cast<float*>(ws + w.dq_acc);
+  p.dbias_acc_t = reinterpret_cast<float*>(ws + w.dbias_acc);
+  p.dq_sem = reinterpret_cast<int*>(ws + w.sem);
+  const Sm90BackwardGrid grid =
+      sm90_backward_grid(int(d.N), int(d.Sq), int(d.Sk), sm90_backward_slices(d.D));
+  p.dbias_sem = p.dq_sem + int64_t(grid.groups) * d.B * d.H * grid.query_tiles;
+  p.dq_aligned = rows_aligned(a.dq, 3);
   auto s = static_cast<cudaStream_t>(stream);
   if (a.q.dtype == DType::bf16)
-    attention_backward_launch<__nv_bfloat16>(p, int(d.D), s);
+    attention_backward_sm90_launch<__nv_bfloat16>(p, int(d.D), s);
   else
-    attention_backward_launch<__half>(p, int(d.D), s);
+    attention_backward_sm90_launch<__half>(p, int(d.D), s);
   check_launch("triangle attention backward");
 }
 

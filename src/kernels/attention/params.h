@@ -10,6 +10,7 @@ struct Strides4 {
   int64_t b, n, h, s;
 };
 
+// The backward's view of the forward's tensors (the Hopper forward has its own, forward_sm90_params.h).
 struct AttentionForwardParams {
   const void* q;
   const void* k;
@@ -40,15 +41,15 @@ struct AttentionBackwardParams {
   int64_t dbias_stride_b, dbias_stride_h, dbias_stride_q;
   bool dout_aligned;
   bool delta_vectorized;  // o, dout (and residual) rows start on 16-byte boundaries
-  // Workspace (see backward_workspace.h): delta, dQ partials, dbias partials, dbias accumulator.
-  float* delta;          // [B, N, H, Sq]
-  float* dq_partial;     // [key tiles or dq_parts][chunk slices][B][H][Sq][D]
-  float* dbias_partial;  // [chunk slices / G][B][H][Sq][Sk]
-  float* dbias_acc;      // [B][H][Sq][Sk]
-  int chunk;             // slices per chunk (a multiple of G)
-  // TPF_ATTENTION_BWD_DQ=cluster: CTAs per cluster and clusters per slice's key tiles (dQ partials
-  // when dq_parts > 1); dq_cluster == 0: one dQ partial per key tile.
-  int dq_cluster, dq_parts;
+  float* delta;  // [B, N, H, Sq], in the workspace (backward_sm90.h's Sm90BackwardWorkspace)
+  // The Hopper backward (backward_sm90.h): fp32 accumulators of dQ (one chunk of slices) and of
+  // dbias^T, the semaphores that order the CTAs adding to them, and whether dq's rows allow 8-byte
+  // stores.
+  float* dq_acc;       // [chunk slices][B][H][Sq_pad][D]
+  float* dbias_acc_t;  // [B][H][Sk_pad][Sq_pad], keys major
+  int* dq_sem;         // [slice groups][B][H][query tiles]
+  int* dbias_sem;      // [B][H][query tiles][key blocks]
+  bool dq_aligned;
 };
 
 }  // namespace tpf::cuda

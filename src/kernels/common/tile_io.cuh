@@ -15,7 +15,7 @@ namespace tpf::cuda {
 // CORE: the shared layout is instead wgmma's no-swizzle "core matrix" layout, [COLS / 8][ROWS][8]
 // with no padding: each 8-row x 16-byte core matrix is 128 contiguous bytes, core matrices 128 bytes
 // apart along the rows and ROWS * 16 bytes apart along the columns (the descriptor strides in
-// forward_wgmma.cu); consecutive threads copy consecutive 16-byte chunks of one column block.
+// wgmma.cuh); consecutive threads copy consecutive 16-byte chunks of one column block.
 template <typename T, int ROWS, int COLS, int THREADS, bool CORE = false>
 __device__ __forceinline__ void load_tile(T* s, const T* g, int64_t stride, int valid_rows,
                                           int valid_cols, bool aligned, const T* safe) {

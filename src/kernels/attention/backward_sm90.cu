@@ -1,0 +1,120 @@
+// Triangle attention backward for Hopper (sm_90a): warp-specialized, wgmma, deterministic.
+//
+//  1. delta = rowsum(dO * (O + r)) (backward_preprocess.cuh).
+//  2. attention_backward_sm90_kernel, one launch per chunk of slices. A CTA owns a 128-key block in
+//     kSlices slices (backward_sm90.h) and walks every 64-query tile:
+//       warps 0-1  load (cp.async into the no-swizzle core-matrix layout wgmma reads; mbarriers),
+//       warp  2    adds the staged dQ partials to the fp32 dQ accumulator in key-block order,
+//       warp  3    adds the staged dbias^T tiles to the fp32 dbias accumulator in slice-group order,
+//       warpgroups 1, 2 (64 keys each) recompute P^T and dS^T once per tile and use them for dV,
+//                  dK (registers), dQ (staged) and dbias (registers over the slices, then staged)
+//                  (backward_sm90_mainloop.cuh).
+//     The consumers never wait on another CTA: only the writers do, on semaphores that make every
+//     sum run in one order (backward_sm90_epilogue.cuh), so all four gradients are bitwise
+//     reproducible. The last key block of a slice group writes dq.
+//  3. attention_dbias_finish_kernel: dbias from its accumulator.
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "kernels/attention/backward_preprocess.cuh"
+#include "kernels/attention/backward_sm90.h"
+#include "kernels/attention/backward_sm90_epilogue.cuh"
+#include "kernels/attention/backward_sm90_mainloop.cuh"
+#include "kernels/common/wgmma.cuh"
+
+namespace tpf::cuda {
+namespace {
+
+template <typename T, int D>
+__global__ void __launch_bounds__(kBwdThreads, 1)
+    attention_backward_sm90_kernel(const AttentionBackwardParams p, int group_begin,
+                                   int chunk_first_slice) {
+  using S = Sm90BackwardSmem<T, D>;
+  extern __shared__ __align__(128) uint8_t smem_raw[];
+  S& sm = *reinterpret_cast<S*>(smem_raw);
+  const AttentionForwardParams& f = p.fwd;
+  const Sm90BackwardGrid grid = sm90_backward_grid(f.N, f.Sq, f.Sk, S::A);
+  const Sm90BackwardBlock blk =
+      sm90_backward_block(blockIdx.x, group_begin, f.B, f.H, grid.key_blocks);
+
+  if (threadIdx.x == 0) {
+    mbar_init(&sm.kv_full, kBwdLoadThreads);
+    for (int s = 0; s < 2; ++s) {
+      mbar_init(&sm.full[s], kBwdLoadThreads);
+      mbar_init(&sm.empty[s], 256);
+    }
+    for (int s = 0; s < S::DQS; ++s) {
+      mbar_init(&sm.dq_full[s], 256);
+      mbar_init(&sm.dq_empty[s], 32);
+    }
+    mbar_init(&sm.dbias_full, 256);
+    mbar_init(&sm.dbias_empty, 32);
+  }
+  __syncthreads();
+
+  const int warpgroup = threadIdx.x / 128;
+  if (warpgroup == 0) {
+    warpgroup_registers_dec<kBwdProducerRegisters>();
+    const int warp = threadIdx.x / 32;
+    if (warp < 2)
+      sm90_backward_load<T, D>(p, sm, blk.g, blk.b, blk.h, blk.jb, grid.query_tiles);
+    else if (warp == 2)
+      sm90_backward_write_dq<T, D>(p, sm, blk.g, blk.b, blk.h, blk.jb, grid.key_blocks,
+                                   grid.query_tiles, chunk_first_slice);
+    else
+      sm90_backward_write_dbias<T, D>(p, sm, blk.g, blk.b, blk.h, blk.jb, grid.key_blocks,
+                                      grid.query_tiles);
+  } else {
+    warpgroup_registers_inc<kBwdConsumerRegisters>();
+    const int w = warpgroup - 1;
+    ConsumerAccumulators<D, S::A> acc;
+    sm90_backward_consume<T, D>(p, sm, acc, w, grid.query_tiles);
+    sm90_backward_store_dkdv<T, D, S::A>(p, acc, blk.g, blk.b, blk.h, blk.jb, w);
+  }
+}
+
+template <typename T, int D>
+void launch(const AttentionBackwardParams& p, cudaStream_t stream) {
+  using S = Sm90BackwardSmem<T, D>;
+  const AttentionForwardParams& f = p.fwd;
+  launch_attention_delta<T, D>(p, stream);
+  const Sm90BackwardWorkspace w = sm90_backward_workspace(f.B, f.N, f.H, f.Sq, f.Sk, D);
+  cudaMemsetAsync(p.dq_sem, 0, w.sem_bytes, stream);  // dq_sem and dbias_sem are contiguous
+  const Sm90BackwardGrid grid = sm90_backward_grid(f.N, f.Sq, f.Sk, S::A);
+
+  const size_t smem = sizeof(S);
+  auto kernel = attention_backward_sm90_kernel<T, D>;
+  cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem));
+  const int groups_per_chunk = w.chunk / S::A;
+  for (int g0 = 0; g0 < grid.groups; g0 += groups_per_chunk) {
+    const int groups = min(groups_per_chunk, grid.groups - g0);
+    const int64_t blocks = int64_t(groups) * f.B * f.H * grid.key_blocks;
+    kernel<<<unsigned(blocks), kBwdThreads, smem, stream>>>(p, g0, g0 * S::A);
+  }
+  const int64_t sq_pad = int64_t(grid.query_tiles) * kTileQ,
+                sk_pad = int64_t(grid.key_blocks) * kBwdKeyBlock;
+  const dim3 finish((f.Sq + 31) / 32, (f.Sk + 31) / 32, f.B * f.H);
+  attention_dbias_finish_kernel<T><<<finish, dim3(32, 8), 0, stream>>>(p, sq_pad, sk_pad);
+}
+
+}  // namespace
+
+template <typename T>
+void attention_backward_sm90_launch(const AttentionBackwardParams& p, int head_dim,
+                                    cudaStream_t stream) {
+  switch (head_dim) {
+    case 16: return launch<T, 16>(p, stream);
+    case 32: return launch<T, 32>(p, stream);
+    case 64: return launch<T, 64>(p, stream);
+  }
+}
+
+template void attention_backward_sm90_launch<__nv_bfloat16>(const AttentionBackwardParams&, int,
+                                                            cudaStream_t);
+template void attention_backward_sm90_launch<__half>(const AttentionBackwardParams&, int,
+                                                     cudaStream_t);
+
+}  // namespace tpf::cuda

@@ -1,0 +1,117 @@
+// The Hopper backward (backward_sm90.cu): its tile heuristics, the order of its CTAs (the scheduler
+// the cross-CTA sums rely on) and its workspace, shared by the host launcher, the workspace query and
+// the kernel. Host and device code; nothing here launches anything.
+#pragma once
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <cstdlib>
+
+#include "kernels/attention/params.h"
+#include "kernels/attention/tile_config.h"
+
+namespace tpf::cuda {
+
+// ---- heuristics -------------------------------------------------------------------------------------
+// A CTA is one producer warpgroup and two consumer warpgroups. It owns a block of 128 keys (64 per
+// consumer warpgroup: wgmma's M for S^T = K Q^T) in kSlices consecutive slices and walks every
+// 64-query tile. For each (query tile, slice) a consumer recomputes P^T and dS^T once and uses them
+// for dV, dK (kept in registers over the query tiles: D fp32 registers per slice per thread), its
+// dQ partial and the dbias tile summed over the CTA's slices. kSlices keeps dK/dV at 64 registers
+// (D = 16: 4 slices, 32: 2, 64: 1), which leaves room for the score, dP and dbias tiles under the
+// consumers' 224 registers; more slices per CTA would divide the dbias traffic further.
+constexpr int kBwdKeysPerWarpgroup = 64;
+constexpr int kBwdKeyBlock = 2 * kBwdKeysPerWarpgroup;
+constexpr int kBwdThreads = 384;
+constexpr int kBwdProducerRegisters = 56;
+constexpr int kBwdConsumerRegisters = 224;
+
+template <int D>
+struct Sm90BackwardConfig {
+  static_assert(D == 16 || D == 32 || D == 64, "the Hopper backward covers head dims 16, 32, 64");
+  static constexpr int kSlices = D == 16 ? 4 : D == 32 ? 2 : 1;
+  // Staged dQ partials (each 64 x D fp32 per consumer warpgroup): two let the consumers run a
+  // slice ahead of the dQ writer; D = 64 has shared memory for one.
+  static constexpr int kDqStages = D <= 32 ? 2 : 1;
+};
+
+inline bool sm90_backward_supports(int64_t D) { return D == 16 || D == 32 || D == 64; }
+inline int sm90_backward_slices(int64_t D) { return D == 16 ? 4 : D == 32 ? 2 : 1; }
+
+// fp32 dQ accumulators are bounded to this many bytes; the slices run in chunks that fit (one
+// kernel launch each). 128 MiB is three chunks at S = 768, D = 32, which keeps the peak memory of
+// forward + backward under cuEquivariance's.
+constexpr int64_t kSm90DqBudgetBytes = 128LL << 20;
+
+// ---- scheduler --------------------------------------------------------------------------------------
+// One CTA per (slice group g, b, h, key block jb), numbered with jb fastest, then h, b, g. dQ of a
+// (slice, query tile) sums over the key blocks of its slice group (CTA order jb = 0, 1, ...: the
+// neighbouring CTAs), dbias of a (query tile, key block) over the slice groups (CTA order g: B H J
+// CTAs apart). Both orders only make a CTA wait for lower-numbered CTAs.
+struct Sm90BackwardGrid {
+  int query_tiles, key_blocks;  // T, J
+  int groups;                   // slice groups in all, ceil(N / kSlices)
+};
+__host__ __device__ inline Sm90BackwardGrid sm90_backward_grid(int N, int Sq, int Sk, int slices) {
+  return {(Sq + kTileQ - 1) / kTileQ, (Sk + kBwdKeyBlock - 1) / kBwdKeyBlock,
+          (N + slices - 1) / slices};
+}
+struct Sm90BackwardBlock {
+  int g, b, h, jb;  // g counts slice groups from the first slice (all chunks)
+};
+__device__ inline Sm90BackwardBlock sm90_backward_block(int block, int group_begin, int B, int H,
+                                                        int J) {
+  Sm90BackwardBlock c;
+  c.jb = block % J;
+  block /= J;
+  c.h = block % H;
+  block /= H;
+  c.b = block % B;
+  c.g = group_begin + block / B;
+  return c;
+}
+
+// ---- workspace --------------------------------------------------------------------------------------
+// delta [B][N][H][Sq]; dq_acc [chunk slices][B][H][Sq_pad][D] (Sq_pad: whole 64-query tiles);
+// dbias_acc [B][H][Sk_pad][Sq_pad] (keys major: the consumers' dS^T layout; Sk_pad: whole key
+// blocks); the semaphores, zeroed at each call: dq_sem [groups][B][H][T], dbias_sem [B][H][T][J].
+struct Sm90BackwardWorkspace {
+  int chunk;  // slices per launch, a multiple of kSlices
+  size_t delta, dq_acc, dbias_acc, sem, sem_bytes, total;  // byte offsets and sizes
+};
+inline Sm90BackwardWorkspace sm90_backward_workspace(int64_t B, int64_t N, int64_t H, int64_t Sq,
+                                                     int64_t Sk, int64_t D) {
+  auto align = [](size_t x) { return (x + 255) / 256 * 256; };
+  const int64_t A = sm90_backward_slices(D);
+  const Sm90BackwardGrid grid = sm90_backward_grid(int(N), int(Sq), int(Sk), int(A));
+  const int64_t sq_pad = int64_t(grid.query_tiles) * kTileQ,
+                sk_pad = int64_t(grid.key_blocks) * kBwdKeyBlock;
+  const int64_t per_slice = B * H * sq_pad * D * int64_t(sizeof(float));
+  // TPF_ATTENTION_DQ_BUDGET_BYTES lowers the budget (tests use it to force many chunks).
+  int64_t budget = kSm90DqBudgetBytes;
+  if (const char* env = std::getenv("TPF_ATTENTION_DQ_BUDGET_BYTES")) budget = std::atoll(env);
+  const int64_t most = std::max<int64_t>(A, budget / std::max<int64_t>(per_slice, 1) / A * A);
+  const int64_t n_pad = grid.groups * A;
+  const int64_t chunks = (n_pad + most - 1) / most;
+  const int64_t chunk = ((n_pad + chunks - 1) / chunks + A - 1) / A * A;  // balanced chunks
+  Sm90BackwardWorkspace w;
+  w.chunk = int(chunk);
+  w.delta = 0;
+  w.dq_acc = align(w.delta + size_t(B * N * H * Sq) * sizeof(float));
+  w.dbias_acc = align(w.dq_acc + size_t(chunk * per_slice));
+  w.sem = align(w.dbias_acc + size_t(B * H * sk_pad * sq_pad) * sizeof(float));
+  w.sem_bytes = size_t(int64_t(grid.groups) * B * H * grid.query_tiles +
+                       B * H * grid.query_tiles * grid.key_blocks) *
+                sizeof(int);
+  w.total = align(w.sem + w.sem_bytes);
+  return w;
+}
+
+// The launcher (backward_sm90.cu). T: __nv_bfloat16 or __half; head_dim: sm90_backward_supports.
+template <typename T>
+void attention_backward_sm90_launch(const AttentionBackwardParams& p, int head_dim,
+                                    cudaStream_t stream);
+
+}  // namespace tpf::cuda

@@ -1,0 +1,399 @@
+// The Hopper backward's shared memory, its producer (loads) and its consumers (the math of one
+// query tile). Orchestrated by backward_sm90.cu; the writers of the cross-CTA sums are in
+// backward_sm90_epilogue.cuh.
+//
+// Per (query tile, slice) a consumer warpgroup owns 64 keys (rows of its accumulators) x 64 queries:
+//   S^T  = K Q^T     wgmma SS, A = the key tile (K-major), B = the query tile (K-major)
+//   dP^T = V dO^T    wgmma SS, the same with the value and output-gradient tiles
+//   P^T  = exp2((S^T scale + bias^T) log2e - lse log2e), 0 for a masked key
+//   dS^T = P^T (dP^T - delta);  dbias^T += dS^T (registers, summed over the CTA's slices)
+//   dV  += P^T dO    wgmma RS, A = P^T rounded to the input dtype (the accumulator layout of S^T is
+//                    the A fragment layout), B = the output-gradient tile (MN-major)
+//   dK  += dS^T Q    wgmma RS, likewise
+//   dQ_w = dS K      wgmma SS, A = dS^T stored transposed by stmatrix into shared memory (K-major),
+//                    B = the key tile (MN-major); staged in shared memory for the dQ writer, which
+//                    adds the two warpgroups' partials and the other key blocks' in fixed order.
+#pragma once
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <cmath>
+#include <cstdint>
+
+#include "kernels/attention/backward_sm90.h"
+#include "kernels/attention/params.h"
+#include "kernels/attention/tile_config.h"
+#include "kernels/common/mma.cuh"
+#include "kernels/common/tile_io.cuh"
+#include "kernels/common/wgmma.cuh"
+
+namespace tpf::cuda {
+
+constexpr float kBwdLog2e = 1.4426950408889634f;
+
+// What a consumer warpgroup does with its 64 keys of a slice.
+enum : uint8_t { kTileSkip = 0, kTileMasked = 1, kTileWhole = 2 };
+
+template <typename T, int D>
+struct Sm90BackwardSmem {
+  using Config = Sm90BackwardConfig<D>;
+  static constexpr int A = Config::kSlices, DQS = Config::kDqStages;
+  static constexpr int TILE = kTileQ * D;             // a 64-row core-matrix tile, elements
+  static constexpr int LDBIAS = kBwdKeyBlock + kPad;  // bias rows [query][key], padded
+  static constexpr int LDQ = D + 8;        // dQ staging rows (floats): conflict-free float2
+  static constexpr int LDDB = kTileQ + 4;  // dbias^T staging rows [key][query] (floats)
+  alignas(128) T k[A][2][TILE];            // [slice][warpgroup]: its 64 keys, core-matrix layout
+  alignas(128) T v[A][2][TILE];
+  alignas(128) T q[2][A][TILE];  // [stage][slice]
+  alignas(128) T dout[2][A][TILE];
+  alignas(
+      128) T ds[2][2][kTileQ * kBwdKeysPerWarpgroup];  // [warpgroup][parity]: dS, [key/8][query][8]
+  alignas(16) T bias[2][kTileQ * LDBIAS];              // [stage]
+  alignas(16) float dq_stage[DQS][2][kTileQ * LDQ];    // [stage][warpgroup], [query][feature]
+  alignas(16) float dbias_stage[2][kBwdKeysPerWarpgroup * LDDB];  // [warpgroup], [key][query]
+  alignas(16) float lse2[2][A][kTileQ];  // lse log2e (+inf past Sq: no probability)
+  alignas(16) float delta[2][A][kTileQ];
+  uint8_t key_ok[A][kBwdKeyBlock];
+  uint8_t tile_state[A][2];  // kTileSkip / kTileMasked / kTileWhole per slice and warpgroup
+  int cta_alive;             // some tile is not kTileSkip
+  int dq_valid[DQS][2];      // the staged dQ partial holds data (else: zero)
+  int dbias_valid[2];
+  uint64_t kv_full, full[2], empty[2], dq_full[DQS], dq_empty[DQS], dbias_full, dbias_empty;
+};
+
+// The slice (b, n, h) of a [B, N, H, S, D] tensor.
+template <typename T>
+__device__ __forceinline__ const T* slice_of(const void* base, const Strides4& st, int b, int n,
+                                             int h) {
+  return static_cast<const T*>(base) + b * st.b + int64_t(n) * st.n + h * st.h;
+}
+
+// ---- producer: warps 0 and 1 (64 threads; load_tile indexes by threadIdx.x) -----------------------
+
+constexpr int kBwdLoadThreads = 64;
+constexpr int kBwdLoadBarrier = 3;  // named barrier of the 64 load threads
+
+template <typename T, int D>
+__device__ __forceinline__ void sm90_backward_load(const AttentionBackwardParams& p,
+                                                   Sm90BackwardSmem<T, D>& sm, int g, int b, int h,
+                                                   int jb, int T_tiles) {
+  using S = Sm90BackwardSmem<T, D>;
+  constexpr int A = S::A;
+  const AttentionForwardParams& f = p.fwd;
+  const T* safe = static_cast<const T*>(f.q);
+  const int tid = threadIdx.x;
+
+  // Keys, values and key flags of the CTA's slices, once.
+#pragma unroll 1
+  for (int u = 0; u < A; ++u) {
+    const int n = g * A + u;
+    const bool valid = n < f.N;
+#pragma unroll 1
+    for (int w = 0; w < 2; ++w) {
+      const int k0 = jb * kBwdKeyBlock + w * kBwdKeysPerWarpgroup;
+      const int krows = valid ? max(0, min(kBwdKeysPerWarpgroup, f.Sk - k0)) : 0;
+      if (krows == 0) continue;  // never read: its tile is skipped
+      load_tile<T, kBwdKeysPerWarpgroup, D, kBwdLoadThreads, true>(
+          sm.k[u][w], slice_of<T>(f.k, f.k_stride, b, n, h) + int64_t(k0) * f.k_stride.s,
+          f.k_stride.s, krows, D, f.qkv_aligned, safe);
+      load_tile<T, kBwdKeysPerWarpgroup, D, kBwdLoadThreads, true>(
+          sm.v[u][w], slice_of<T>(f.v, f.v_stride, b, n, h) + int64_t(k0) * f.v_stride.s,
+          f.v_stride.s, krows, D, f.qkv_aligned, safe);
+    }
+    for (int j = tid; j < kBwdKeyBlock; j += kBwdLoadThreads) {
+      const int key = jb * kBwdKeyBlock + j;
+      sm.key_ok[u][j] = valid && key < f.Sk &&
+                        (f.mask == nullptr ||
+                         f.mask[b * f.mask_stride_b + int64_t(n) * f.mask_stride_n + key] != 0);
+    }
+  }
+  cp_async_commit();
+  cp_async_wait<0>();
+  fence_proxy_async();
+  named_barrier(kBwdLoadBarrier, kBwdLoadThreads);
+  if (tid < 2 * A) {
+    const int u = tid / 2, w = tid % 2;
+    int alive = 0;
+    for (int j = 0; j < kBwdKeysPerWarpgroup; ++j)
+      alive += sm.key_ok[u][w * kBwdKeysPerWarpgroup + j];
+    sm.tile_state[u][w] = alive == 0                      ? kTileSkip
+                          : alive == kBwdKeysPerWarpgroup ? kTileWhole
+                                                          : kTileMasked;
+  }
+  named_barrier(kBwdLoadBarrier, kBwdLoadThreads);
+  if (tid == 0) {
+    int any = 0;
+    for (int u = 0; u < A; ++u) any |= sm.tile_state[u][0] | sm.tile_state[u][1];
+    sm.cta_alive = any;
+  }
+  named_barrier(kBwdLoadBarrier, kBwdLoadThreads);
+  const bool cta_alive = sm.cta_alive != 0;
+  unsigned slice_alive = 0;  // bit u: slice u has a tile to compute
+#pragma unroll
+  for (int u = 0; u < A; ++u)
+    slice_alive |= unsigned((sm.tile_state[u][0] | sm.tile_state[u][1]) != 0) << u;
+  mbar_arrive(&sm.kv_full);
+
+  // Per query tile: Q, dO of the slices, the bias tile, lse and delta, into stage i % 2.
+  const T* bias_base =
+      static_cast<const T*>(f.bias) + b * f.bias_stride_b + h * f.bias_stride_h + jb * kBwdKeyBlock;
+  const int kcols = min(kBwdKeyBlock, f.Sk - jb * kBwdKeyBlock);
+#pragma unroll 1
+  for (int i = 0; i < T_tiles; ++i) {
+    const int stage = i & 1;
+    mbar_wait(&sm.empty[stage], ((i >> 1) & 1) ^ 1);
+    if (cta_alive) {
+      const int q0 = i * kTileQ, qrows = min(kTileQ, f.Sq - q0);
+#pragma unroll 1
+      for (int u = 0; u < A; ++u) {
+        if (!(slice_alive >> u & 1u)) continue;
+        const int n = g * A + u;
+        load_tile<T, kTileQ, D, kBwdLoadThreads, true>(
+            sm.q[stage][u], slice_of<T>(f.q, f.q_stride, b, n, h) + int64_t(q0) * f.q_stride.s,
+            f.q_stride.s, qrows, D, f.qkv_aligned, safe);
+        load_tile<T, kTileQ, D, kBwdLoadThreads, true>(
+            sm.dout[stage][u],
+            slice_of<T>(p.dout, p.dout_stride, b, n, h) + int64_t(q0) * p.dout_stride.s,
+            p.dout_stride.s, qrows, D, p.dout_aligned, safe);
+      }
+      load_tile<T, kTileQ, kBwdKeyBlock, kBwdLoadThreads>(
+          sm.bias[stage], bias_base + int64_t(q0) * f.bias_stride_q, f.bias_stride_q, qrows, kcols,
+          f.bias_aligned, safe);
+      for (int e = tid; e < A * kTileQ; e += kBwdLoadThreads) {
+        const int u = e / kTileQ, r = e % kTileQ, n = g * A + u;
+        float lse2 = INFINITY, delta = 0.f;
+        if ((slice_alive >> u & 1u) && r < qrows) {
+          lse2 = f.lse[b * f.lse_stride_b + int64_t(n) * f.lse_stride_n + h * f.lse_stride_h +
+                       int64_t(q0 + r) * f.lse_stride_s] *
+                 kBwdLog2e;
+          delta = p.delta[((int64_t(b) * f.N + n) * f.H + h) * f.Sq + q0 + r];
+        }
+        sm.lse2[stage][u][r] = lse2;
+        sm.delta[stage][u][r] = delta;
+      }
+      cp_async_commit();
+      cp_async_wait<0>();
+      fence_proxy_async();
+    }
+    mbar_arrive(&sm.full[stage]);
+  }
+}
+
+// ---- consumers: warpgroups 1 and 2 ------------------------------------------------------------------
+
+// The packed 16-bit A fragment (rows of this warp, k = 16 kk .. 16 kk + 15) of an accumulator tile
+// whose columns are the MMA's K: the C fragment and wgmma's register A fragment share the per-warp
+// layout.
+template <typename T>
+__device__ __forceinline__ void pack_a(uint32_t (&a)[4], const float (&c)[8][4], int kk) {
+  a[0] = Mma<T>::pack(c[2 * kk][0], c[2 * kk][1]);
+  a[1] = Mma<T>::pack(c[2 * kk][2], c[2 * kk][3]);
+  a[2] = Mma<T>::pack(c[2 * kk + 1][0], c[2 * kk + 1][1]);
+  a[3] = Mma<T>::pack(c[2 * kk + 1][2], c[2 * kk + 1][3]);
+}
+
+// Stores this warp's packed dS^T fragment for queries 16 kk .. 16 kk + 15 (pack_a's layout: the
+// warp's 16 keys x those queries, four 8 x 8 matrices) transposed into `ds`, the warpgroup's dS in
+// the core-matrix layout [key / 8][query][8] (K-major A of dQ = dS K): with .trans, row r of each
+// stored matrix is query r holding its 8 keys, one 16-byte core-matrix row.
+__device__ __forceinline__ void store_ds_core(void* ds, int kk, int warp, const uint32_t (&r)[4],
+                                              int lane) {
+  const int m = lane >> 3;  // matrix: (m & 1) = keys + 8, (m >> 1) = queries + 8 (pack_a's order)
+  const int key_chunk = 2 * warp + (m & 1), query = 16 * kk + 8 * (m >> 1) + (lane & 7);
+  const uint32_t addr = smem_addr(ds) + uint32_t((key_chunk * kTileQ + query) * 16);
+  asm volatile("stmatrix.sync.aligned.m8n8.x4.trans.shared.b16 [%0], {%1,%2,%3,%4};\n" ::"r"(addr),
+               "r"(r[0]), "r"(r[1]), "r"(r[2]), "r"(r[3])
+               : "memory");
+}
+
+// A consumer's state across the query tiles: dK and dV of its 64 keys in each slice.
+template <int D, int A>
+struct ConsumerAccumulators {
+  float dk[A][D / 8][4];
+  float dv[A][D / 8][4];
+};
+
+template <typename T, int D>
+__device__ __forceinline__ void sm90_backward_consume(
+    const AttentionBackwardParams& p, Sm90BackwardSmem<T, D>& sm,
+    ConsumerAccumulators<D, Sm90BackwardSmem<T, D>::A>& acc, int w, int T_tiles) {
+  using S = Sm90BackwardSmem<T, D>;
+  constexpr int A = S::A, DQS = S::DQS;
+  const int ctid = threadIdx.x - 128 * (1 + w);  // 0..127 in the warpgroup
+  const int warp = ctid >> 5, lane = ctid & 31;
+  const float scale = in_register(p.fwd.scale);  // see in_register (mma.cuh)
+
+  mbar_wait(&sm.kv_full, 0);
+  uint8_t state[A];
+  bool keep[A][2];  // per slice, this thread's key rows g and g + 8: probability kept
+  const int key_lo = w * kBwdKeysPerWarpgroup + warp * kWarpRows + (lane >> 2);
+#pragma unroll
+  for (int u = 0; u < A; ++u) {
+    state[u] = sm.tile_state[u][w];
+    keep[u][0] = state[u] == kTileWhole || sm.key_ok[u][key_lo] != 0;
+    keep[u][1] = state[u] == kTileWhole || sm.key_ok[u][key_lo + 8] != 0;
+  }
+#pragma unroll
+  for (int u = 0; u < A; ++u)
+#pragma unroll
+    for (int i = 0; i < D / 8; ++i)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) acc.dk[u][i][e] = acc.dv[u][i][e] = 0.f;
+
+  int staged = 0;    // dQ partials staged so far (every slice of every query tile)
+  int computed = 0;  // tiles computed so far: parity of the dS buffer
+#pragma unroll 1
+  for (int i = 0; i < T_tiles; ++i) {
+    const int stage = i & 1;
+    mbar_wait(&sm.full[stage], (i >> 1) & 1);
+    // bias^T of this warp's 16 keys x the 64 queries (ldmatrix.trans of the [query][key] tile):
+    // bias2[jj][2 half + r] holds queries 16 jj + 8 half + 2t, +1 of key g + 8 r.
+    uint32_t bias2[4][4];
+#pragma unroll
+    for (int jj = 0; jj < 4; ++jj)
+      load_transposed(bias2[jj], sm.bias[stage], S::LDBIAS, jj * 16,
+                      w * kBwdKeysPerWarpgroup + warp * kWarpRows);
+    float db[8][4];
+#pragma unroll
+    for (int j = 0; j < 8; ++j) db[j][0] = db[j][1] = db[j][2] = db[j][3] = 0.f;
+    bool any = false;
+
+#pragma unroll
+    for (int u = 0; u < A; ++u) {
+      const int buf = staged % DQS;
+      if (state[u] == kTileSkip) {
+        mbar_wait(&sm.dq_empty[buf], ((staged / DQS) & 1) ^ 1);
+        if (ctid == 0) sm.dq_valid[buf][w] = 0;
+        mbar_arrive(&sm.dq_full[buf]);
+        ++staged;
+        continue;
+      }
+      any = true;
+      const T* kt = sm.k[u][w];
+      const T* vt = sm.v[u][w];
+      const T* qt = sm.q[stage][u];
+      const T* dot = sm.dout[stage][u];
+
+      float st[8][4], dpt[8][4];  // S^T, dP^T: this warp's 16 keys x 64 queries
+      wgmma_fence();
+#pragma unroll
+      for (int ks = 0; ks < D / 16; ++ks) {
+        const uint64_t a = desc_k_major(kt + ks * 2 * 64 * 8),
+                       bq = desc_k_major(qt + ks * 2 * 64 * 8);
+        if (ks == 0)
+          Wgmma<T, 64>::template ss<0, 0, 0>(st, a, bq);
+        else
+          Wgmma<T, 64>::template ss<1, 0, 0>(st, a, bq);
+      }
+#pragma unroll
+      for (int ks = 0; ks < D / 16; ++ks) {
+        const uint64_t a = desc_k_major(vt + ks * 2 * 64 * 8),
+                       bd = desc_k_major(dot + ks * 2 * 64 * 8);
+        if (ks == 0)
+          Wgmma<T, 64>::template ss<0, 0, 0>(dpt, a, bd);
+        else
+          Wgmma<T, 64>::template ss<1, 0, 0>(dpt, a, bd);
+      }
+      wgmma_commit();
+      wgmma_wait<0>();
+      fence_regs(st);
+      fence_regs(dpt);
+
+      // Elements (key g + 8 r, query 8 j + 2t + e) with g = lane / 4, t = lane % 4.
+      const float* lse2 = sm.lse2[stage][u];
+      const float* delta = sm.delta[stage][u];
+#pragma unroll
+      for (int j = 0; j < 8; ++j) {
+        const int query = j * 8 + (lane & 3) * 2;
+        const float2 l2 = *reinterpret_cast<const float2*>(lse2 + query);
+        const float2 dl = *reinterpret_cast<const float2*>(delta + query);
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+          const float2 bias = unpack2<T>(bias2[j >> 1][(j & 1) * 2 + r]);
+          float p0 = fast_exp2(fmaf(fmaf(st[j][2 * r], scale, bias.x), kBwdLog2e, -l2.x));
+          float p1 = fast_exp2(fmaf(fmaf(st[j][2 * r + 1], scale, bias.y), kBwdLog2e, -l2.y));
+          p0 = keep[u][r] ? p0 : 0.f;
+          p1 = keep[u][r] ? p1 : 0.f;
+          const float ds0 = p0 * (dpt[j][2 * r] - dl.x), ds1 = p1 * (dpt[j][2 * r + 1] - dl.y);
+          st[j][2 * r] = p0;
+          st[j][2 * r + 1] = p1;
+          dpt[j][2 * r] = ds0;
+          dpt[j][2 * r + 1] = ds1;
+          db[j][2 * r] += ds0;
+          db[j][2 * r + 1] += ds1;
+        }
+      }
+      uint32_t pa[4][4], da[4][4];
+#pragma unroll
+      for (int kk = 0; kk < 4; ++kk) {
+        pack_a<T>(pa[kk], st, kk);
+        pack_a<T>(da[kk], dpt, kk);
+      }
+      // dS into the warpgroup's buffer of this parity: the tile two computed tiles back read it,
+      // and every warp passed that tile's MMA wait before the barrier of the tile in between.
+      T* ds = sm.ds[w][computed & 1];
+#pragma unroll
+      for (int kk = 0; kk < 4; ++kk) store_ds_core(ds, kk, warp, da[kk], lane);
+      fence_proxy_async();
+      named_barrier(1 + w, 128);
+
+      float dq[D / 8][4];
+      wgmma_fence();
+#pragma unroll
+      for (int kk = 0; kk < 4; ++kk)  // dV += P^T dO: K = 16 queries per step
+        Wgmma<T, D>::template rs<1, 1>(acc.dv[u], pa[kk], desc_mn_major(dot + kk * 16 * 8));
+#pragma unroll
+      for (int kk = 0; kk < 4; ++kk)  // dK += dS^T Q
+        Wgmma<T, D>::template rs<1, 1>(acc.dk[u], da[kk], desc_mn_major(qt + kk * 16 * 8));
+#pragma unroll
+      for (int kk = 0; kk < 4; ++kk) {  // dQ_w = dS K: K = 16 keys per step
+        const uint64_t a = desc_k_major(ds + kk * 2 * kTileQ * 8),
+                       bk = desc_mn_major(kt + kk * 16 * 8);
+        if (kk == 0)
+          Wgmma<T, D>::template ss<0, 0, 1>(dq, a, bk);
+        else
+          Wgmma<T, D>::template ss<1, 0, 1>(dq, a, bk);
+      }
+      wgmma_commit();
+      wgmma_wait<0>();
+      fence_regs(acc.dv[u]);
+      fence_regs(acc.dk[u]);
+      fence_regs(dq);
+      fence_regs(pa);
+      fence_regs(da);
+      ++computed;
+
+      mbar_wait(&sm.dq_empty[buf], ((staged / DQS) & 1) ^ 1);
+      float* sq = sm.dq_stage[buf][w];
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        const int row = warp * kWarpRows + (lane >> 2) + r * 8;
+#pragma unroll
+        for (int c = 0; c < D / 8; ++c)
+          *reinterpret_cast<float2*>(sq + row * S::LDQ + c * 8 + (lane & 3) * 2) =
+              make_float2(dq[c][2 * r], dq[c][2 * r + 1]);
+      }
+      if (ctid == 0) sm.dq_valid[buf][w] = 1;
+      mbar_arrive(&sm.dq_full[buf]);
+      ++staged;
+    }
+    mbar_arrive(&sm.empty[stage]);  // this stage's Q, dO, bias, lse, delta are read
+
+    mbar_wait(&sm.dbias_empty, (i & 1) ^ 1);
+    if (any) {
+      float* sdb = sm.dbias_stage[w];
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        const int key = warp * kWarpRows + (lane >> 2) + r * 8;
+#pragma unroll
+        for (int j = 0; j < 8; ++j)
+          *reinterpret_cast<float2*>(sdb + key * S::LDDB + j * 8 + (lane & 3) * 2) =
+              make_float2(db[j][2 * r], db[j][2 * r + 1]);
+      }
+    }
+    if (ctid == 0) sm.dbias_valid[w] = any;
+    mbar_arrive(&sm.dbias_full);
+  }
+}
+
+}  // namespace tpf::cuda

@@ -1,0 +1,278 @@
+// Triangle attention forward for Hopper (sm_90a): the kernel's orchestration and its launch.
+//
+// A CTA computes 128 queries (two consumer warpgroups of 64) of G slices (n0 .. n0 + G - 1) of
+// one head (b, h), over all key tiles of 64 keys; a producer warpgroup (one thread) feeds it:
+//   - the bias, pre-scaled to fp32 (bias / |scale|) by a pre-pass in the consumers' fragment
+//     order, enters each slice's S = Q K^T accumulator as its initial value (masked keys as
+//     -inf): one 32 KB bulk copy per key tile, shared by the G slices;
+//   - K and V tiles by TMA (5-d descriptors over the strided tensors, swizzled);
+//   - S = Q K^T and O += P [V | 1] by warpgroup MMAs with A (Q, P) in registers, the ones column
+//     of the second giving the row sums of P;
+//   - online softmax with one FFMA per score before the exponential, conditional rescaling, and
+//     part of the exponentials on the FMA pipe (forward_sm90_softmax.cuh).
+// The producer's registers go to the consumers (setmaxnreg). Every sum runs in a fixed order:
+// results are bitwise reproducible. Files: heuristics (tile shapes), layout (shared memory),
+// params, scheduler (CTA -> work), mainloop (producer, consumers), softmax, epilogue.
+#include <cuda.h>
+#include <cudaTypedefs.h>
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cmath>
+#include <string>
+
+#include "kernels/attention/forward_sm90.h"
+#include "kernels/attention/forward_sm90_epilogue.cuh"
+#include "kernels/attention/forward_sm90_mainloop.cuh"
+#include "tpf/error.h"
+
+namespace tpf::cuda::fwd90 {
+namespace {
+
+// Producer registers: one thread issues copies. Consumers: Q fragments, O and the score tile of
+// G slices. 128 x 24 + 256 x 240 = 64512 of the SM's 65536.
+constexpr int kProducerRegs = 24;
+constexpr int kConsumerRegs = 240;
+constexpr size_t kMaxSmemBytes = 227 * 1024;  // sm_90's opt-in limit per block
+
+template <typename T, int DP>
+__global__ void __launch_bounds__(kThreads, 1)
+    attention_forward_sm90_kernel(const __grid_constant__ Params p) {
+  using L = Layout<DP>;
+  extern __shared__ uint8_t smem_raw[];
+  // Rounded up to 1024 bytes by offsetting the shared array itself (not through an integer), so
+  // that loads from it stay shared-memory loads (LDS).
+  uint8_t* smem = smem_raw + ((1024u - (smem_u32(smem_raw) & 1023u)) & 1023u);
+  uint64_t* full = reinterpret_cast<uint64_t*>(smem + L::kBarriers);
+  uint64_t* empty = full + kStages;
+  uint64_t* words = reinterpret_cast<uint64_t*>(smem + L::kWords);
+  const Tile t = tile_of_cta<L::G>(p);
+  const int warpgroup = threadIdx.x / 128;
+
+  if (threadIdx.x == 0) {
+    for (int s = 0; s < kStages; ++s) {
+      Barrier::init(&full[s], 1);                  // the producer's arrive (plus the TMA bytes)
+      Barrier::init(&empty[s], kConsumers * 128);  // every consumer thread
+    }
+    cutlass::arch::fence_barrier_init();
+  }
+  load_mask_words<L::G>(p, t, words);
+  if (warpgroup > 0) {
+    // The ones atom(s) of O = P [V | 1]; written through the generic proxy, read by the MMAs.
+    const uint16_t one = std::is_same_v<T, __nv_bfloat16> ? 0x3F80 : 0x3C00;
+    const int ct = threadIdx.x - 128;
+    constexpr int kOnesWords = L::kOnesBytes / 4;
+    const uint32_t ones2 = uint32_t(one) | uint32_t(one) << 16;
+    if constexpr (L::kSharedOnes) {
+      for (int w = ct; w < kOnesWords; w += kConsumers * 128)
+        reinterpret_cast<uint32_t*>(smem + L::kOnes)[w] = ones2;
+    } else {
+      for (int w = ct; w < kStages * L::G * kOnesWords; w += kConsumers * 128) {
+        const int slot = w / kOnesWords, s = slot / L::G, g = slot % L::G;
+        reinterpret_cast<uint32_t*>(smem + s * L::kStageBytes + L::v_offset(g) +
+                                    L::kTileBytes)[w % kOnesWords] = ones2;
+      }
+    }
+    cutlass::arch::fence_view_async_shared();
+  }
+  __syncthreads();
+
+  if (warpgroup == 0) {
+    cutlass::arch::warpgroup_reg_dealloc<kProducerRegs>();
+    if (threadIdx.x == 0) produce<DP>(p, t, smem, words);
+  } else {
+    cutlass::arch::warpgroup_reg_alloc<kConsumerRegs>();
+    const int wg = warpgroup - 1, warp = (threadIdx.x / 32) % 4, lane = threadIdx.x % 32;
+    const int row0 = t.q_block * kRows + wg * kRowsPerWarpgroup + warp * 16;
+    ConsumerState<T, DP> st;
+#pragma unroll
+    for (int g = 0; g < L::G; ++g) {
+      load_q_fragments<T, DP>(p, t.b, t.n0 + g, t.h, row0, lane, st.qf[g]);
+      st.m[g][0] = st.m[g][1] = -INFINITY;
+#pragma unroll
+      for (int i = 0; i < L::kPvBlocks; ++i)
+        st.o[g][i][0] = st.o[g][i][1] = st.o[g][i][2] = st.o[g][i][3] = 0.f;
+    }
+    consume<T, DP>(p, t, smem, words, st, wg, warp, lane);
+#pragma unroll
+    for (int g = 0; g < L::G; ++g)
+      store_slice<T, DP, L::kPvBlocks>(p, t.b, t.n0 + g, t.h, row0, st.o[g], st.m[g], lane);
+  }
+}
+
+// The pre-pass: bias (any float dtype, strided) -> bias / |scale| in fp32, one 32 KB block per
+// (b, h, query block, key tile) in the consumers' order: float4 f of a block is thread `lane` of
+// warp w of warpgroup wg, column block j (f = ((wg 4 + w) 8 + j) 32 + lane), elements (row, col),
+// (row, col + 1), (row + 8, col), (row + 8, col + 1). Keys past Sk are -inf (masked), rows past
+// Sq 0.
+template <typename TB>
+__global__ void __launch_bounds__(256)
+    bias_prepass_kernel(const TB* bias, int64_t sb, int64_t sh, int64_t sq, int H, int Sq, int Sk,
+                        int q_blocks, int key_tiles, float inv_scale, float4* out) {
+  const int kt = blockIdx.x, qb = blockIdx.y, bh = blockIdx.z, b = bh / H, h = bh % H;
+  const TB* src = bias + b * sb + h * sh;
+  float4* dst = out + (int64_t(bh) * q_blocks + qb) * int64_t(key_tiles) * (kBiasTileFloats / 4) +
+                int64_t(kt) * (kBiasTileFloats / 4);
+  for (int f = threadIdx.x; f < kBiasTileFloats / 4; f += 256) {
+    const int lane = f & 31, j = (f >> 5) & 7, w = (f >> 8) & 3, wg = f >> 10;
+    const int row = qb * kRows + wg * kRowsPerWarpgroup + w * 16 + (lane >> 2);
+    const int col = kt * kKeys + j * 8 + (lane & 3) * 2;
+    auto at = [&](int r, int k) {
+      if (k >= Sk) return -INFINITY;
+      if (r >= Sq) return 0.f;
+      return float(src[r * sq + k]) * inv_scale;
+    };
+    dst[f] = make_float4(at(row, col), at(row, col + 1), at(row + 8, col), at(row + 8, col + 1));
+  }
+}
+
+PFN_cuTensorMapEncodeTiled_v12000 encode_fn() {
+  static PFN_cuTensorMapEncodeTiled_v12000 fn = [] {
+    void* f = nullptr;
+    cudaDriverEntryPointQueryResult q{};
+    const cudaError_t e = cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &f, 12000,
+                                                           cudaEnableDefault, &q);
+    TPF_CHECK(e == cudaSuccess && q == cudaDriverEntryPointSuccess && f != nullptr,
+              "the CUDA driver has no cuTensorMapEncodeTiled (a driver for CUDA 12 or newer is "
+              "needed)");
+    return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(f);
+  }();
+  return fn;
+}
+
+// K or V [B, N, H, S, D] as a 5-d TMA map with a box of one [64 keys][W] block: dim 0 is D, dims
+// 1..4 are key, h, n, b sorted by stride (the layout TMA's documentation describes, whatever the
+// view), their positions returned in `dims` (Params::k_dims).
+template <int DP>
+CUtensorMap key_tensor_map(const TensorView& x, bool fp16, const char* name, uint32_t& dims_out) {
+  using L = Layout<DP>;
+  struct Dim {
+    int64_t size, stride;
+    uint32_t box;
+    int which;  // 0 key, 1 h, 2 n, 3 b
+  };
+  Dim d[4] = {{x.shape[3], x.stride[3], uint32_t(kKeys), 0},
+              {x.shape[2], x.stride[2], 1, 1},
+              {x.shape[1], x.stride[1], 1, 2},
+              {x.shape[0], x.stride[0], 1, 3}};
+  std::stable_sort(d, d + 4, [](const Dim& a, const Dim& b) { return a.stride < b.stride; });
+  cuuint64_t dims[5] = {cuuint64_t(x.shape[4])};
+  cuuint64_t strides[4];
+  cuuint32_t box[5] = {cuuint32_t(L::W)};
+  dims_out = 0;
+  for (int i = 0; i < 4; ++i) {
+    dims[1 + i] = cuuint64_t(d[i].size);
+    strides[i] = cuuint64_t(d[i].stride) * 2;
+    box[1 + i] = d[i].box;
+    dims_out |= uint32_t(i) << (2 * d[i].which);
+  }
+  const cuuint32_t elem[5] = {1, 1, 1, 1, 1};
+  const CUtensorMapSwizzle swizzle = L::W == 64   ? CU_TENSOR_MAP_SWIZZLE_128B
+                                     : L::W == 32 ? CU_TENSOR_MAP_SWIZZLE_64B
+                                                  : CU_TENSOR_MAP_SWIZZLE_32B;
+  CUtensorMap map;
+  const CUresult r =
+      encode_fn()(&map, fp16 ? CU_TENSOR_MAP_DATA_TYPE_FLOAT16 : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16,
+                  5, x.data, dims, strides, box, elem, CU_TENSOR_MAP_INTERLEAVE_NONE, swizzle,
+                  CU_TENSOR_MAP_L2_PROMOTION_L2_128B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  TPF_CHECK(r == CUDA_SUCCESS,
+            std::string("could not describe ") + name + " for TMA (cuTensorMapEncodeTiled error " +
+                std::to_string(int(r)) + "): rows must start on 16-byte boundaries");
+  return map;
+}
+
+Strides4 strides4(const TensorView& t) {
+  return {t.stride[0], t.stride[1], t.stride[2], t.stride[3]};
+}
+
+template <typename TB>
+void launch_prepass(const AttentionForwardArgs& a, const AttentionDims& d, const Params& p,
+                    float* out, cudaStream_t stream) {
+  const dim3 grid(p.key_tiles, p.q_blocks, int(d.B * d.H));
+  bias_prepass_kernel<TB><<<grid, 256, 0, stream>>>(
+      static_cast<const TB*>(a.bias.data), a.bias.stride[0], a.bias.stride[1], a.bias.stride[2],
+      int(d.H), int(d.Sq), int(d.Sk), p.q_blocks, p.key_tiles, float(1.0 / std::fabs(a.scale)),
+      reinterpret_cast<float4*>(out));
+}
+
+template <typename T, int DP>
+void launch_dp(const AttentionForwardArgs& a, const AttentionDims& d, void* workspace,
+               cudaStream_t stream) {
+  using L = Layout<DP>;
+  const bool fp16 = std::is_same_v<T, __half>;
+  Params p{};
+  p.tma_k = key_tensor_map<DP>(a.k, fp16, "k", p.k_dims);
+  p.tma_v = key_tensor_map<DP>(a.v, fp16, "v", p.v_dims);
+  p.bias = static_cast<const float*>(workspace);
+  p.q = a.q.data;
+  p.q_stride = strides4(a.q);
+  p.mask = a.mask.present ? static_cast<const uint8_t*>(a.mask.view.data) : nullptr;
+  if (a.mask.present) {
+    p.mask_stride_b = a.mask.view.stride[0];
+    p.mask_stride_n = a.mask.view.stride[1];
+  }
+  p.o = a.o.data;
+  p.o_stride = strides4(a.o);
+  p.residual = a.residual.present ? a.residual.view.data : nullptr;
+  if (a.residual.present) p.residual_stride = strides4(a.residual.view);
+  p.lse = static_cast<float*>(a.lse.data);
+  p.lse_stride_b = a.lse.stride[0];
+  p.lse_stride_n = a.lse.stride[1];
+  p.lse_stride_h = a.lse.stride[2];
+  p.lse_stride_s = a.lse.stride[3];
+  p.B = int(d.B);
+  p.N = int(d.N);
+  p.H = int(d.H);
+  p.Sq = int(d.Sq);
+  p.Sk = int(d.Sk);
+  p.D = int(d.D);
+  p.q_blocks = int(ceil_div(d.Sq, kRows));
+  p.key_tiles = int(ceil_div(d.Sk, kKeys));
+  p.slice_groups = int(ceil_div(d.N, L::G));
+  p.scale_abs = float(std::fabs(a.scale));
+  p.score_log2 = float(std::fabs(a.scale) * 1.4426950408889634);
+  p.q_sign = a.scale < 0 ? 0x80008000u : 0u;
+
+  float* bias_out = static_cast<float*>(workspace);
+  switch (a.bias.dtype) {
+    case DType::bf16: launch_prepass<__nv_bfloat16>(a, d, p, bias_out, stream); break;
+    case DType::f16: launch_prepass<__half>(a, d, p, bias_out, stream); break;
+    default: launch_prepass<float>(a, d, p, bias_out, stream); break;
+  }
+  auto kernel = attention_forward_sm90_kernel<T, DP>;
+  const size_t smem = L::smem_bytes(p.key_tiles);
+  // The mask words (8 bytes per slice and key tile) sit in shared memory beside the stages.
+  TPF_CHECK(smem <= kMaxSmemBytes,
+            "the CUDA forward takes at most " +
+                std::to_string((kMaxSmemBytes - L::kWords - 1024) / (8 * L::G) * kKeys) +
+                " keys at this head dim, got Sk = " + std::to_string(d.Sk));
+  cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem));
+  kernel<<<grid_of(p), kThreads, smem, stream>>>(p);
+}
+
+}  // namespace
+
+template <typename T>
+void launch(const AttentionForwardArgs& a, const AttentionDims& d, void* workspace,
+            cudaStream_t stream) {
+  switch (padded_head_dim(int(d.D))) {
+    case 16: return launch_dp<T, 16>(a, d, workspace, stream);
+    case 32: return launch_dp<T, 32>(a, d, workspace, stream);
+    case 48: return launch_dp<T, 48>(a, d, workspace, stream);
+    case 64: return launch_dp<T, 64>(a, d, workspace, stream);
+    case 80: return launch_dp<T, 80>(a, d, workspace, stream);
+    case 96: return launch_dp<T, 96>(a, d, workspace, stream);
+    case 112: return launch_dp<T, 112>(a, d, workspace, stream);
+    case 128: return launch_dp<T, 128>(a, d, workspace, stream);
+  }
+  throw Error("the Hopper attention forward has no kernel for head dim " + std::to_string(d.D));
+}
+
+template void launch<__nv_bfloat16>(const AttentionForwardArgs&, const AttentionDims&, void*,
+                                    cudaStream_t);
+template void launch<__half>(const AttentionForwardArgs&, const AttentionDims&, void*,
+                             cudaStream_t);
+
+}  // namespace tpf::cuda::fwd90

@@ -1,0 +1,42 @@
+// Shared-memory layout and tile geometry of the Hopper forward, per padded head dim DP.
+#pragma once
+#include <cstddef>
+#include <cstdint>
+
+#include "kernels/attention/forward_sm90_heuristics.h"
+
+namespace tpf::cuda::fwd90 {
+
+template <int DP>
+struct Layout {
+  static_assert(DP % 16 == 0 && DP >= 16 && DP <= kMaxHeadDim, "padded head dims 16..128");
+  // Swizzle atoms W elements (2 W bytes) wide: the widest of 64, 32, 16 that divides DP, so that
+  // one TMA box of a K or V tile is one [64 keys][W] block in the canonical swizzled layout.
+  static constexpr int W = DP % 64 == 0 ? 64 : DP % 32 == 0 ? 32 : 16;
+  static constexpr int kBlocks = DP / W;
+  static constexpr int G = slices_per_cta(DP);
+  // O = P [V | 1]: the ones column block gives each row's sum of P in the accumulator (no FADD
+  // per score), from the same rounded P as the numerator.
+  static constexpr int kPvN = DP + 8;
+  static constexpr int kPvBlocks = kPvN / 8;
+  static constexpr uint32_t kBlockBytes = kKeys * W * 2;
+  static constexpr uint32_t kTileBytes = kBlocks * kBlockBytes;  // one slice's K or V tile
+  // The ones atom sits at LBO past a V tile (the MMA's stride between W-wide atoms along N): one
+  // shared atom when V is a single atom wide (LBO = ones - V), else one after each V tile.
+  static constexpr bool kSharedOnes = kBlocks == 1;
+  static constexpr uint32_t kOnesBytes = kBlockBytes;
+  static constexpr uint32_t kVSlot = kTileBytes + (kSharedOnes ? 0 : kOnesBytes);
+  static constexpr uint32_t kBiasBytes = kBiasTileFloats * 4;
+  static constexpr uint32_t kStageBytes = kBiasBytes + G * (kTileBytes + kVSlot);
+  static constexpr uint32_t kLoadBytes = kBiasBytes + G * 2 * kTileBytes;  // TMA bytes per stage
+  static constexpr uint32_t k_offset(int g) { return kBiasBytes + g * kTileBytes; }
+  static constexpr uint32_t v_offset(int g) { return kBiasBytes + G * kTileBytes + g * kVSlot; }
+  static constexpr uint32_t kOnes = kStages * kStageBytes;
+  static constexpr uint32_t kBarriers = kOnes + (kSharedOnes ? kOnesBytes : 0);
+  static constexpr uint32_t kWords = kBarriers + 2 * kStages * 8;
+  // + 1024: the base is rounded up to 1024 bytes (the 128-byte swizzle's period).
+  static size_t smem_bytes(int key_tiles) { return kWords + size_t(G) * key_tiles * 8 + 1024; }
+  static_assert(kBiasBytes % 1024 == 0 && kBlockBytes % 1024 == 0, "swizzled tiles 1 KB aligned");
+};
+
+}  // namespace tpf::cuda::fwd90

@@ -1,0 +1,90 @@
+// Online softmax of one 64-key score tile for one consumer warp's 16 rows (the wgmma accumulator
+// layout: each thread holds rows lane/4 and lane/4 + 8 of its warp, columns 8 j + 2 (lane % 4)
+// and + 1 of each 8-column block j).
+//
+// Scores arrive in "acc units": acc = q.k + bias / |scale| (the bias entered as the accumulator's
+// initial value, masked keys as -inf), so that the exponent is one FFMA per score:
+// p = 2^(acc c - m c) with c = |scale| log2(e) and m the row's running maximum in acc units.
+#pragma once
+#include <cmath>
+#include <cstdint>
+
+#include "kernels/attention/forward_sm90_heuristics.h"
+#include "kernels/attention/forward_sm90_primitives.cuh"
+#include "kernels/common/mma.cuh"
+
+namespace tpf::cuda::fwd90 {
+
+// Rows keep their maximum until a tile's maximum exceeds it by this much (log2 units):
+// FlashAttention-4's conditional rescaling. Probabilities stay below 2^8, well inside bf16 and
+// fp16, and sums are fp32; the lse uses the maximum the row actually used.
+constexpr float kRescaleLog2 = 8.f;
+
+// Keys whose bit in `word` is 0 (masked) become -inf in the tile (before the MMA adds q.k).
+__device__ __forceinline__ void apply_key_mask(float (&s)[kKeys / 8][4], uint64_t word, int lane) {
+  const uint64_t w = word >> (2 * (lane & 3));
+#pragma unroll
+  for (int j = 0; j < kKeys / 8; ++j)
+#pragma unroll
+    for (int e = 0; e < 2; ++e)
+      if (((w >> (8 * j + e)) & 1) == 0) s[j][e] = s[j][e + 2] = -INFINITY;
+}
+
+// One tile: updates m (acc units) and rescales o (kPvBlocks blocks, the ones column included)
+// when a row's maximum moved by more than kRescaleLog2; writes P rounded to T as the A fragments
+// of the four 16-key steps of O += P V.
+template <typename T, int kPvBlocks>
+__device__ __forceinline__ void softmax_tile(float (&s)[kKeys / 8][4], float (&m)[2],
+                                             float (&o)[kPvBlocks][4],
+                                             uint32_t (&pa)[kKeys / 16][4], float c,
+                                             float rescale_acc) {
+  float mx[2];
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    float a = fmaxf(s[0][2 * r], s[0][2 * r + 1]), b = fmaxf(s[1][2 * r], s[1][2 * r + 1]);
+#pragma unroll
+    for (int j = 2; j < kKeys / 8; j += 2) {
+      a = fmaxf(a, fmaxf(s[j][2 * r], s[j][2 * r + 1]));
+      b = fmaxf(b, fmaxf(s[j + 1][2 * r], s[j + 1][2 * r + 1]));
+    }
+    mx[r] = fmaxf(a, b);
+    mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));
+    mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
+  }
+  const bool need0 = mx[0] > m[0] + rescale_acc, need1 = mx[1] > m[1] + rescale_acc;
+  if (__any_sync(0xffffffffu, need0 || need1)) {
+    // corr = 2^((m_old - m_new) c): 0 for a row's first finite tile (m_old = -inf, O still 0).
+    const float corr0 = need0 ? ex2_mufu((m[0] - mx[0]) * c) : 1.f;
+    const float corr1 = need1 ? ex2_mufu((m[1] - mx[1]) * c) : 1.f;
+    m[0] = need0 ? mx[0] : m[0];
+    m[1] = need1 ? mx[1] : m[1];
+#pragma unroll
+    for (int i = 0; i < kPvBlocks; ++i) {
+      o[i][0] *= corr0;
+      o[i][1] *= corr0;
+      o[i][2] *= corr1;
+      o[i][3] *= corr1;
+    }
+  }
+  // A row with no finite score yet keeps m = -inf and gets p = 2^-inf = 0 (subtract 0, not -inf).
+  const float neg0 = m[0] == -INFINITY ? 0.f : -m[0] * c;
+  const float neg1 = m[1] == -INFINITY ? 0.f : -m[1] * c;
+  float p[kKeys / 8][4];
+#pragma unroll
+  for (int j = 0; j < kKeys / 8; ++j)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const float x = fmaf(s[j][e], c, e < 2 ? neg0 : neg1);
+      // The last kPolyExpBlocks column blocks on the FMA pipe, the rest on the MUFU.
+      p[j][e] = j >= kKeys / 8 - kPolyExpBlocks ? ex2_poly(x) : ex2_mufu(x);
+    }
+#pragma unroll
+  for (int kk = 0; kk < kKeys / 16; ++kk) {
+    pa[kk][0] = Mma<T>::pack(p[2 * kk][0], p[2 * kk][1]);
+    pa[kk][1] = Mma<T>::pack(p[2 * kk][2], p[2 * kk][3]);
+    pa[kk][2] = Mma<T>::pack(p[2 * kk + 1][0], p[2 * kk + 1][1]);
+    pa[kk][3] = Mma<T>::pack(p[2 * kk + 1][2], p[2 * kk + 1][3]);
+  }
+}
+
+}  // namespace tpf::cuda::fwd90

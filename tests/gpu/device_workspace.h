@@ -1,5 +1,7 @@
-// The ops' workspace allocator for the GPU programs: each request a cudaMalloc'd block, all freed
-// together when the DeviceWorkspace goes (after the work that uses them has finished).
+// What the GPU programs (the sanitizer cases) share: a CUDA error check that ends the program with
+// the call's name, device copies of host vectors, and the ops' workspace allocator (each request a
+// cudaMalloc'd block, all freed together when the DeviceWorkspace goes, after the work that uses
+// them has finished).
 #pragma once
 #include <cuda_runtime.h>
 
@@ -9,6 +11,21 @@
 #include <vector>
 
 #include "tpf/tensor.h"
+
+inline void check(cudaError_t e, const char* what) {
+  if (e != cudaSuccess) {
+    std::fprintf(stderr, "%s: %s\n", what, cudaGetErrorString(e));
+    std::exit(1);
+  }
+}
+
+template <typename T>
+T* device_copy(const std::vector<T>& host) {
+  T* d = nullptr;
+  check(cudaMalloc(&d, host.size() * sizeof(T)), "cudaMalloc");
+  check(cudaMemcpy(d, host.data(), host.size() * sizeof(T), cudaMemcpyHostToDevice), "copy");
+  return d;
+}
 
 class DeviceWorkspace {
  public:

@@ -22,21 +22,6 @@
 
 namespace {
 
-void check(cudaError_t e, const char* what) {
-  if (e != cudaSuccess) {
-    std::fprintf(stderr, "%s: %s\n", what, cudaGetErrorString(e));
-    std::exit(1);
-  }
-}
-
-template <typename T>
-T* device_copy(const std::vector<T>& host) {
-  T* d = nullptr;
-  check(cudaMalloc(&d, host.size() * sizeof(T)), "cudaMalloc");
-  check(cudaMemcpy(d, host.data(), host.size() * sizeof(T), cudaMemcpyHostToDevice), "copy");
-  return d;
-}
-
 void* device_nan(size_t bytes) {
   void* d = nullptr;
   check(cudaMalloc(&d, bytes), "cudaMalloc");

@@ -26,13 +26,6 @@ using tpf::TensorView;
 
 int failures = 0;
 
-void check(cudaError_t e, const char* what) {
-  if (e != cudaSuccess) {
-    std::fprintf(stderr, "%s: %s\n", what, cudaGetErrorString(e));
-    std::exit(1);
-  }
-}
-
 // One tensor on both sides: host bytes (the CPU path's) and a device copy.
 struct Twin {
   std::vector<char> host;

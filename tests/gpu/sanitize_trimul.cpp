@@ -19,13 +19,6 @@
 
 namespace {
 
-void check(cudaError_t e, const char* what) {
-  if (e != cudaSuccess) {
-    std::fprintf(stderr, "%s: %s\n", what, cudaGetErrorString(e));
-    std::exit(1);
-  }
-}
-
 struct Buffer {
   void* data = nullptr;
   size_t bytes = 0;

@@ -22,7 +22,12 @@ Two floors stop that:
   float32), at the magnitude where those roundings happen, `scale` (by default max |ref|). `terms`
   is for results that are sums of cancelling terms, e.g. a gradient that is zero in exact
   arithmetic: there the roundings happen at the terms' magnitude (`scale`), and the error of a sum
-  of `terms` of them grows like its square root.
+  of `terms` of them grows like its square root. A chain that rounds to several precisions (16-bit
+  intermediates, a float32 weight gradient) passes `roundings` as {dtype: count}.
+`ref` is computed in FP64 from the inputs (and parameters) as the implementations see them, that
+is, already rounded to their dtype: rounding the inputs is not the computation's error, and how far
+it moves a result depends on the conditioning at each input, which two implementations share only
+in part.
 Neither floor loosens the rule where the baseline is a real yardstick: on tensors of realistic size
 the baseline's max error is at its predicted value and above the model (long sums round many more
 times than the stored intermediates).
@@ -68,19 +73,35 @@ def baseline_error(baseline: torch.Tensor, ref: torch.Tensor) -> tuple[float, fl
     return e.max().item(), predicted
 
 
+def roundoff(roundings, dtype: torch.dtype) -> float:
+    """The relative error of a chain of roundings: `roundings` to `dtype`, or a dict
+    {dtype: count} for a chain that rounds to several (e.g. intermediates stored in bfloat16, the
+    result in float32)."""
+    if isinstance(roundings, dict):
+        return sum(n * unit_roundoff(dt) for dt, n in roundings.items())
+    return roundings * unit_roundoff(dtype)
+
+
+def _describe(roundings, dtype: torch.dtype) -> str:
+    if isinstance(roundings, dict):
+        return " + ".join(f"{n} x u({dt})" for dt, n in roundings.items())
+    return f"{roundings} roundings x u({dtype})"
+
+
 def error_bound(baseline_errors: tuple[float, float], ref: torch.Tensor, dtype: torch.dtype,
-                roundings: int, scale: float | None = None, terms: int = 1) -> tuple[float, float]:
+                roundings, scale: float | None = None, terms: int = 1) -> tuple[float, float]:
     """(bound, model): the rule's bound on max |got - ref| and the error model inside it."""
     scale = largest(ref) if scale is None else scale
-    model = roundings * unit_roundoff(dtype) * scale * math.sqrt(terms)
+    model = roundoff(roundings, dtype) * scale * math.sqrt(terms)
     return 2.0 * max(*baseline_errors, model), model
 
 
-def accuracy_failure(name: str, got: torch.Tensor, baseline, ref: torch.Tensor, *, roundings: int,
+def accuracy_failure(name: str, got: torch.Tensor, baseline, ref: torch.Tensor, *, roundings,
                      dtype: torch.dtype | None = None, scale: float | None = None, terms: int = 1,
                      context: str = "") -> str | None:
     """The rule for one tensor: None if it holds, else what failed. `baseline` may be a list of
-    equally valid baselines (the largest error counts). `dtype` defaults to got's."""
+    equally valid baselines (the largest error counts). `dtype` defaults to got's; `roundings` is
+    a count of roundings to `dtype` or a dict {dtype: count} (roundoff)."""
     dtype = got.dtype if dtype is None else dtype
     if got.shape != ref.shape:
         return f"{name}: shape {tuple(got.shape)}, expected {tuple(ref.shape)}; {context}"
@@ -95,11 +116,11 @@ def accuracy_failure(name: str, got: torch.Tensor, baseline, ref: torch.Tensor, 
     if err <= bound:
         return None
     return (f"{name}: max error {err:.3e} > bound {bound:.3e} = 2 x max(baseline's {base[0]:.3e}, "
-            f"its spread's {base[1]:.3e}, model {model:.3e} = {roundings} roundings x u({dtype}) x "
+            f"its spread's {base[1]:.3e}, model {model:.3e} = ({_describe(roundings, dtype)}) x "
             f"scale{f' x sqrt({terms})' if terms != 1 else ''}); {context}")
 
 
-def assert_accurate(name: str, got: torch.Tensor, baseline, ref: torch.Tensor, *, roundings: int,
+def assert_accurate(name: str, got: torch.Tensor, baseline, ref: torch.Tensor, *, roundings,
                     dtype: torch.dtype | None = None, scale: float | None = None, terms: int = 1,
                     context: str = "") -> None:
     """Raises AssertionError when accuracy_failure finds one."""

@@ -62,3 +62,22 @@ def test_zero_reference_needs_the_terms_scale():
     assert accuracy_failure("x", got, ref, ref, roundings=2, dtype=torch.float32)
     assert accuracy_failure("x", got, ref, ref, roundings=2, dtype=torch.float32, scale=10.0,
                             terms=4) is None
+
+
+def test_a_chain_over_two_precisions_sums_their_roundings(seed):
+    """roundings={bf16: 3, fp32: 1}: intermediates stored in bfloat16, the result in float32. The
+    bound is 2 x (3 u(bf16) + u(fp32)) x scale: a float32 result that carries its bfloat16
+    intermediates' rounding passes, one that is 3 times worse fails."""
+    from accuracy import roundoff
+    assert roundoff({torch.bfloat16: 3, torch.float32: 1}, torch.float32) == 3 * 2.0**-8 + 2.0**-24
+    gen = torch.Generator().manual_seed(seed)
+    ref = torch.randn(64, generator=gen, dtype=torch.float64)
+    exact = ref.clone()  # a baseline with no error: only the model counts
+    chain = {torch.bfloat16: 3, torch.float32: 1}
+    scale = ref.abs().max().item()
+    ok = ref + 5.9 * 2.0**-8 * scale * (torch.rand(64, generator=gen, dtype=torch.float64) - 0.5)
+    assert accuracy_failure("x", ok, exact, ref, roundings=chain) is None
+    bad = ref.clone()
+    bad[3] += 3 * 6.0 * 2.0**-8 * scale
+    failure = accuracy_failure("x", bad, exact, ref, roundings=chain)
+    assert failure and "3 x u(torch.bfloat16) + 1 x u(torch.float32)" in failure

@@ -2,8 +2,7 @@
 // Python, for compute-sanitizer (memcheck, racecheck, synccheck, initcheck): bf16 and float32,
 // S not a tile multiple, D a multiple of 16 or not, both directions, with and without biases,
 // float32 or bf16 weights (read and given back in their dtype), a mask of x's dtype, bool or float32.
-// The kernel variant is TPF_TRIMUL_VARIANT's (src/kernels/trimul/launch.h), read at each launch:
-// `TPF_TRIMUL_VARIANT=4 scripts/gpu-check trimul-sanitize` checks variant 4.
+// bf16 runs the 16-bit types' kernels, float32 its own (src/kernels/trimul/launch.h).
 // Exits non-zero on any CUDA error or non-finite output.
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
@@ -167,8 +166,8 @@ int main() {
     ok &= run<float, float, float>(1, 33, 40, outgoing, true, f32, f32, f32);
     ok &= run<bf16, bf16, uint8_t>(1, 70, 64, outgoing, true, bf, bf, boolean);
     ok &= run<bf16, bf16, float>(1, 33, 40, outgoing, false, bf, bf, f32);
-    // 408 tiles: more than the 396 persistent CTAs of the occupancy backward kernels (variants 3
-    // and 4), so some CTAs take a second tile (the shared-memory reuse across tiles is checked);
+    // 408 tiles: more than the 396 persistent CTAs of the 16-bit backward kernels, so some CTAs
+    // take a second tile (the shared-memory reuse across tiles is checked);
     // S a multiple of 8: the 16-byte store and copy paths.
     ok &= run<bf16, float, bf16>(1, 136, 64, outgoing, true, bf, f32, bf);
   }

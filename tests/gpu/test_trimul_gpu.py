@@ -221,50 +221,14 @@ def test_cuda_errors_name_the_argument():
                            grads[1:])
 
 
-# The kernel variants that TPF_TRIMUL_VARIANT selects (src/kernels/trimul/launch.h; every other
-# test runs the default, variant 4, or whatever the variable says): 0, the fused kernels' GEMMs
-# through WMMA and the IEEE sigmoid; 1, through mma.sync with ldmatrix fragments; 2, also
-# input_backward's epilogue changes. The default's forward epilogues (from the MMA registers) fall
-# back from 16-byte stores of a and b to scalar ones where S is not a multiple of 8: S = 136 takes
-# the vector path, the others the scalar one (D is always a multiple of 8, which the op checks, so
-# go and y always take the vector path). D = 8, 24, 40 and 72 leave warps with half or none of
-# their 32 output columns; S = 70, 257 and 136 leave partial tiles. 4 is variant 3 with
-# output_backward at 3 CTAs per SM (epilogues from the MMA registers, grid 396): the same shapes
-# cover its stmatrix / ldmatrix epilogues past D and past the tile, and the scalar dz stores
-# where S is not a multiple of 8.
-VARIANTS = ["0", "1", "2", "3", "4"]  # 4 also runs unset: the shapes above are for its epilogues
-
-
-@pytest.mark.parametrize("variant", VARIANTS)
+# Shapes for the 16-bit kernels' epilogues (from the MMA registers): the forward's 16-byte stores
+# of a and b fall back to scalar ones where S is not a multiple of 8: S = 136 takes the vector
+# path, the others the scalar one (D is always a multiple of 8, which the op checks, so go and y
+# always take the vector path). D = 8, 24, 40 and 72 leave warps with half or none of their 32
+# output columns; S = 70, 257 and 136 leave partial tiles. The same shapes cover output_backward's
+# stmatrix / ldmatrix epilogues past D and past the tile, and its scalar dz stores where S is not a
+# multiple of 8.
 @pytest.mark.parametrize("D,S", [(8, 70), (24, 33), (72, 70), (64, 257), (128, 100), (40, 136)])
 @pytest.mark.parametrize("direction", ["outgoing", "incoming"])
-def test_variant_against_fp64_reference(monkeypatch, variant, D, S, direction, seed):
-    monkeypatch.setenv("TPF_TRIMUL_VARIANT", variant)
+def test_epilogue_shapes_against_fp64_reference(D, S, direction, seed):
     check(2, S, D, torch.bfloat16, direction, True, seed, bias=D != 24)
-
-
-@pytest.mark.parametrize("variant", VARIANTS)
-@pytest.mark.parametrize("dtype", [torch.float16, torch.float32])
-def test_variant_other_dtypes_against_fp64_reference(monkeypatch, variant, dtype, seed):
-    monkeypatch.setenv("TPF_TRIMUL_VARIANT", variant)
-    check(2, 100, 64, dtype, "incoming", True, seed)
-
-
-@pytest.mark.parametrize("variant", VARIANTS)
-def test_variant_bitwise_deterministic(monkeypatch, variant, seed):
-    monkeypatch.setenv("TPF_TRIMUL_VARIANT", variant)
-    x, m, w, grad = make_inputs(1, 384, 128, torch.bfloat16, CUDA, seed, mask=True)
-    y0, g0 = ours(x, m, w, grad, "outgoing")
-    for call in range(4):
-        y1, g1 = ours(x, m, w, grad, "outgoing")
-        assert torch.equal(y0, y1), f"y differs on call {call + 2} (variant {variant}); seed {seed}"
-        for name in GRAD_NAMES:
-            assert torch.equal(g0[name], g1[name]), (
-                f"d{name} differs on call {call + 2} (variant {variant}); seed {seed}")
-
-
-def test_unknown_variant_names_the_variable(monkeypatch):
-    x, m, w, _ = make_inputs(1, 5, 16, torch.bfloat16, CUDA, 1, mask=True)
-    monkeypatch.setenv("TPF_TRIMUL_VARIANT", "7")
-    with pytest.raises(ValueError, match="TPF_TRIMUL_VARIANT"):
-        tpf.triangle_multiplicative_update(x, "outgoing", m, **w)

@@ -4,7 +4,6 @@
 #pragma once
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
-#include <mma.h>
 
 #include <cstdint>
 #include <type_traits>
@@ -48,20 +47,11 @@ __device__ __forceinline__ void store_pair(T* dst, float a, float b) {
 __device__ __forceinline__ float sigmoid(float v) { return 1.0f / (1.0f + expf(-v)); }
 
 // The same through the approximate exponential and division (MUFU.EX2, MUFU.RCP: a few
-// instructions, no slow path), for results that are rounded to 16 bits anyway: relative error
-// ~1e-6 against bf16's 4e-3 and fp16's 5e-4. For v < -87, expf(-v) is inf and the result 0.
+// instructions, no slow path), for results that are rounded to 16 bits anyway (the 16-bit types'
+// kernels; float32's keep sigmoid above): relative error ~1e-6 against bf16's 4e-3 and fp16's
+// 5e-4. For v < -87, expf(-v) is inf and the result 0.
 __device__ __forceinline__ float sigmoid_fast(float v) {
   return __fdividef(1.0f, 1.0f + __expf(-v));
-}
-
-// The kernels' sigmoid: the fast one for 16-bit element types under a fast variant, IEEE
-// otherwise (float outputs keep float32 accuracy).
-template <typename T, bool kFast>
-__device__ __forceinline__ float sigmoid_t(float v) {
-  if constexpr (kFast && !std::is_same_v<T, float>)
-    return sigmoid_fast(v);
-  else
-    return sigmoid(v);
 }
 
 __device__ __forceinline__ float warp_sum(float v) {
@@ -109,7 +99,7 @@ __device__ __forceinline__ void copy_tile_async(T* dst, int ld_s, const T* src, 
 // Packed row pr of an a/b block of w_in (P of channels 0..63, then G of the same channels) to its
 // row in shared memory: the 16 P rows of channels 16u..16u+15, then their 16 G rows, for u = 0..3.
 // A warp's two 16-column halves of a WarpTileLdsm product are then P and G of the same channels
-// (variant 3's epilogues from the MMA registers).
+// (the 16-bit kernels' epilogues from the MMA registers).
 struct InterleavePG {
   __device__ int operator()(int pr) const {
     const int g = pr / kChunkChannels, cl = pr % kChunkChannels;
@@ -118,9 +108,9 @@ struct InterleavePG {
 };
 
 // threadIdx.x read anew at each call (volatile: not hoisted out of loops), for addresses that are
-// cheaper to recompute from it than to keep: under variant 3's 80-register bound, ptxas otherwise
-// hoists them out of the step loops and spills them (bench/notes-trimul.md section 10). Unsigned,
-// so that divisions by powers of two stay shifts.
+// cheaper to recompute from it than to keep: under the 16-bit kernels' 80-register bound, ptxas
+// otherwise hoists them out of the step loops and spills them (bench/notes-trimul.md section 10).
+// Unsigned, so that divisions by powers of two stay shifts.
 __device__ __forceinline__ unsigned thread_index_here() {
   unsigned t;
   asm volatile("mov.u32 %0, %%tid.x;" : "=r"(t));
@@ -163,81 +153,13 @@ __device__ __forceinline__ void store_staged_rows(const T* st, int ld_s, int col
 // A block computes C[64, N] = A[64, K] * op(W) with N <= kChunkN and K, N multiples of 16; the 8
 // warps form a 2 x 4 grid of 32 x 32 warp tiles. A is row-major [64][K] (row stride lda). W is
 // either [N][K] (kNK: C = A W^T, nn.Linear's forward) or [K][N] (kKN: C = A W).
-// 16-bit types run on tensor cores through WMMA; float runs on the CUDA cores in the same lane
-// layout, so float inputs keep IEEE float32 products.
+// 16-bit types run on tensor cores (WarpTileLdsm); float runs on the CUDA cores (WarpTileF32),
+// so float inputs keep IEEE float32 products.
 
 enum class WLayout { kNK, kKN };
 
-template <typename T, bool kTensorCores = !std::is_same_v<T, float>>
-struct WarpTile;
-
-template <typename T>
-struct WarpTile<T, true> {
-  using Acc = nvcuda::wmma::fragment<nvcuda::wmma::accumulator, 16, 16, 16, float>;
-  Acc acc[2][2];
-
-  __device__ void zero() {
-#pragma unroll
-    for (int i = 0; i < 2; ++i)
-#pragma unroll
-      for (int j = 0; j < 2; ++j) nvcuda::wmma::fill_fragment(acc[i][j], 0.0f);
-  }
-
-  template <WLayout L>
-  __device__ void mma(const T* A, int lda, const T* W, int ldw, int K, int N) {
-    namespace w = nvcuda::wmma;
-    using BLayout = std::conditional_t<L == WLayout::kNK, w::col_major, w::row_major>;
-    const int warp = threadIdx.x / 32, m0 = (warp & 1) * 32, n0 = (warp >> 1) * 32;
-    if (n0 >= N) return;  // warp-uniform
-    w::fragment<w::matrix_a, 16, 16, 16, T, w::row_major> a[2];
-    w::fragment<w::matrix_b, 16, 16, 16, T, BLayout> b;
-    for (int k0 = 0; k0 < K; k0 += 16) {
-#pragma unroll
-      for (int i = 0; i < 2; ++i) w::load_matrix_sync(a[i], A + (m0 + 16 * i) * lda + k0, lda);
-#pragma unroll
-      for (int j = 0; j < 2; ++j) {
-        const int n = n0 + 16 * j;
-        if (n >= N) break;
-        const T* wp = L == WLayout::kNK ? W + n * ldw + k0 : W + k0 * ldw + n;
-        w::load_matrix_sync(b, wp, ldw);
-#pragma unroll
-        for (int i = 0; i < 2; ++i) w::mma_sync(acc[i][j], a[i], b, acc[i][j]);
-      }
-    }
-  }
-
-  __device__ void store(float* C, int ldc, int N) const {
-    const int warp = threadIdx.x / 32, m0 = (warp & 1) * 32, n0 = (warp >> 1) * 32;
-#pragma unroll
-    for (int j = 0; j < 2; ++j) {
-      const int n = n0 + 16 * j;
-      if (n >= N) break;
-#pragma unroll
-      for (int i = 0; i < 2; ++i)
-        nvcuda::wmma::store_matrix_sync(C + (m0 + 16 * i) * ldc + n, acc[i][j], ldc,
-                                        nvcuda::wmma::mem_row_major);
-    }
-  }
-
-  // C^T: element (m, n) at C[n * ldc + m], for epilogues that walk one column over consecutive
-  // rows (channel-major outputs): those reads are then conflict-free.
-  __device__ void store_col_major(float* C, int ldc, int N) const {
-    const int warp = threadIdx.x / 32, m0 = (warp & 1) * 32, n0 = (warp >> 1) * 32;
-#pragma unroll
-    for (int j = 0; j < 2; ++j) {
-      const int n = n0 + 16 * j;
-      if (n >= N) break;
-#pragma unroll
-      for (int i = 0; i < 2; ++i)
-        nvcuda::wmma::store_matrix_sync(C + n * ldc + m0 + 16 * i, acc[i][j], ldc,
-                                        nvcuda::wmma::mem_col_major);
-    }
-  }
-};
-
 // float: each lane owns 8 consecutive columns of one row of every 16 x 16 fragment.
-template <typename T>
-struct WarpTile<T, false> {
+struct WarpTileF32 {
   float acc[2][2][8];
 
   __device__ void zero() {
@@ -250,7 +172,7 @@ struct WarpTile<T, false> {
   }
 
   template <WLayout L>
-  __device__ void mma(const T* A, int lda, const T* W, int ldw, int K, int N) {
+  __device__ void mma(const float* A, int lda, const float* W, int ldw, int K, int N) {
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     const int m0 = (warp & 1) * 32, n0 = (warp >> 1) * 32;
     const int row = lane >> 1, col = (lane & 1) * 8;
@@ -306,11 +228,10 @@ struct WarpTile<T, false> {
 
 // The same warp tile through mma.sync m16n8k16 with fragments loaded by ldmatrix (16-bit types
 // only): per k step of 16 a warp issues 4 LDSM.x4 (two for A's 32 rows, one per 16 columns of W)
-// for 8 MMAs, where WMMA's fragment loads (WarpTile above) compile to 16 32-bit generic loads
-// (LD.E, the shared address space lost through the carved pointers) and 64-bit address arithmetic:
-// 70-77 SASS instructions per k step against ~23 here. Same interface, same k order of the fp32
-// accumulation. Every shared row address is 16-byte
-// aligned: the row strides (Dp + kPad, kLdG) are multiples of 8 elements.
+// for 8 MMAs, ~23 SASS instructions per k step (WMMA's fragment loads compiled to 16 32-bit
+// generic loads and 70-77 instructions: bench/notes-trimul.md, "Designs tried (deleted)"). Same
+// interface as WarpTileF32. Every shared row address is 16-byte aligned: the row strides
+// (Dp + kPad, kLdA) are multiples of 8 elements.
 // acc[i][j][h][e]: rows m0 + 16 i + (g | g + 8), columns n0 + 16 j + 8 h + 2 t (+1), with
 // g = lane / 4 and t = lane % 4 (the C fragment of mma.cuh).
 template <typename T>
@@ -438,12 +359,6 @@ struct WarpTileLdsm {
                    : "r"(addr));
   }
 };
-
-// The warp tile of a kernel variant: ldmatrix fragments (kLdsm) for 16-bit types, WMMA (or the
-// CUDA-core float path) otherwise.
-template <typename T, bool kLdsm>
-using WarpTileFor =
-    std::conditional_t<kLdsm && !std::is_same_v<T, float>, WarpTileLdsm<T>, WarpTile<T>>;
 
 // A step's GEMM: waits for this thread's copies and at the barrier (every thread's copies and
 // shared-memory writes), then acc = X W^T (X [kRows, k], W [n, k], both with row stride ld).

@@ -127,10 +127,10 @@ void backward(const TrimulBackwardArgs& a, const TrimulDims& d, cudaStream_t str
   p.partials_bias_in = reinterpret_cast<float*>(ws + layout.partials_bias_in);
   p.partials_norm_in = reinterpret_cast<float*>(ws + layout.partials_norm_in);
   p.sums = reinterpret_cast<double*>(ws + layout.sums);
-  if (split_input_backward<T>())
+  if constexpr (!kIsF32<T>) {  // the 16-bit types' backward kernels: three CTAs per SM
     p.grid_input_backward = int(p.tiles < kSplitBackwardCtas ? p.tiles : kSplitBackwardCtas);
-  if (occupancy_output_backward<T>())
     p.grid_backward = int(p.tiles < kOccupancyBackwardCtas ? p.tiles : kOccupancyBackwardCtas);
+  }
   float* dw_in = reinterpret_cast<float*>(ws + layout.dw_in);
   float* dw_out = reinterpret_cast<float*>(ws + layout.dw_out);
   const Blas blas(stream, ws + layout.cublas, kCublasWorkspaceBytes, cuda_type(a.x.dtype));

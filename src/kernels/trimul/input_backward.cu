@@ -1,6 +1,8 @@
 // Input-side backward: gates, mask, the input projections and LayerNorm_in, giving dx, and x_ln and
-// dP | dG (for the cuBLAS weight gradients). Persistent CTAs as in output_backward.cu, with the
-// same two kinds of running sums:
+// dP | dG (for the cuBLAS weight gradients). This file: float32's kernel (GEMMs on the CUDA cores,
+// IEEE sigmoid, 2 CTAs per SM, grid kBackwardCtas) and the launcher; 16-bit types run the two
+// kernels of input_backward_split.cu. Persistent CTAs as in output_backward.cu, with the same two
+// kinds of running sums:
 //   column pass (thread = slot of a kChunkN step, half of every tile's rows): d p_in_bias and
 //     d g_in_bias -> two rows of partials_bias_in [2 grid, 4D] per CTA;
 //   row pass (warp = rows, lane = columns): d norm_in_weight -> kWarps rows of
@@ -8,10 +10,10 @@
 // d norm_in_bias needs no sum of its own: it is Wp_in^T d p_in_bias + Wg_in^T d g_in_bias +
 // Wg_out^T d g_out_bias (see pack.cu).
 //
-//   X  [kRows, Dp]        x_ln (T)
-//   W  [kChunkN, Dp]      one packed weight block (T), as in input_forward.cu
-//   C  [kRows, kLdC]      P | G of the step (fp32), then dP | dG; finally dx_ln
-//   G  [kRows, kChunkN+8] dP | dG of the step (T), then dgo: the A operand of dx_ln's GEMM
+//   X  [kRows, Dp]        x_ln
+//   W  [kChunkN, Dp]      one packed weight block, as in input_forward.cu
+//   C  [kRows, kLdC]      P | G of the step, then dP | dG; finally dx_ln
+//   G  [kRows, kChunkN+8] dP | dG of the step, then dgo: the A operand of dx_ln's GEMM
 // dx_ln = dP Wp_in + dG Wg_in + dgo Wg_out accumulates in registers over the steps.
 #include "kernels/trimul/device.cuh"
 #include "kernels/trimul/launch.h"
@@ -22,42 +24,35 @@ namespace {
 
 constexpr int kLdG = kChunkN + kPad;
 
-template <typename T>
-struct InputBackwardSmem {
-  T* x;
-  T* w;
+struct InputBackwardF32Smem {
+  float* x;
+  float* w;
   float* c;
-  T* g;
+  float* g;
   float* mask;
   float* mean;
   float* rstd;
   // The running sums of each thread (kMaxInputChunks bias slots, then kPerLane norm columns) at
   // sums[k * kThreads + thread]: in registers they push the kernel past 128 registers (spills).
   float* sums;
-  // Variant 2: the kChunkN input biases of the current step (P half, then G half).
-  float* bias;
   size_t bytes;
-  __host__ __device__ InputBackwardSmem(unsigned char* base, int Dp, bool with_bias) {
+  __host__ __device__ InputBackwardF32Smem(unsigned char* base, int Dp) {
     SmemCarver s{base};
     take_step_operands(s, Dp, x, w);
     c = s.take<float>(size_t(kRows) * kLdC);
-    g = s.take<T>(size_t(kRows) * kLdG);
+    g = s.take<float>(size_t(kRows) * kLdG);
     mask = s.take<float>(kRows);
     mean = s.take<float>(kRows);
     rstd = s.take<float>(kRows);
     sums = s.take<float>(size_t(kMaxInputChunks + kPerLane) * kThreads);
-    bias = with_bias ? s.take<float>(kChunkN) : nullptr;
     bytes = s.at;
   }
 };
 
-// V: the variant (launch.h). 1 and up: ldmatrix GEMMs and the fast sigmoid (16-bit types);
-// 2: also the step's biases from shared memory and the dP | dG pass unrolled.
-template <typename T, int V>
-__global__ void __launch_bounds__(kThreads, 2) input_backward_kernel(const Params p) {
-  constexpr bool kFast = V >= 1 && kHasFast<T>, kV2 = V >= 2;
+__global__ void __launch_bounds__(kThreads, 2) input_backward_f32_kernel(const Params p) {
+  using T = float;
   extern __shared__ __align__(128) unsigned char smem_raw[];
-  InputBackwardSmem<T> s(smem_raw, p.Dp, kV2);
+  InputBackwardF32Smem s(smem_raw, p.Dp);
   const int ld = p.Dp + kPad, D = int(p.D), lane = threadIdx.x % 32, warp = threadIdx.x / 32;
   // Column-pass role: slot `col` of kChunkN, rows [half * kRows / 2, (half + 1) * kRows / 2).
   const int col = threadIdx.x % kChunkN, half = threadIdx.x / kChunkN;
@@ -87,24 +82,13 @@ __global__ void __launch_bounds__(kThreads, 2) input_backward_kernel(const Param
     for (int r = warp; r < tile.n; r += kWarps)
       for (int c = lane; c < D; c += 32) xln_out[(tile.row0 + r) * D + c] = s.x[r * ld + c];
 
-    WarpTileFor<T, kFast> dxln;
+    WarpTileF32 dxln;
     dxln.zero();
     for (int q = 0; q < p.input_chunks; ++q) {
-      // Variant 2: the epilogue's biases from shared memory. As global loads next to their use,
-      // after the epilogue's shared-memory stores (which may alias them for the compiler), each
-      // was a dependent L1 round trip, two per element. The previous step's readers are past the
-      // barrier that ends its epilogue.
-      if constexpr (kV2) {
-        if (threadIdx.x < kChunkN) {
-          const int c = q * kChunkChannels + threadIdx.x % kChunkChannels;
-          const int at = (threadIdx.x < kChunkChannels ? 0 : 2 * D) + c;
-          s.bias[threadIdx.x] = c < 2 * D ? p.bias_in[at] : 0.0f;
-        }
-      }
       cp_async_wait_all();
       __syncthreads();
       {
-        WarpTileFor<T, kFast> acc;
+        WarpTileF32 acc;
         acc.zero();
         acc.template mma<WLayout::kNK>(s.x, ld, s.w, ld, p.Dp, kChunkN);
         acc.store(s.c, kLdC, kChunkN);
@@ -136,15 +120,9 @@ __global__ void __launch_bounds__(kThreads, 2) input_backward_kernel(const Param
             const int c = q * kChunkChannels + cl;
             float dp = 0.0f, dg = 0.0f;
             if (c < 2 * D && r < tile.n) {
-              float pv, gv;
-              if constexpr (kV2) {
-                pv = s.c[r * kLdC + cl] + s.bias[cl];
-                gv = s.c[r * kLdC + kChunkChannels + cl] + s.bias[kChunkChannels + cl];
-              } else {
-                pv = s.c[r * kLdC + cl] + p.bias_in[c];
-                gv = s.c[r * kLdC + kChunkChannels + cl] + p.bias_in[2 * D + c];
-              }
-              const float sg = sigmoid_t<T, kFast>(gv);
+              const float pv = s.c[r * kLdC + cl] + p.bias_in[c];
+              const float gv = s.c[r * kLdC + kChunkChannels + cl] + p.bias_in[2 * D + c];
+              const float sg = sigmoid(gv);
               dp = dab[k] * sg * m;
               dg = dab[k] * pv * m * sg * (1.0f - sg);
             }
@@ -163,22 +141,9 @@ __global__ void __launch_bounds__(kThreads, 2) input_backward_kernel(const Param
         if (c < 2 * D) {
           const int64_t gcol = (slot_is_g ? 2 * D : 0) + c;
           float sum = 0.0f;
-          if constexpr (kV2) {
-            // The same sum in the same row order, with a fixed trip count so that the loads and
-            // stores of several rows are in flight at once.
-            T* dst = dpg_out + (tile.row0 + r_begin) * p.ld_dpg + gcol;
-#pragma unroll 8
-            for (int k = 0; k < kRows / 2; ++k) {
-              if (r_begin + k < tile.n) {
-                sum += s.c[(r_begin + k) * kLdC + col];
-                dst[k * p.ld_dpg] = s.g[(r_begin + k) * kLdG + col];
-              }
-            }
-          } else {
-            for (int r = r_begin; r < r_end && r < tile.n; ++r) {
-              sum += s.c[r * kLdC + col];
-              dpg_out[(tile.row0 + r) * p.ld_dpg + gcol] = s.g[r * kLdG + col];
-            }
+          for (int r = r_begin; r < r_end && r < tile.n; ++r) {
+            sum += s.c[r * kLdC + col];
+            dpg_out[(tile.row0 + r) * p.ld_dpg + gcol] = s.g[r * kLdG + col];
           }
           sum_pg[q * kThreads] += sum;
         }
@@ -271,19 +236,11 @@ __global__ void __launch_bounds__(kThreads, 2) input_backward_kernel(const Param
 
 template <typename T>
 void launch_input_backward(const Params& p, cudaStream_t stream) {
-  if constexpr (kHasFast<T>) {
-    if (split_input_backward<T>()) return launch_input_backward_split<T>(p, stream);
-  }
-  const int v = variant();
-  const size_t smem = InputBackwardSmem<T>(nullptr, p.Dp, v == 2).bytes;
-  // float runs the same code under variants 0 and 1 (launch.h): one kernel for both, and also
-  // under 3 (the split of input_backward_split.cu is for 16-bit types).
-  const auto kernel = v == 2                              ? input_backward_kernel<T, 2>
-                      : (v == 1 || v == 3) && kHasFast<T> ? input_backward_kernel<T, 1>
-                                                          : input_backward_kernel<T, 0>;
-  set_max_smem(kernel, smem);
-  kernel<<<p.grid_input_backward, kThreads, smem, stream>>>(p);
-  check_launch("trimul input_backward");
+  if constexpr (kIsF32<T>)
+    launch_kernel(input_backward_f32_kernel, dim3(unsigned(p.grid_input_backward)),
+                  InputBackwardF32Smem(nullptr, p.Dp).bytes, p, stream, "trimul input_backward");
+  else
+    launch_input_backward_split<T>(p, stream);
 }
 
 TPF_TRIMUL_INSTANTIATE(launch_input_backward)

@@ -1,13 +1,13 @@
-// Variant 3's input-side backward: input_backward.cu's work in two persistent kernels that each
-// fit 3 CTAs per SM (at most 80 registers, at most 75 KB of shared memory; bench/notes-trimul.md
-// section 10), with grid_input_backward = kSplitBackwardCtas CTAs and the partial-sum layouts of
-// input_backward.cu:
+// The input-side backward of 16-bit types: the work of input_backward.cu's (float32) kernel in two
+// persistent kernels that each fit 3 CTAs per SM (at most 80 registers, at most 75 KB of shared
+// memory; bench/notes-trimul.md section 10), with grid_input_backward = kSplitBackwardCtas CTAs
+// and the partial-sum layouts of input_backward.cu:
 //   gates kernel: x_ln, the P | G GEMM of each a/b step, dP | dG (to dpg) and the d p_in_bias |
 //     d g_in_bias sums -> partials_bias_in [2 grid, 4D] (row half h: rows [32 h, 32 h + 32) of
 //     every tile, as in input_backward.cu; summed per warp by shuffles instead of row by row);
 //   dx kernel: dx_ln = [dP | dG | dgo] W_in over dpg (what input_backward.cu accumulates in
-//     registers beside each step, here one K = 5D GEMM in stages of 64, same k order: the same
-//     bits), the LayerNorm backward, dx and the d norm_in_weight sums -> partials_norm_in
+//     registers beside each step, here one K = 5D GEMM in stages of 64, in the same k order),
+//     the LayerNorm backward, dx and the d norm_in_weight sums -> partials_norm_in
 //     [kWarps grid, D] (same roles and order as input_backward.cu).
 // The split costs one more pass over dP | dG | dgo (5 U of reads) and keeps dx_ln's 32
 // accumulators out of the step loop.
@@ -169,7 +169,7 @@ __global__ void __launch_bounds__(kThreads, kOccupancyCtas)
             const float* bias = s.bias + (q % 2) * kChunkN + cl_base + 8 * h + (e & 1);
             const float pv = acc.acc[i][0][h][e] + bias[0];
             const float gv = acc.acc[i][1][h][e] + bias[kChunkChannels];
-            const float sg = sigmoid_t<T, true>(gv), mv = m[i][e >> 1];
+            const float sg = sigmoid_fast(gv), mv = m[i][e >> 1];
             const bool valid = r < tile.n && c < 2 * D;
             const float dp = valid ? dv * sg * mv : 0.0f;
             const float dg = valid ? dv * pv * mv * sg * (1.0f - sg) : 0.0f;

@@ -1,13 +1,14 @@
 // Fused input kernel: LayerNorm_in, the five projections (P and G of a and b, the output gate
-// logits), gates and mask, in one pass over x. One CTA per tile of kRows positions.
+// logits), gates and mask, in one pass over x. One CTA per tile of kRows positions. Step
+// q < input_chunks writes a and b channel-major; the last step writes go row-major. The next
+// block's weights load while the epilogue runs. One kernel for float32, one for 16-bit types.
 //
-//   X  [kRows, Dp]     x_ln (T), the A operand of every step
-//   W  [kChunkN, Dp]   one packed weight block (T): kChunkChannels rows of Wp_in, then the same
+// float32 (GEMMs on the CUDA cores, IEEE sigmoid, 2 CTAs per SM):
+//   X  [kRows, Dp]     x_ln, the A operand of every step
+//   W  [kChunkN, Dp]   one packed weight block: kChunkChannels rows of Wp_in, then the same
 //                      rows of Wg_in; the last block is Wg_out
-//   C  [kChunkN, kLdCT] the product of a step q < input_chunks (fp32, transposed: column-major
-//                      reads for the channel-major a and b); [kRows, kLdC] for the last step
-// Step q < input_chunks writes a and b channel-major; the last step writes go row-major. The next
-// block's weights load while the epilogue runs.
+//   C  [kChunkN, kLdCT] the product of a step q < input_chunks (transposed: column-major reads
+//                      for the channel-major a and b); [kRows, kLdC] for the last step
 #include "kernels/trimul/device.cuh"
 #include "kernels/trimul/launch.h"
 #include "kernels/trimul/layer_norm.cuh"
@@ -15,14 +16,13 @@
 namespace tpf::cuda::trimul {
 namespace {
 
-template <typename T>
-struct InputForwardSmem {
-  T* x;
-  T* w;
+struct InputForwardF32Smem {
+  float* x;
+  float* w;
   float* c;
   float* mask;
   size_t bytes;
-  __host__ __device__ InputForwardSmem(unsigned char* base, int Dp) {
+  __host__ __device__ InputForwardF32Smem(unsigned char* base, int Dp) {
     SmemCarver s{base};
     take_step_operands(s, Dp, x, w);
     c = s.take<float>(kStagingFloats);
@@ -31,10 +31,10 @@ struct InputForwardSmem {
   }
 };
 
-template <typename T, bool kFast>
-__global__ void __launch_bounds__(kThreads, 2) input_forward_kernel(const Params p) {
+__global__ void __launch_bounds__(kThreads, 2) input_forward_f32_kernel(const Params p) {
+  using T = float;
   extern __shared__ __align__(128) unsigned char smem_raw[];
-  InputForwardSmem<T> s(smem_raw, p.Dp);
+  InputForwardF32Smem s(smem_raw, p.Dp);
   const Tile tile(blockIdx.x, p);
   const int ld = p.Dp + kPad, D = int(p.D);
   const T* w_in = static_cast<const T*>(p.w_in);
@@ -44,7 +44,7 @@ __global__ void __launch_bounds__(kThreads, 2) input_forward_kernel(const Params
 
   for (int q = 0; q <= p.input_chunks; ++q) {
     const bool gate_step = q == p.input_chunks;
-    WarpTileFor<T, kFast> acc;
+    WarpTileF32 acc;
     wait_and_multiply(acc, s.x, s.w, ld, p.Dp, kChunkN);
     if (gate_step)
       acc.store(s.c, kLdC, kChunkN);
@@ -78,8 +78,7 @@ __global__ void __launch_bounds__(kThreads, 2) input_forward_kernel(const Params
         const float pv = s.c[cl * kLdCT + r] + bias_p[k];
         const float gv = s.c[(kChunkChannels + cl) * kLdCT + r] + bias_g[k];
         T* dst = static_cast<T*>(c < D ? p.a : p.b);
-        dst[tile.channel_major(p, c < D ? c : c - D, r)] =
-            from_f<T>(sigmoid_t<T, kFast>(gv) * pv * m);
+        dst[tile.channel_major(p, c < D ? c : c - D, r)] = from_f<T>(sigmoid(gv) * pv * m);
       }
     } else {
       // Output gate logits, row-major: consecutive threads take consecutive channels.
@@ -94,7 +93,8 @@ __global__ void __launch_bounds__(kThreads, 2) input_forward_kernel(const Params
   }
 }
 
-// ---- Variant 3: the same arithmetic at 3 CTAs per SM (16-bit types).
+// ---- 16-bit types: the same work at 3 CTAs per SM (mma.sync GEMMs, the epilogues from the MMA
+// registers, the fast sigmoid).
 //
 //   X  [kRows, Dp]       x_ln (T)
 //   W  [kChunkN, Dp]     one packed weight block (T); a/b blocks with their rows interleaved
@@ -174,7 +174,7 @@ __global__ void __launch_bounds__(kThreads, kOccupancyCtas)
             const int r = Acc::row(i, e), cl = cl_base + 8 * h + (e & 1);
             const float pv = acc.acc[i][0][h][e] + bias[0][h][e & 1];
             const float gv = acc.acc[i][1][h][e] + bias[1][h][e & 1];
-            s.st[cl * kLdAB + r] = from_f<T>(sigmoid_t<T, true>(gv) * pv * s.mask[r]);
+            s.st[cl * kLdAB + r] = from_f<T>(sigmoid_fast(gv) * pv * s.mask[r]);
           }
       __syncthreads();
       store_staged_rows<kChunkChannels, kRows, true>(s.st, kLdAB, tile.n, [=](int cl) -> T* {
@@ -201,17 +201,13 @@ __global__ void __launch_bounds__(kThreads, kOccupancyCtas)
 
 template <typename T>
 void launch_input_forward(const Params& p, cudaStream_t stream) {
-  if constexpr (kHasFast<T>) {
-    if (variant() >= 3) {
-      return launch_kernel(input_forward_occupancy_kernel<T>, dim3(unsigned(p.tiles)),
-                           InputForwardOccupancySmem<T>(nullptr, p.Dp).bytes, p, stream,
-                           "trimul input_forward");
-    }
-  }
-  const auto kernel =
-      fast_variant() ? input_forward_kernel<T, kHasFast<T>> : input_forward_kernel<T, false>;
-  launch_kernel(kernel, dim3(unsigned(p.tiles)), InputForwardSmem<T>(nullptr, p.Dp).bytes, p,
-                stream, "trimul input_forward");
+  if constexpr (kIsF32<T>)
+    launch_kernel(input_forward_f32_kernel, dim3(unsigned(p.tiles)),
+                  InputForwardF32Smem(nullptr, p.Dp).bytes, p, stream, "trimul input_forward");
+  else
+    launch_kernel(input_forward_occupancy_kernel<T>, dim3(unsigned(p.tiles)),
+                  InputForwardOccupancySmem<T>(nullptr, p.Dp).bytes, p, stream,
+                  "trimul input_forward");
 }
 
 TPF_TRIMUL_INSTANTIATE(launch_input_forward)

@@ -6,7 +6,6 @@
 #include <cuda_runtime.h>
 
 #include <cstddef>
-#include <cstdlib>
 #include <string>
 #include <type_traits>
 
@@ -20,53 +19,17 @@ inline void check_cuda(cudaError_t e, const char* what) {
   if (e != cudaSuccess) throw RuntimeError(std::string(what) + ": " + cudaGetErrorString(e));
 }
 
-// Kernel variants, chosen at each launch by TPF_TRIMUL_VARIANT so that one GPU run can test and
-// time them side by side (unset: variant 4, the fastest measured on the H200, bench/notes-trimul.md
-// sections 11, 14 and 15):
-//   0  the fused kernels' GEMMs through WMMA (fragments by 32-bit generic loads), IEEE sigmoid;
-//   1  the same GEMMs through mma.sync m16n8k16 with ldmatrix fragments, and for 16-bit types the
-//      sigmoid through the approximate exponential and division (device.cuh);
-//   2  variant 1, and in input_backward the step's biases from shared memory and the dP | dG
-//      pass with a fixed, unrolled trip count (input_backward.cu; same arithmetic as variant 1);
-//   3  variant 1 at higher occupancy: input_forward and output_forward take their epilogues from
-//      the MMA registers and stage 16-bit results instead of fp32 products (less shared memory),
-//      under launch bounds of 3 CTAs per SM (same arithmetic as variant 1); input_backward is
-//      split in two kernels of kSplitBackwardCtas persistent CTAs, three per SM
-//      (input_backward_split.cu); output_backward runs variant 1's code;
-//   4  (the default) variant 3, and output_backward at 3 CTAs per SM as well: epilogues from
-//      the MMA registers, kOccupancyBackwardCtas persistent CTAs (output_backward.cu,
-//      bench/notes-trimul.md section 13).
-// The workspace is the same under all of them (the partials are sized for the larger grids).
-constexpr int kVariants = 5;
-inline int variant() {
-  const char* env = std::getenv("TPF_TRIMUL_VARIANT");
-  if (env == nullptr || env[0] == '\0') return 4;
-  if (env[1] != '\0' || env[0] < '0' || env[0] >= char('0' + kVariants))
-    throw Error(std::string("TPF_TRIMUL_VARIANT: expected 0, 1, 2, 3 or 4 (or unset), got '") +
-                env + "'");
-  return env[0] - '0';
-}
-inline bool fast_variant() { return variant() >= 1; }
-// CTAs per SM that the occupancy variant's kernels are bounded for (__launch_bounds__).
+// One kernel per job and element type. 16-bit types (bfloat16, float16) run the kernels bounded
+// for kOccupancyCtas CTAs per SM: GEMMs through mma.sync with ldmatrix fragments, epilogues from
+// the MMA registers, the sigmoid through the approximate exponential and division (device.cuh),
+// input_backward split in two persistent kernels (input_backward_split.cu) and output_backward
+// persistent over kOccupancyBackwardCtas CTAs. float32 runs its own kernels (GEMMs on the CUDA
+// cores, IEEE sigmoid: float32 outputs keep float32 accuracy), at 2 CTAs per SM, persistent
+// backward kernels over kBackwardCtas CTAs. The designs tried and deleted: bench/notes-trimul.md,
+// "Designs tried (deleted)".
 constexpr int kOccupancyCtas = 3;
-// float has no fast code (its GEMMs run on the CUDA cores, its sigmoid stays IEEE): one kernel.
 template <typename T>
-constexpr bool kHasFast = !std::is_same_v<T, float>;
-// Variant 3's occupancy kernels (input_forward, output_forward and the split input_backward), also
-// under variant 4 (16-bit types; float runs variant 0's kernels under 3 and 4).
-template <typename T>
-bool occupancy_kernels() {
-  return kHasFast<T> && variant() >= 3;
-}
-template <typename T>
-bool split_input_backward() {
-  return occupancy_kernels<T>();
-}
-// Variant 4's output_backward (16-bit types), with grid_backward = kOccupancyBackwardCtas.
-template <typename T>
-bool occupancy_output_backward() {
-  return kHasFast<T> && variant() == 4;
-}
+constexpr bool kIsF32 = std::is_same_v<T, float>;
 
 inline void check_launch(const char* kernel) { check_cuda(cudaGetLastError(), kernel); }
 
@@ -109,7 +72,7 @@ template <typename T>
 void launch_output_backward(const Params& p, cudaStream_t s);
 template <typename T>
 void launch_input_backward(const Params& p, cudaStream_t s);
-// Variant 3's two kernels (16-bit types), called by launch_input_backward.
+// The two kernels of the 16-bit types' input_backward, called by launch_input_backward.
 template <typename T>
 void launch_input_backward_split(const Params& p, cudaStream_t s);
 

@@ -6,12 +6,14 @@
 //     -> two rows of partials_bias_out [2 grid, 2D] per CTA;
 //   row pass (warp = rows w, w + kWarps, ...; lane = columns): d norm_out_weight
 //     -> kWarps rows of partials_norm_out [kWarps grid, D] per CTA.
-// d norm_out_bias needs no sum of its own: it is Wp_out^T d p_out_bias (see pack.cu).
+// d norm_out_bias needs no sum of its own: it is Wp_out^T d p_out_bias (see pack.cu). One kernel
+// for float32, one for 16-bit types.
 //
-//   Z  [kRows, Dp]     z of the tile (T), transposed; kept for z_hat
-//   X  [kRows, Dp]     z_ln (T), then dpo (T)
-//   W  [Dp, Dp]        p_out_weight (T), loaded once per CTA
-//   C  [kRows, kLdC]   po (fp32), then dz_ln, then dz
+// float32 (GEMMs on the CUDA cores, IEEE sigmoid, 2 CTAs per SM, grid kBackwardCtas):
+//   Z  [kRows, Dp]     z of the tile, transposed; kept for z_hat
+//   X  [kRows, Dp]     z_ln, then dpo
+//   W  [Dp, Dp]        p_out_weight, loaded once per CTA
+//   C  [kRows, kLdC]   po, then dz_ln, then dz
 #include "kernels/trimul/device.cuh"
 #include "kernels/trimul/launch.h"
 #include "kernels/trimul/layer_norm.cuh"
@@ -19,20 +21,19 @@
 namespace tpf::cuda::trimul {
 namespace {
 
-template <typename T>
-struct OutputBackwardSmem {
-  T* z;
-  T* x;
-  T* w;
+struct OutputBackwardF32Smem {
+  float* z;
+  float* x;
+  float* w;
   float* c;
   float* mean;
   float* rstd;
   size_t bytes;
-  __host__ __device__ OutputBackwardSmem(unsigned char* base, int Dp) {
+  __host__ __device__ OutputBackwardF32Smem(unsigned char* base, int Dp) {
     SmemCarver s{base};
-    z = s.take<T>(size_t(kRows) * (Dp + kPad));
-    x = s.take<T>(size_t(kRows) * (Dp + kPad));
-    w = s.take<T>(size_t(Dp) * (Dp + kPad));
+    z = s.take<float>(size_t(kRows) * (Dp + kPad));
+    x = s.take<float>(size_t(kRows) * (Dp + kPad));
+    w = s.take<float>(size_t(Dp) * (Dp + kPad));
     c = s.take<float>(size_t(kRows) * kLdC);
     mean = s.take<float>(kRows);
     rstd = s.take<float>(kRows);
@@ -40,10 +41,10 @@ struct OutputBackwardSmem {
   }
 };
 
-template <typename T, bool kFast>
-__global__ void __launch_bounds__(kThreads, 2) output_backward_kernel(const Params p) {
+__global__ void __launch_bounds__(kThreads, 2) output_backward_f32_kernel(const Params p) {
+  using T = float;
   extern __shared__ __align__(128) unsigned char smem_raw[];
-  OutputBackwardSmem<T> s(smem_raw, p.Dp);
+  OutputBackwardF32Smem s(smem_raw, p.Dp);
   const int ld = p.Dp + kPad, D = int(p.D), lane = threadIdx.x % 32, warp = threadIdx.x / 32;
   // Column-pass role: column `col`, rows [half * kRows / 2, (half + 1) * kRows / 2) of each tile.
   const int col = threadIdx.x % kChunkN, half = threadIdx.x / kChunkN;
@@ -74,7 +75,7 @@ __global__ void __launch_bounds__(kThreads, 2) output_backward_kernel(const Para
 
     // po = z_ln Wp_out^T.
     {
-      WarpTileFor<T, kFast> acc;
+      WarpTileF32 acc;
       acc.zero();
       acc.template mma<WLayout::kNK>(s.x, ld, s.w, ld, p.Dp, p.Dp);
       acc.store(s.c, kLdC, p.Dp);
@@ -103,7 +104,7 @@ __global__ void __launch_bounds__(kThreads, 2) output_backward_kernel(const Para
           float dpo = 0.0f;
           if (col_valid && r < tile.n) {
             const float po = s.c[r * kLdC + col] + bias;
-            const float sg = sigmoid_t<T, kFast>(gv[k]);
+            const float sg = sigmoid(gv[k]);
             dpo = dv[k] * sg;
             const float dgo = dv[k] * po * sg * (1.0f - sg);
             sum_bp += dpo;
@@ -119,7 +120,7 @@ __global__ void __launch_bounds__(kThreads, 2) output_backward_kernel(const Para
 
     // dz_ln = dpo Wp_out.
     {
-      WarpTileFor<T, kFast> acc;
+      WarpTileF32 acc;
       acc.zero();
       acc.template mma<WLayout::kKN>(s.x, ld, s.w, ld, p.Dp, p.Dp);
       acc.store(s.c, kLdC, p.Dp);
@@ -171,7 +172,7 @@ __global__ void __launch_bounds__(kThreads, 2) output_backward_kernel(const Para
   }
 }
 
-// ---- Variant 4: the same work at 3 CTAs per SM (16-bit types; bench/notes-trimul.md section 13).
+// ---- 16-bit types: the same work at 3 CTAs per SM (bench/notes-trimul.md section 13).
 //
 //   Z    [kRows, Dp]          z of the tile (T), kept for z_hat
 //   X    [kRows, Dp]          z_ln (T), then dpo (T); then dz (T) channel-major [Dp, kRows + 8]
@@ -190,8 +191,8 @@ __global__ void __launch_bounds__(kThreads, 2) output_backward_kernel(const Para
 //   d p_out_bias, d g_out_bias -> row (2 CTA + warp's row half) of partials_bias_out;
 //   d norm_out_weight          -> row (kWarps CTA + warp) of partials_norm_out (zeros in the
 //                                 columns of the other column warps).
-// Same products, same k order, same gate expressions as variant 3 (z_ln, dpo, dgo bit for bit);
-// the sums and the LayerNorm backward's row sums add in another (fixed) order.
+// Same products, same k order, same gate expressions as the 2-CTA kernel it replaced (z_ln, dpo,
+// dgo bit for bit); the sums and the LayerNorm backward's row sums add in another (fixed) order.
 
 constexpr int kColWarps = kChunkN / 32;  // warps across the columns of the 2 x 4 warp grid
 constexpr int kLdZT = kRows + kPad;      // dz staged channel-major
@@ -398,7 +399,7 @@ __global__ void __launch_bounds__(kThreads, kOccupancyCtas)
       acc.template mma<WLayout::kNK>(s.x, ld, s.w, ld, Dp, Dp);
     }
 
-    // Output gate from the registers: dpo = dy sg, dgo = dy po sg (1 - sg) (variant 3's
+    // Output gate from the registers: dpo = dy sg, dgo = dy po sg (1 - sg) (the float32 kernel's
     // expressions); dpo by stmatrix into X, dgo to global in pairs; the bias sums per column.
     // One 16-column block j at a time (its go and dy loads first).
     {
@@ -441,7 +442,7 @@ __global__ void __launch_bounds__(kThreads, kOccupancyCtas)
               for (int e = 0; e < 2; ++e) {
                 const bool valid = r < tile.n && c + e < D;
                 const float po = acc.acc[i][j][h][2 * ep + e] + (e ? bias.y : bias.x);
-                const float sg = sigmoid_t<T, true>(e ? gv.y : gv.x), d = e ? dv.y : dv.x;
+                const float sg = sigmoid_fast(e ? gv.y : gv.x), d = e ? dv.y : dv.x;
                 dpo[e] = valid ? d * sg : 0.0f;
                 dgo[e] = valid ? d * po * sg * (1.0f - sg) : 0.0f;
                 vbp[2 * h + e] += dpo[e];
@@ -618,21 +619,16 @@ __global__ void __launch_bounds__(kThreads, kOccupancyCtas)
 
 template <typename T>
 void launch_output_backward(const Params& p, cudaStream_t stream) {
-  if constexpr (kHasFast<T>) {
-    if (occupancy_output_backward<T>()) {
-      const auto kernel = p.D % 2 == 0 ? output_backward_occupancy_kernel<T, true>
-                                       : output_backward_occupancy_kernel<T, false>;
-      return launch_kernel(kernel, dim3(unsigned(p.grid_backward)),
-                           OutputBackwardOccupancySmem<T>(nullptr, p.Dp).bytes, p, stream,
-                           "trimul output_backward");
-    }
+  if constexpr (kIsF32<T>) {
+    launch_kernel(output_backward_f32_kernel, dim3(unsigned(p.grid_backward)),
+                  OutputBackwardF32Smem(nullptr, p.Dp).bytes, p, stream, "trimul output_backward");
+  } else {
+    const auto kernel = p.D % 2 == 0 ? output_backward_occupancy_kernel<T, true>
+                                     : output_backward_occupancy_kernel<T, false>;
+    launch_kernel(kernel, dim3(unsigned(p.grid_backward)),
+                  OutputBackwardOccupancySmem<T>(nullptr, p.Dp).bytes, p, stream,
+                  "trimul output_backward");
   }
-  const size_t smem = OutputBackwardSmem<T>(nullptr, p.Dp).bytes;
-  const auto kernel =
-      fast_variant() ? output_backward_kernel<T, kHasFast<T>> : output_backward_kernel<T, false>;
-  set_max_smem(kernel, smem);
-  kernel<<<p.grid_backward, kThreads, smem, stream>>>(p);
-  check_launch("trimul output_backward");
 }
 
 TPF_TRIMUL_INSTANTIATE(launch_output_backward)

@@ -1,10 +1,12 @@
 // Fused output kernel: LayerNorm_out, the output projection and the output gate. One CTA per tile.
+// y = sigmoid(go) * (z_ln Wp_out^T + bp_out), row-major. One kernel for float32, one for 16-bit
+// types.
 //
-//   Z  [kRows, Dp]     z of the tile (T), transposed from channel-major
-//   X  [kRows, Dp]     z_ln (T)
-//   W  [Dp, Dp]        p_out_weight (T)
-//   C  [kRows, kLdC]   z_ln Wp_out^T (fp32)
-// y = sigmoid(go) * (C + bp_out), row-major.
+// float32 (GEMM on the CUDA cores, IEEE sigmoid, 2 CTAs per SM):
+//   Z  [kRows, Dp]     z of the tile, transposed from channel-major
+//   X  [kRows, Dp]     z_ln
+//   W  [Dp, Dp]        p_out_weight
+//   C  [kRows, kLdC]   z_ln Wp_out^T
 #include "kernels/trimul/device.cuh"
 #include "kernels/trimul/launch.h"
 #include "kernels/trimul/layer_norm.cuh"
@@ -12,27 +14,26 @@
 namespace tpf::cuda::trimul {
 namespace {
 
-template <typename T>
-struct OutputForwardSmem {
-  T* z;
-  T* x;
-  T* w;
+struct OutputForwardF32Smem {
+  float* z;
+  float* x;
+  float* w;
   float* c;
   size_t bytes;
-  __host__ __device__ OutputForwardSmem(unsigned char* base, int Dp) {
+  __host__ __device__ OutputForwardF32Smem(unsigned char* base, int Dp) {
     SmemCarver s{base};
     c = s.take<float>(size_t(kRows) * kLdC);
-    z = s.take<T>(size_t(kRows) * (Dp + kPad));
-    x = s.take<T>(size_t(kRows) * (Dp + kPad));
-    w = s.take<T>(size_t(Dp) * (Dp + kPad));
+    z = s.take<float>(size_t(kRows) * (Dp + kPad));
+    x = s.take<float>(size_t(kRows) * (Dp + kPad));
+    w = s.take<float>(size_t(Dp) * (Dp + kPad));
     bytes = s.at;
   }
 };
 
-template <typename T, bool kFast>
-__global__ void __launch_bounds__(kThreads, 2) output_forward_kernel(const Params p) {
+__global__ void __launch_bounds__(kThreads, 2) output_forward_f32_kernel(const Params p) {
+  using T = float;
   extern __shared__ __align__(128) unsigned char smem_raw[];
-  OutputForwardSmem<T> s(smem_raw, p.Dp);
+  OutputForwardF32Smem s(smem_raw, p.Dp);
   const Tile tile(blockIdx.x, p);
   const int ld = p.Dp + kPad, D = int(p.D);
 
@@ -41,7 +42,7 @@ __global__ void __launch_bounds__(kThreads, 2) output_forward_kernel(const Param
   __syncthreads();
 
   normalize_output_rows(p, tile, s.z, s.x, ld, nullptr, nullptr, static_cast<T*>(nullptr));
-  WarpTileFor<T, kFast> acc;
+  WarpTileF32 acc;
   wait_and_multiply(acc, s.x, s.w, ld, p.Dp, p.Dp);
   acc.store(s.c, kLdC, p.Dp);
   __syncthreads();
@@ -64,18 +65,18 @@ __global__ void __launch_bounds__(kThreads, 2) output_forward_kernel(const Param
   for (int k = 0; k < kIters; ++k) {
     const int r = r0 + kStep * k;
     if (r < tile.n)
-      y[(tile.row0 + r) * D + c] =
-          from_f<T>(sigmoid_t<T, kFast>(g[k]) * (s.c[r * kLdC + c] + bias));
+      y[(tile.row0 + r) * D + c] = from_f<T>(sigmoid(g[k]) * (s.c[r * kLdC + c] + bias));
   }
 }
 
-// ---- Variant 3: the same arithmetic at 3 CTAs per SM (16-bit types).
+// ---- 16-bit types: the same work at 3 CTAs per SM (mma.sync GEMM, the epilogue from the MMA
+// registers, the fast sigmoid).
 //
 //   ZX [kRows, Dp]     z of the tile, then z_ln in place
 //   W  [Dp, Dp]        p_out_weight (T)
 //   St [kRows, kLdSt]  the tile's go (asynchronous copy at the start), then y in place
 // The epilogue takes the products from the MMA registers: no fp32 staging, 68 KB of shared memory
-// per CTA at D = 128 (101 KB under variant 1), at most 80 registers.
+// per CTA at D = 128, at most 80 registers.
 
 template <typename T>
 struct OutputForwardOccupancySmem {
@@ -125,7 +126,7 @@ __global__ void __launch_bounds__(kThreads, kOccupancyCtas)
     const int r = Acc::row(i, e), c = Acc::col(j, h, e);
     if (r < tile.n && c < D) {
       T* at = s.st + r * kLdSt + c;
-      *at = from_f<T>(sigmoid_t<T, true>(to_f(*at)) * (acc.acc[i][j][h][e] + bias[j][h][e & 1]));
+      *at = from_f<T>(sigmoid_fast(to_f(*at)) * (acc.acc[i][j][h][e] + bias[j][h][e & 1]));
     }
   });
   __syncthreads();
@@ -138,17 +139,13 @@ __global__ void __launch_bounds__(kThreads, kOccupancyCtas)
 
 template <typename T>
 void launch_output_forward(const Params& p, cudaStream_t stream) {
-  if constexpr (kHasFast<T>) {
-    if (variant() >= 3) {
-      return launch_kernel(output_forward_occupancy_kernel<T>, dim3(unsigned(p.tiles)),
-                           OutputForwardOccupancySmem<T>(nullptr, p.Dp).bytes, p, stream,
-                           "trimul output_forward");
-    }
-  }
-  const auto kernel =
-      fast_variant() ? output_forward_kernel<T, kHasFast<T>> : output_forward_kernel<T, false>;
-  launch_kernel(kernel, dim3(unsigned(p.tiles)), OutputForwardSmem<T>(nullptr, p.Dp).bytes, p,
-                stream, "trimul output_forward");
+  if constexpr (kIsF32<T>)
+    launch_kernel(output_forward_f32_kernel, dim3(unsigned(p.tiles)),
+                  OutputForwardF32Smem(nullptr, p.Dp).bytes, p, stream, "trimul output_forward");
+  else
+    launch_kernel(output_forward_occupancy_kernel<T>, dim3(unsigned(p.tiles)),
+                  OutputForwardOccupancySmem<T>(nullptr, p.Dp).bytes, p, stream,
+                  "trimul output_forward");
 }
 
 TPF_TRIMUL_INSTANTIATE(launch_output_forward)

@@ -60,11 +60,11 @@ struct Params {
   float* partials_bias_in;   // [2 * grid_input_backward, 4D]: d p_in_bias | d g_in_bias
   float* partials_norm_in;   // [kWarps * grid_input_backward, D]: d norm_in_weight
   double* sums;
-  int grid_backward;        // persistent CTAs of output_backward (kBackwardCtas, or
-                            // kOccupancyBackwardCtas under variant 4; the output segments of
-                            // launch_reduce_sums follow it), and of input_backward but under
-                            // variant 3's split
-  int grid_input_backward;  // persistent CTAs of the input_backward kernel(s)
+  int grid_backward;        // persistent CTAs of output_backward (kBackwardCtas for float32,
+                            // kOccupancyBackwardCtas for 16-bit types; the output segments of
+                            // launch_reduce_sums follow it)
+  int grid_input_backward;  // persistent CTAs of the input_backward kernel(s) (kBackwardCtas for
+                            // float32, kSplitBackwardCtas for 16-bit types)
   // Last, so that the fields above keep their offsets in the kernels' parameter space.
   int mask_type;  // MaskType of `mask`
 };

@@ -20,24 +20,24 @@ constexpr int kMaxInputChunks = 2 * kMaxD / kChunkChannels;
 // Shared-memory row padding in elements: rows stay 16-byte aligned and consecutive rows start on
 // different banks.
 constexpr int kPad = 8;
-constexpr int kLdC = kChunkN + 4;  // fp32 staging rows (a multiple of 4, as WMMA stores need)
+constexpr int kLdC = kChunkN + 4;  // fp32 staging rows (a multiple of 4 floats: 16-byte aligned)
 // The same staging stored transposed (column n at n * kLdCT): for epilogues that write
 // channel-major outputs, a warp then reads 32 consecutive rows of one column, conflict-free.
 constexpr int kLdCT = kRows + 4;
-// 16-bit staging rows of kChunkN values (variant 3's epilogues from the MMA registers).
+// 16-bit staging rows of kChunkN values (the 16-bit kernels' epilogues from the MMA registers).
 constexpr int kLdSt = kChunkN + kPad;
 // fp32 staging large enough for either layout.
 constexpr int kStagingFloats = kRows * kLdC > kChunkN* kLdCT ? kRows* kLdC : kChunkN* kLdCT;
-// Persistent CTAs of the backward kernels (two per SM on a 132-SM H100/H200). A constant, not the
-// device's SM count: the order of the bias and LayerNorm gradient sums follows from it.
+// Persistent CTAs of the float32 backward kernels (two per SM on a 132-SM H100/H200). A constant,
+// not the device's SM count: the order of the bias and LayerNorm gradient sums follows from it.
 constexpr int kBackwardCtas = 264;
-// Persistent CTAs of variant 3's two input_backward kernels (three per SM), and the most that the
-// input side's partial sums are sized for.
+// Persistent CTAs of the 16-bit types' two input_backward kernels (three per SM), and the most
+// that the input side's partial sums are sized for.
 constexpr int kSplitBackwardCtas = 396;
 constexpr int kMaxInputBackwardCtas =
     kSplitBackwardCtas > kBackwardCtas ? kSplitBackwardCtas : kBackwardCtas;
-// Persistent CTAs of variant 4's output_backward (three per SM), and the most that the output
-// side's partial sums are sized for.
+// Persistent CTAs of the 16-bit types' output_backward (three per SM), and the most that the
+// output side's partial sums are sized for.
 constexpr int kOccupancyBackwardCtas = 396;
 constexpr int kMaxOutputBackwardCtas =
     kOccupancyBackwardCtas > kBackwardCtas ? kOccupancyBackwardCtas : kBackwardCtas;

@@ -25,7 +25,7 @@ import torch
 from torch.overrides import TorchFunctionMode
 
 from accuracy import assert_accurate
-from test_nn import ATTENTION_ROUNDINGS, TRIMUL_ROUNDINGS, randomize
+from test_nn import ATTENTION_ROUNDINGS, TRIMUL_ROUNDINGS, gradient_scale, randomize
 from turbopairformer.benchmarks.clients import CLIENTS, widths, with_dropout
 from turbopairformer.integrations import IntegrationError
 
@@ -131,11 +131,13 @@ def flipped(tensors: dict) -> dict:
     return {k: (None if v is None else v.flip(0)) for k, v in tensors.items()}
 
 
-def compare(out, grads, baselines, out64, grads64, valid, precision, context):
+def compare(out, grads, baselines, out64, grads64, valid, precision, context, per_sample=()):
     """s, z (real tokens), their input gradients and every parameter gradient by the suite's
     accuracy rule (accuracy.py) against FP64, PyTorch's path the baseline. `baselines` holds one
     or two PyTorch runs (the batch as given and reversed: each sum over the batch, i.e. every
-    parameter gradient, rounds differently in each, and the larger error counts, as test_nn)."""
+    parameter gradient, rounds differently in each, and the larger error counts, as test_nn).
+    per_sample: each sample's FP64 gradients, for the parameter gradients' error model
+    (test_nn.gradient_scale)."""
     dtype = torch.bfloat16 if precision == "bf16-autocast" else torch.float32
 
     def check(name, got, base, ref, scale=None, terms=1):
@@ -147,22 +149,29 @@ def compare(out, grads, baselines, out64, grads64, valid, precision, context):
         check(key, out[key] * valid[key], [b[0][key] * valid[key] for b in baselines],
               out64[key] * valid[key])
     assert set(grads) == set(grads64)
-    big = max((t for t in grads64.values() if t is not None), key=lambda t: t.abs().max())
     for key, ref in grads64.items():
         if ref is None:
             assert grads[key] is None and all(b[1][key] is None for b in baselines), key
             continue
-        # Zero in exact arithmetic (e.g. a LayerNorm bias feeding only a softmax): both paths sum
-        # cancelling terms, which round at the scale of the largest gradient.
-        exact_zero = ref.abs().max() <= 1e-9 * big.abs().max()
-        scale, terms = (big.abs().max().item(), big.numel()) if exact_zero else (None, 1)
+        scale, terms = gradient_scale(key, grads64, list(per_sample))
         check(key, grads[key], [b[1][key] for b in baselines], ref, scale, terms)
 
 
 def run_paths(client, model, inputs, grad_out, precision):
-    """FP64, PyTorch's path (batch as given and reversed) and ours, each (outputs, gradients)."""
+    """FP64, PyTorch's path (batch as given and reversed) and ours, each (outputs, gradients),
+    and each sample's FP64 gradients (batched clients). The FP64 runs take the model and inputs
+    as the paths see them, in float32 (accuracy.py)."""
     autocast = torch.bfloat16 if precision == "bf16-autocast" else None
+    model = copy.deepcopy(model).float().double()
+    as_seen = lambda d: {k: (v.float().double() if v is not None and v.is_floating_point() else v)
+                         for k, v in d.items()}
+    inputs, grad_out = as_seen(inputs), as_seen(grad_out)
     ref = step(client, model, inputs, "pytorch", torch.float64, grad_out)
+    per_sample = []
+    if client.batched:
+        one = lambda d, b: {k: (None if v is None else v[b:b + 1]) for k, v in d.items()}
+        per_sample = [step(client, model, one(inputs, b), "pytorch", torch.float64,
+                           one(grad_out, b))[1] for b in range(inputs["z"].shape[0])]
     baselines = [step(client, model, inputs, "pytorch", torch.float32, grad_out, autocast)]
     if client.batched:
         out_r, g_r = step(client, model, flipped(inputs), "pytorch", torch.float32,
@@ -170,7 +179,7 @@ def run_paths(client, model, inputs, grad_out, precision):
         g_r = {k: (v.flip(0) if k in ("ds", "dz") else v) for k, v in g_r.items()}
         baselines.append((flipped(out_r), g_r))
     ours = step(client, model, inputs, "ours", torch.float32, grad_out, autocast)
-    return ref, baselines, ours
+    return ref, baselines, ours, per_sample
 
 
 @pytest.mark.parametrize("precision", ["float32", "bf16-autocast"])
@@ -179,12 +188,14 @@ def test_matches_fp64_by_accuracy_rule(name, precision, seed, counted):
     client = CLIENTS[name]
     model = build(client, seed)
     inputs, grad_out, valid = case(client, seed)
-    (out64, g64), baselines, (out, g) = run_paths(client, model, inputs, grad_out, precision)
+    (out64, g64), baselines, (out, g), per_sample = run_paths(client, model, inputs, grad_out,
+                                                              precision)
     blocks = next(client.small[k] for k in ("no_blocks", "num_blocks", "n_blocks")
                   if k in client.small)
     # Ours ran, each triangle layer once per block (the PyTorch runs did not count).
     assert counted == {"attention": 2 * blocks, "trimul": 2 * blocks}, counted
-    compare(out, g, baselines, out64, g64, valid, precision, f"{name} {precision} seed {seed}")
+    compare(out, g, baselines, out64, g64, valid, precision, f"{name} {precision} seed {seed}",
+            per_sample)
 
 
 @pytest.mark.parametrize("name", NAMES)

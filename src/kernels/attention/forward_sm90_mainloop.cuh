@@ -187,9 +187,8 @@ __device__ __forceinline__ void consume(const Params& p, const Tile& t, uint8_t*
       const uint32_t v_tile = stage + L::v_offset(g);
 #pragma unroll
       for (int kk = 0; kk < kKeys / 16; ++kk)
-        wgmma_rs<T, L::kPvN, gmma::Major::MN>(st.o[g], pa[kk],
-                                              smem_desc<L::W>(v_tile + kk * 16 * 2 * L::W,
-                                                                             L::kBlockBytes));
+        wgmma_rs<T, L::kPvN, gmma::Major::MN>(
+            st.o[g], pa[kk], smem_desc<L::W>(v_tile + kk * 16 * 2 * L::W, L::kBlockBytes));
       cute::warpgroup_commit_batch();
     }
     cute::warpgroup_wait<0>();  // every MMA that read this stage is done

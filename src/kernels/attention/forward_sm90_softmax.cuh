@@ -38,8 +38,8 @@ __device__ __forceinline__ void apply_key_mask(float (&s)[kKeys / 8][4], uint64_
 // quad_row_sums at the end (FlashAttention-3's way). The sum is of the unrounded P, so the lse
 // and the normalization of O carry no rounding of P to T.
 template <typename T, int kPvBlocks>
-__device__ __forceinline__ void softmax_tile(float (&s)[kKeys / 8][4], float (&m)[2],
-                                             float (&l)[2], float (&o)[kPvBlocks][4],
+__device__ __forceinline__ void softmax_tile(float (&s)[kKeys / 8][4], float (&m)[2], float (&l)[2],
+                                             float (&o)[kPvBlocks][4],
                                              uint32_t (&pa)[kKeys / 16][4], float c,
                                              float rescale_acc) {
   float mx[2];
@@ -84,13 +84,13 @@ __device__ __forceinline__ void softmax_tile(float (&s)[kKeys / 8][4], float (&m
       // The last kPolyExpBlocks column blocks on the FMA pipe, the rest on the MUFU.
       p[j][e] = j >= kKeys / 8 - kPolyExpBlocks ? ex2_poly(x) : ex2_mufu(x);
     }
-  // The tile's row sums, a fixed tree (bitwise reproducible) of this thread's 16 P per row, into
-  // l. Then the last k-step's fragments are made to depend on l by adding l * 0 (exact: l is a
-  // finite sum, p + 0 = p), so that the sums are done before the PV MMA that reads them: left
-  // free, ptxas sinks the sums of every slice past the later slices' MMAs, keeping each slice's
-  // 32 fp32 P live (measured: R237 and spills at DP = 32, R227 at DP = 16).
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
+    // The tile's row sums, a fixed tree (bitwise reproducible) of this thread's 16 P of the row,
+    // into l. Then the last k-step's fragments are made to depend on l by adding l * 0 (exact: l
+    // is a finite sum, p + 0 = p), so that the sums are done before the PV MMA that reads them:
+    // left free, ptxas sinks the sums of every slice past the later slices' MMAs, keeping each
+    // slice's 32 fp32 P live (measured: R237 and spills at DP = 32, R227 at DP = 16).
     float t[kKeys / 8];
 #pragma unroll
     for (int j = 0; j < kKeys / 8; ++j) t[j] = p[j][2 * r] + p[j][2 * r + 1];

@@ -173,7 +173,7 @@ int run() {
       {2, 6, 1, 33, 8, false, false, 1.0},    // D = 8 (padded to 16)
       {1, 5, 3, 129, 24, true, true, 1.0},    // D = 24 (padded to 32), one key past a block
       {1, 3, 2, 100, 64, false, false, 1.0},  // D = 64: 2 slices per CTA, 128-byte swizzle
-      {1, 2, 1, 70, 128, true, false, 1.0},   // D = 128: 1 slice, two K/V blocks per tile
+      {1, 2, 1, 70, 128, true, false, 1.0},   // D = 128: 1 slice, two K/V blocks, own ones atom
       {1, 2, 2, 65, 40, false, true, 1.0},    // D = 40 (padded to 48): three 32-byte blocks
       {2, 5, 2, 150, 32, false, false, 1.0, true},  // float32 bias, bf16 q, k, v
       {1, 3, 1, 70, 16, true, true, -1.0, true},    // float32 bias, fp16, -inf rows

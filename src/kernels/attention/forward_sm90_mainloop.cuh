@@ -129,7 +129,6 @@ struct ConsumerState {
   uint32_t qf[L::G][DP / 16][4];
   float o[L::G][L::kPvBlocks][4];
   float m[L::G][2];
-  float l[L::G][2];  // this thread's partial row sums of P (softmax_tile)
 };
 
 template <typename T, int DP>
@@ -180,15 +179,16 @@ __device__ __forceinline__ void consume(const Params& p, const Tile& t, uint8_t*
       cute::warpgroup_wait<0>();
       fence_operands(sc);
       uint32_t pa[kKeys / 16][4];
-      softmax_tile<T, L::kPvBlocks>(sc, st.m[g], st.l[g], st.o[g], pa, c, rescale_acc);
-      // O += P V
+      softmax_tile<T, L::kPvBlocks>(sc, st.m[g], st.o[g], pa, c, rescale_acc);
+      // O += P [V | 1]
       fence_operands(st.o[g]);
       cute::warpgroup_arrive();
       const uint32_t v_tile = stage + L::v_offset(g);
+      const uint32_t lbo = L::kSharedOnes ? smem_base + L::kOnes - v_tile : L::kBlockBytes;
 #pragma unroll
       for (int kk = 0; kk < kKeys / 16; ++kk)
-        wgmma_rs<T, L::kPvN, gmma::Major::MN>(
-            st.o[g], pa[kk], smem_desc<L::W>(v_tile + kk * 16 * 2 * L::W, L::kBlockBytes));
+        wgmma_rs<T, L::kPvN, gmma::Major::MN>(st.o[g], pa[kk],
+                                              smem_desc<L::W>(v_tile + kk * 16 * 2 * L::W, lbo));
       cute::warpgroup_commit_batch();
     }
     cute::warpgroup_wait<0>();  // every MMA that read this stage is done

@@ -8,7 +8,7 @@
 #include <cstdint>
 #include <utility>
 
-// The N = 48, 80, 112 shapes of the PV product (N = DP) are CuTe's "extended" atoms.
+// The N = 24, 40, 56, ... 136 shapes of the PV product (D + 8) are CuTe's "extended" atoms.
 #ifndef CUTE_SM90_EXTENDED_MMA_SHAPES_ENABLED
 #define CUTE_SM90_EXTENDED_MMA_SHAPES_ENABLED
 #endif
@@ -35,14 +35,15 @@ struct RsAtom;
   struct RsAtom<__half, N, B> {                                           \
     using type = gmma::MMA_64x##N##x16_F32F16F16_RS<gmma::Major::K, B>;   \
   };
-TPF_RS_ATOM(16)
-TPF_RS_ATOM(32)
-TPF_RS_ATOM(48)
+TPF_RS_ATOM(24)
+TPF_RS_ATOM(40)
+TPF_RS_ATOM(56)
 TPF_RS_ATOM(64)
-TPF_RS_ATOM(80)
-TPF_RS_ATOM(96)
-TPF_RS_ATOM(112)
-TPF_RS_ATOM(128)
+TPF_RS_ATOM(72)
+TPF_RS_ATOM(88)
+TPF_RS_ATOM(104)
+TPF_RS_ATOM(120)
+TPF_RS_ATOM(136)
 #undef TPF_RS_ATOM
 
 template <typename Atom, size_t... I>
@@ -126,9 +127,8 @@ __device__ __forceinline__ float ex2_mufu(float x) {
 
 // 2^x on the FMA pipe (FlashAttention-4's trick): x = i + f with i = round(x) (the 1.5 x 2^23
 // magic constant rounds in one FADD), 2^f on [-1/2, 1/2] by a degree-4 minimax polynomial
-// (relative error 2.7e-6 in fp32: far below the P rounding to bf16 or fp16 that the MMA takes,
-// and the bound it puts on the fp32 row sums and the lse), and 2^i built as a float's exponent
-// field and multiplied in, so that x <= -127 (masked scores are -inf) gives
+// (relative error 2.7e-6 in fp32, far below the P rounding to bf16 or fp16 that follows), and 2^i built
+// as a float's exponent field and multiplied in, so that x <= -127 (masked scores are -inf) gives
 // exactly 0 like ex2.approx.ftz.
 __device__ __forceinline__ float ex2_poly(float x) {
   x = fmaxf(x, -127.f);

@@ -30,15 +30,11 @@ __device__ __forceinline__ void apply_key_mask(float (&s)[kKeys / 8][4], uint64_
       if (((w >> (8 * j + e)) & 1) == 0) s[j][e] = s[j][e + 2] = -INFINITY;
 }
 
-// One tile: updates m (acc units) and rescales o (kPvBlocks blocks) and l when a row's maximum
-// moved by more than kRescaleLog2; adds the tile's fp32 P to l; writes P rounded to T as the A
-// fragments of the four 16-key steps of O += P V.
-// l[r]: this thread's partial sum of row r's P over its own columns (2 of every 8), in fp32 and
-// in the scale of m, like o; the four threads of a quad hold one row's partials, added by
-// quad_row_sums at the end (FlashAttention-3's way). The sum is of the unrounded P, so the lse
-// and the normalization of O carry no rounding of P to T.
+// One tile: updates m (acc units) and rescales o (kPvBlocks blocks, the ones column included)
+// when a row's maximum moved by more than kRescaleLog2; writes P rounded to T as the A fragments
+// of the four 16-key steps of O += P V.
 template <typename T, int kPvBlocks>
-__device__ __forceinline__ void softmax_tile(float (&s)[kKeys / 8][4], float (&m)[2], float (&l)[2],
+__device__ __forceinline__ void softmax_tile(float (&s)[kKeys / 8][4], float (&m)[2],
                                              float (&o)[kPvBlocks][4],
                                              uint32_t (&pa)[kKeys / 16][4], float c,
                                              float rescale_acc) {
@@ -62,8 +58,6 @@ __device__ __forceinline__ void softmax_tile(float (&s)[kKeys / 8][4], float (&m
     const float corr1 = need1 ? ex2_mufu((m[1] - mx[1]) * c) : 1.f;
     m[0] = need0 ? mx[0] : m[0];
     m[1] = need1 ? mx[1] : m[1];
-    l[0] *= corr0;
-    l[1] *= corr1;
 #pragma unroll
     for (int i = 0; i < kPvBlocks; ++i) {
       o[i][0] *= corr0;
@@ -85,38 +79,11 @@ __device__ __forceinline__ void softmax_tile(float (&s)[kKeys / 8][4], float (&m
       p[j][e] = j >= kKeys / 8 - kPolyExpBlocks ? ex2_poly(x) : ex2_mufu(x);
     }
 #pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    // The tile's row sums, a fixed tree (bitwise reproducible) of this thread's 16 P of the row,
-    // into l. Then the last k-step's fragments are made to depend on l by adding l * 0 (exact: l
-    // is a finite sum, p + 0 = p), so that the sums are done before the PV MMA that reads them:
-    // left free, ptxas sinks the sums of every slice past the later slices' MMAs, keeping each
-    // slice's 32 fp32 P live (measured: R237 and spills at DP = 32, R227 at DP = 16).
-    float t[kKeys / 8];
-#pragma unroll
-    for (int j = 0; j < kKeys / 8; ++j) t[j] = p[j][2 * r] + p[j][2 * r + 1];
-#pragma unroll
-    for (int w = kKeys / 16; w >= 1; w /= 2)
-#pragma unroll
-      for (int j = 0; j < w; ++j) t[j] += t[j + w];
-    l[r] += t[0];
-    p[kKeys / 8 - 1][2 * r] = fmaf(l[r], 0.f, p[kKeys / 8 - 1][2 * r]);
-  }
-#pragma unroll
   for (int kk = 0; kk < kKeys / 16; ++kk) {
     pa[kk][0] = Mma<T>::pack(p[2 * kk][0], p[2 * kk][1]);
     pa[kk][1] = Mma<T>::pack(p[2 * kk][2], p[2 * kk][3]);
     pa[kk][2] = Mma<T>::pack(p[2 * kk + 1][0], p[2 * kk + 1][1]);
     pa[kk][3] = Mma<T>::pack(p[2 * kk + 1][2], p[2 * kk + 1][3]);
-  }
-}
-
-// The full row sums from the quad's partials (every thread of the quad gets the same bits: the
-// two additions are commutative). All lanes of the warp must call it.
-__device__ __forceinline__ void quad_row_sums(float (&l)[2]) {
-#pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    l[r] += __shfl_xor_sync(0xffffffffu, l[r], 1);
-    l[r] += __shfl_xor_sync(0xffffffffu, l[r], 2);
   }
 }
 

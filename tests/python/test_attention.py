@@ -222,5 +222,11 @@ def test_float32_bias_is_read_unrounded(dtype, seed):
     base = run_with_grads(triangle_attention_torch, q, k, v, bias.to(dtype), mask, grad)
     check_fa3_rule(ours, base, ref, dtype, f"(float32 bias, {dtype})")
     assert ours["dbias"].dtype == torch.float32
-    rounded = tpf.triangle_attention(q, k, v, bias.to(dtype), mask)
-    assert max_err(ours["o"], ref["o"]) < max_err(rounded, ref["o"])
+    # O before its rounding to q's dtype (O + its residual): the rounded O's largest error is its
+    # output rounding, which both biases can share at the same element (seed 991641002: equal).
+    def unrounded_o(b):
+        B, N, H, S, _ = q.shape
+        o, _, res = torch.ops.turbopairformer.triangle_attention_fwd(
+            q, k, v, b.reshape(B, H, S, S), mask.reshape(B, N, S), 1 / math.sqrt(16), True)
+        return o.double() + res.double()
+    assert max_err(unrounded_o(bias), ref["o"]) < max_err(unrounded_o(bias.to(dtype)), ref["o"])

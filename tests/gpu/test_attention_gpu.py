@@ -281,6 +281,19 @@ def test_float32_cuda_inputs_fall_back_to_torch_math(seed):
     assert torch.allclose(out, triangle_attention_torch(q, k, v, bias, mask))
 
 
+def test_float32_bias_with_gradient_takes_any_strides(seed):
+    """Protenix's bias: float32, [B, 1, H, S, S] permuted from [B, S, S, H] (stride H in the key
+    dimension), with 16-bit q, k, v and a gradient to come: the same results as a contiguous copy."""
+    g = torch.Generator().manual_seed(seed)
+    q, k, v, _, mask, grad = make_case(1, 3, 4, 40, 32, torch.bfloat16, "cuda", g)
+    bias = torch.randn(1, 40, 40, 4, generator=g).cuda().permute(0, 3, 1, 2)[:, None]
+    assert bias.stride(-1) == 4
+    strided = run_with_grads(tpf.triangle_attention, q, k, v, bias, mask, grad)
+    dense = run_with_grads(tpf.triangle_attention, q, k, v, bias.contiguous(), mask, grad)
+    for name in ("o", *GRADS):
+        assert torch.equal(strided[name], dense[name]), name
+
+
 def test_unsupported_head_dim_is_a_clear_error(seed):
     g = torch.Generator().manual_seed(seed)
     q, k, v, bias, mask, _ = make_case(1, 2, 1, 8, 20, torch.bfloat16, "cuda", g)
@@ -515,7 +528,10 @@ def test_forward_float32_bias(D, dtype, seed):
     bias rounded to q's dtype (spread 8, where that rounding moves scores by up to 8 x 2^-9)."""
     g = torch.Generator().manual_seed(seed)
     q, k, v, bias, mask, _ = make_case(2, 7, 4, 200, D, dtype, "cuda", g)
-    bias = bias.float() * 8
+    # Values that q's dtype cannot hold (bias.float() * 8 alone is exact in it: the rounded bias
+    # would be the same bias, as it was here until 2026-12-02).
+    bias = bias.float() * 8 + torch.rand(bias.shape, generator=g).to(bias.device) * 1e-2
+    assert not torch.equal(bias, bias.to(dtype).float())
     scale = 1 / math.sqrt(D)
     rounded = bias.to(dtype)
     check_forward(q, k, v, bias, mask, scale, dtype, f"(float32 bias, D={D}, {dtype})",

@@ -32,16 +32,26 @@ Neither floor loosens the rule where the baseline is a real yardstick: on tensor
 the baseline's max error is at its predicted value and above the model (long sums round many more
 times than the stored intermediates).
 
+Parameter gradients are sums over every position (token, pair, sample) of one term each, and the
+roundings happen in the terms: with independent errors of k x u relative per term, the sum's error
+is about k x u x sqrt(sum of the terms' squares), which cancellation between the terms does not
+shrink (a LayerNorm weight feeding a softmax bias sums 10^3 terms whose magnitudes add to 100x the
+result). `gradient_terms` measures that root sum of squares for the parameters of nn.Linear and
+LayerNorm modules in the FP64 run, and `gradient_scale` makes it the model's scale where it exceeds
+max |ref|; each term sum is checked to add up to the FP64 gradient before it is used.
+
 `ratio` (error / bound) is what tests/sweep_accuracy.py collects: with TPF_ACCURACY_LOG=path set,
 every check appends one JSON line (test, tensor, ratio, seed) to that file.
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
 
 import torch
+import torch.nn.functional as F
 
 UNIT_ROUNDOFF = {torch.float64: 2.0**-53, torch.float32: 2.0**-24, torch.bfloat16: 2.0**-8,
                  torch.float16: 2.0**-11}
@@ -139,3 +149,95 @@ def _record(name: str, ratio: float) -> None:
            "threads": os.environ.get("TPF_NUM_THREADS")}
     with open(path, "a") as f:
         f.write(json.dumps(row) + "\n")
+
+
+def _term_kind(module: torch.nn.Module) -> str | None:
+    """How a module's parameters enter its output: "linear" (y = x W^T + b), "layer_norm"
+    (y = xhat w + b over the weight's trailing dims), or None (not modelled)."""
+    if isinstance(module, torch.nn.Linear):
+        return "linear"
+    weight = getattr(module, "weight", None)
+    if (isinstance(module, torch.nn.LayerNorm) or
+            (type(module).__name__.endswith("LayerNorm") and hasattr(module, "eps"))) and \
+            (weight is None or isinstance(weight, torch.nn.Parameter)):
+        return "layer_norm"
+    return None
+
+
+def _add_terms(sums: dict, key: str, signed: torch.Tensor, squares: torch.Tensor) -> None:
+    if key in sums:
+        sums[key] = (sums[key][0] + signed, sums[key][1] + squares)
+    else:
+        sums[key] = (signed, squares)
+
+
+@contextlib.contextmanager
+def gradient_terms(model: torch.nn.Module):
+    """Yields a dict that the FP64 forward and backward run inside the block fill, for each
+    parameter of model's nn.Linear and LayerNorm modules, key f"d[{name}]", with (sum of its
+    gradient's terms, sum of their squares), one term per position of the module's input. Copies
+    of model made inside the block (copy.deepcopy) carry the hooks; they are removed on exit."""
+    sums: dict = {}
+
+    def hook(name, kind, module, args, out):
+        if not args or not torch.is_tensor(args[0]) or not torch.is_tensor(out) or \
+                not out.requires_grad:
+            return
+        x = args[0].detach()
+
+        def on_grad(g):
+            g = g.detach()
+            if kind == "linear":
+                gm, xm = g.reshape(-1, g.shape[-1]), x.reshape(-1, x.shape[-1])
+                _add_terms(sums, f"d[{name}.weight]", gm.T @ xm, gm.square().T @ xm.square())
+                if module.bias is not None:
+                    _add_terms(sums, f"d[{name}.bias]", gm.sum(0), gm.square().sum(0))
+                return
+            shape = tuple(module.normalized_shape) if hasattr(module, "normalized_shape") else \
+                tuple(module.weight.shape)
+            lead = tuple(range(g.dim() - len(shape)))
+            if getattr(module, "weight", None) is not None:
+                t = g * F.layer_norm(x, shape, eps=module.eps)
+                _add_terms(sums, f"d[{name}.weight]", t.sum(lead), t.square().sum(lead))
+            if getattr(module, "bias", None) is not None:
+                _add_terms(sums, f"d[{name}.bias]", g.sum(lead), g.square().sum(lead))
+        out.register_hook(on_grad)
+
+    handles = []
+    for name, module in model.named_modules():
+        kind = _term_kind(module)
+        if kind is not None:
+            handles.append(module.register_forward_hook(
+                lambda m, a, o, _n=name, _k=kind: hook(_n, _k, m, a, o)))
+    try:
+        yield sums
+    finally:
+        for h in handles:
+            h.remove()
+
+
+def gradient_scale(name: str, g64: dict, per_sample=(), terms: dict | None = None
+                   ) -> tuple[float | None, int]:
+    """(scale, terms) of the error model for the FP64 gradient g64[name].
+    - Zero in exact arithmetic (a LayerNorm bias that only feeds a softmax bias, whose rows sum to
+      zero): what both backends compute is a sum of cancelling terms, whose rounding grows like
+      sqrt(terms) times the noise at the gradients' scale, not at its own.
+    - A parameter gradient: at least the largest sum of the samples' contributions' magnitudes
+      (per_sample: each sample's FP64 gradients), where the roundings of the batch sum happen, and
+      at least the root sum of squares of its terms (gradient_terms), where the roundings of the
+      sum over positions happen; a term sum that does not add up to g64[name] is not used.
+    - Otherwise the default, max |g64[name]|."""
+    largest_g = max((g for g in g64.values() if g is not None), key=lambda g: g.abs().max())
+    ref = g64[name]
+    if ref.abs().max() <= 1e-9 * largest_g.abs().max():
+        return largest_g.abs().max().item(), largest_g.numel()
+    if not name.startswith("d["):
+        return None, 1
+    scale = ref.abs().max().item()
+    if per_sample:
+        scale = max(scale, sum(g[name].abs() for g in per_sample).max().item())
+    if terms and name in terms:
+        signed, squares = (t.to(ref.dtype).reshape(ref.shape) for t in terms[name])
+        if (signed - ref).abs().max() <= 1e-9 * ref.abs().max():
+            scale = max(scale, squares.sqrt().max().item())
+    return scale, 1

@@ -24,8 +24,8 @@ import pytest
 import torch
 from torch.overrides import TorchFunctionMode
 
-from accuracy import assert_accurate
-from test_nn import ATTENTION_ROUNDINGS, TRIMUL_ROUNDINGS, gradient_scale, randomize
+from accuracy import assert_accurate, gradient_scale, gradient_terms
+from test_nn import ATTENTION_ROUNDINGS, TRIMUL_ROUNDINGS, randomize
 from turbopairformer.benchmarks.clients import CLIENTS, widths, with_dropout
 from turbopairformer.integrations import IntegrationError
 
@@ -131,13 +131,14 @@ def flipped(tensors: dict) -> dict:
     return {k: (None if v is None else v.flip(0)) for k, v in tensors.items()}
 
 
-def compare(out, grads, baselines, out64, grads64, valid, precision, context, per_sample=()):
+def compare(out, grads, baselines, out64, grads64, valid, precision, context, per_sample=(),
+            terms=None):
     """s, z (real tokens), their input gradients and every parameter gradient by the suite's
     accuracy rule (accuracy.py) against FP64, PyTorch's path the baseline. `baselines` holds one
     or two PyTorch runs (the batch as given and reversed: each sum over the batch, i.e. every
     parameter gradient, rounds differently in each, and the larger error counts, as test_nn).
-    per_sample: each sample's FP64 gradients, for the parameter gradients' error model
-    (test_nn.gradient_scale)."""
+    per_sample (each sample's FP64 gradients) and terms (accuracy.gradient_terms of the FP64 run):
+    the parameter gradients' error model (accuracy.gradient_scale)."""
     dtype = torch.bfloat16 if precision == "bf16-autocast" else torch.float32
 
     def check(name, got, base, ref, scale=None, terms=1):
@@ -153,20 +154,21 @@ def compare(out, grads, baselines, out64, grads64, valid, precision, context, pe
         if ref is None:
             assert grads[key] is None and all(b[1][key] is None for b in baselines), key
             continue
-        scale, terms = gradient_scale(key, grads64, list(per_sample))
-        check(key, grads[key], [b[1][key] for b in baselines], ref, scale, terms)
+        scale, count = gradient_scale(key, grads64, list(per_sample), terms)
+        check(key, grads[key], [b[1][key] for b in baselines], ref, scale, count)
 
 
 def run_paths(client, model, inputs, grad_out, precision):
     """FP64, PyTorch's path (batch as given and reversed) and ours, each (outputs, gradients),
-    and each sample's FP64 gradients (batched clients). The FP64 runs take the model and inputs
+    each sample's FP64 gradients (batched clients) and the FP64 run's gradient terms. The FP64 runs take the model and inputs
     as the paths see them, in float32 (accuracy.py)."""
     autocast = torch.bfloat16 if precision == "bf16-autocast" else None
     model = copy.deepcopy(model).float().double()
     as_seen = lambda d: {k: (v.float().double() if v is not None and v.is_floating_point() else v)
                          for k, v in d.items()}
     inputs, grad_out = as_seen(inputs), as_seen(grad_out)
-    ref = step(client, model, inputs, "pytorch", torch.float64, grad_out)
+    with gradient_terms(model) as terms:
+        ref = step(client, model, inputs, "pytorch", torch.float64, grad_out)
     per_sample = []
     if client.batched:
         one = lambda d, b: {k: (None if v is None else v[b:b + 1]) for k, v in d.items()}
@@ -179,7 +181,7 @@ def run_paths(client, model, inputs, grad_out, precision):
         g_r = {k: (v.flip(0) if k in ("ds", "dz") else v) for k, v in g_r.items()}
         baselines.append((flipped(out_r), g_r))
     ours = step(client, model, inputs, "ours", torch.float32, grad_out, autocast)
-    return ref, baselines, ours, per_sample
+    return ref, baselines, ours, per_sample, terms
 
 
 @pytest.mark.parametrize("precision", ["float32", "bf16-autocast"])
@@ -188,14 +190,14 @@ def test_matches_fp64_by_accuracy_rule(name, precision, seed, counted):
     client = CLIENTS[name]
     model = build(client, seed)
     inputs, grad_out, valid = case(client, seed)
-    (out64, g64), baselines, (out, g), per_sample = run_paths(client, model, inputs, grad_out,
-                                                              precision)
+    (out64, g64), baselines, (out, g), per_sample, terms = run_paths(client, model, inputs,
+                                                                     grad_out, precision)
     blocks = next(client.small[k] for k in ("no_blocks", "num_blocks", "n_blocks")
                   if k in client.small)
     # Ours ran, each triangle layer once per block (the PyTorch runs did not count).
     assert counted == {"attention": 2 * blocks, "trimul": 2 * blocks}, counted
     compare(out, g, baselines, out64, g64, valid, precision, f"{name} {precision} seed {seed}",
-            per_sample)
+            per_sample, terms)
 
 
 @pytest.mark.parametrize("name", NAMES)

@@ -21,7 +21,7 @@ from turbopairformer.nn import (
 )
 from turbopairformer.ops.torch_reference import triangle_multiplicative_update_torch
 
-from accuracy import assert_accurate
+from accuracy import assert_accurate, gradient_scale, gradient_terms
 
 
 def randomize(module: torch.nn.Module, gen: torch.Generator) -> torch.nn.Module:
@@ -88,7 +88,8 @@ def check_backends_agree(module, inputs, call, dtype, seed, roundings: dict,
     grad_out = [None if o is None else
                 torch.randn(o.shape, generator=gen, dtype=torch.float64).to(dtype).double()
                 for o in shapes]
-    out64, g64 = run(module, inputs, "reference", torch.float64, grad_out, call)
+    with gradient_terms(module) as terms:
+        out64, g64 = run(module, inputs, "reference", torch.float64, grad_out, call)
     out_ref, g_ref = run(module, inputs, "reference", dtype, grad_out, call)
     # The baseline's error measured twice: the batch in reverse order rounds every sum over the
     # batch (the parameter gradients) differently with the same exact value, and the larger error
@@ -115,26 +116,9 @@ def check_backends_agree(module, inputs, call, dtype, seed, roundings: dict,
         if g64[name] is None:
             assert g_turbo[name] is None and g_ref[name] is None, name
             continue
-        scale, terms = gradient_scale(name, g64, per_sample)
+        scale, count = gradient_scale(name, g64, per_sample, terms)
         assert_fa3(f"gradient {name}", g_turbo[name], [g_ref[name], g_rev[name]], g64[name], seed,
-                   roundings, scale, terms)
-
-
-def gradient_scale(name: str, g64: dict, per_sample: list[dict]) -> tuple[float | None, int]:
-    """(scale, terms) of the error model (accuracy.py) for the FP64 gradient g64[name].
-    - Zero in exact arithmetic (a LayerNorm bias that only feeds a softmax bias, whose rows sum to
-      zero): what both backends compute is a sum of cancelling terms, whose rounding grows like
-      sqrt(terms) times the noise at the gradients' scale, not at its own.
-    - A parameter gradient: at least the largest sum of the samples' contributions' magnitudes
-      (per_sample: each sample's FP64 gradients), where the roundings of the batch sum happen.
-    - Otherwise the default, max |g64[name]|."""
-    largest = max((g for g in g64.values() if g is not None), key=lambda g: g.abs().max())
-    if g64[name].abs().max() <= 1e-9 * largest.abs().max():
-        return largest.abs().max().item(), largest.numel()
-    if name.startswith("d[") and per_sample:
-        magnitude = sum(g[name].abs() for g in per_sample).max().item()
-        return max(magnitude, g64[name].abs().max().item()), 1
-    return None, 1
+                   roundings, scale, count)
 
 
 DTYPES = [torch.float32, torch.bfloat16]

@@ -198,7 +198,10 @@ def _run(q, k, v, bias, mask, scale, residual):
     if q.is_cuda and q.dtype == torch.float32:
         # The CUDA kernels are BF16/FP16 (tensor cores); float32 CUDA tensors take PyTorch's math,
         # after the op's own validation.
-        native(_C.attention_check_inputs, q, k, v, bias, mask, scale)
+        # (Validated as the kernels would take them, inner dims made contiguous: PyTorch's math
+        # takes any strides, e.g. Protenix's bias [B, H, S, S] permuted from [B, S, S, H].)
+        native(_C.attention_check_inputs, *(inner_contiguous(x) for x in (q, k, v, bias)),
+               None if mask is None else inner_contiguous(mask), scale)
         return triangle_attention_torch(q, k, v, bias, mask, scale)
     o, _, _ = _attention_call(
         inner_contiguous(q), _tma_rows(k), _tma_rows(v), inner_contiguous(bias),

@@ -74,6 +74,9 @@ def main(argv=None):
     p.add_argument("--threads", default="1,2,4", help="thread counts, comma-separated")
     p.add_argument("--jobs", type=int, default=1, help="pytest processes at a time")
     p.add_argument("--chunk", type=int, default=10, help="seeds per pytest process")
+    p.add_argument("--shards", type=int, default=1,
+                   help="split the tests into this many groups, a pytest process per group and "
+                        "chunk of seeds (smaller jobs: the GPU suite's one seed is ~250 core-s)")
     p.add_argument("-k", dest="keyword", default=None, help="pytest -k expression")
     p.add_argument("--deadline", type=float, default=None,
                    help="seconds: start no chunk after this (the report says how many ran)")
@@ -126,11 +129,15 @@ def main(argv=None):
         listed.write_text("\n".join(tests) + "\n")
         print(f"{len(tests)} accuracy tests; {args.seeds} seeds x threads {threads}", flush=True)
 
+        # Shards deal the tests round-robin (neighbours in the sorted list are alike in cost).
+        shards = [tests[i::args.shards] for i in range(min(args.shards, len(tests)))]
+        for i, shard in enumerate(shards):
+            (tmp / f"shard-{i}.txt").write_text("\n".join(shard) + "\n")
         jobs = []
         for t in threads:
             for first in range(args.start, args.start + args.seeds, args.chunk):
                 count = min(args.chunk, args.start + args.seeds - first)
-                jobs.append((t, first, count))
+                jobs += [(t, first, count, i) for i in range(len(shards))]
         failures, rows = [], []
         try:
             from tqdm import tqdm
@@ -139,13 +146,13 @@ def main(argv=None):
         bar = tqdm(total=len(jobs), unit="chunk") if tqdm else None
 
         def one(job):
-            t, first, count = job
+            t, first, count, shard = job
             if args.deadline and time.time() - t0 > args.deadline:
                 return t, [], None
-            log = tmp / f"t{t}-s{first}.jsonl"
+            log = tmp / f"t{t}-s{first}-{shard}.jsonl"
             env = {"TPF_SEED": str(first), "OMP_NUM_THREADS": str(t), "TPF_NUM_THREADS": str(t)}
-            failed = run_pytest(paths, extra + ["--only-tests", str(listed), "--seeds", str(count)],
-                                env, log)
+            failed = run_pytest(paths, extra + ["--only-tests", str(tmp / f"shard-{shard}.txt"),
+                                                "--seeds", str(count)], env, log)
             return t, failed, read_log(log)
 
         with futures.ThreadPoolExecutor(args.jobs) as pool:

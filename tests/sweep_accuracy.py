@@ -202,9 +202,11 @@ def write(report, out, kind, chunk):
     suite_failures, threads = report["suite_failures"], report["threads"]
     out.parent.mkdir(parents=True, exist_ok=True)
     out.with_suffix(".json").write_text(json.dumps(report, indent=1) + "\n")
+    runs = [r["runs"] for r in table]  # (seed, threads) pairs each test ran under
     lines = [f"# Accuracy sweep ({kind}): {report['command']}", "",
              f"{report['machine']}, commit {report['commit']}, {report['date']}, "
-             f"{report['seconds']} s; seeds {report['seeds'][0]}..{report['seeds'][1]}, threads "
+             f"{report['seconds']} s; seeds {report['seeds'][0]}..{report['seeds'][1]} planned, "
+             f"{min(runs) if runs else 0}-{max(runs) if runs else 0} runs per test, threads "
              f"{threads}; {report['tests']} tests; {report['chunks_run']} of {report['chunks_planned']} chunks of "
              f"{chunk} seeds ran; worst ratio {report['worst_ratio'] or 0:.3f}; "
              f"{len(failures)} failures; " + (
@@ -260,6 +262,7 @@ def merge(args, argv):
         "worst_ratio": table[0]["worst_ratio"] if table else None,
         "failures": [f for r in reports for f in r["failures"]],
         "suite_failures": [f for r in reports for f in r.get("suite_failures", [])],
+        "suite_run": any(r.get("suite_run", True) for r in reports),
         "never_checked": sorted({t for r in reports for t in r["never_checked"]} - set(worst)),
         "per_test": table,
     }

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from accuracy import assert_accurate
+from accuracy import assert_accurate, unit_roundoff
 from turbopairformer import _C
 from turbopairformer.ops.torch_reference import triangle_multiplicative_update_torch
 from turbopairformer.ops.trimul import WEIGHT_NAMES, triangle_multiplicative_update
@@ -121,7 +121,7 @@ def design_emulation_errors(x, mask, weights, grad, direction, dtype, y_ref, g_r
     backward the gradients of the projections' outputs (tensor-core operands), of a, b and z, and
     of the gate logits. By name: "y" and each gradient's."""
     F = torch.nn.functional
-    u = 2.0 ** -8 if dtype == torch.bfloat16 else 2.0 ** -11 if dtype == torch.float16 else 2.0 ** -24
+    u = unit_roundoff(dtype)
     gen = torch.Generator(device=x.device).manual_seed(seed + 7919)
     errors: dict = {}
     for _ in range(draws):

@@ -109,7 +109,7 @@ struct InterleavePG {
 
 // threadIdx.x read anew at each call (volatile: not hoisted out of loops), for addresses that are
 // cheaper to recompute from it than to keep: under the 16-bit kernels' 80-register bound, ptxas
-// otherwise hoists them out of the step loops and spills them (bench/notes-trimul.md section 10).
+// otherwise hoists them out of the step loops and spills them (bench/notes-trimul.md).
 // Unsigned, so that divisions by powers of two stay shifts.
 __device__ __forceinline__ unsigned thread_index_here() {
   unsigned t;
@@ -229,7 +229,7 @@ struct WarpTileF32 {
 // The same warp tile through mma.sync m16n8k16 with fragments loaded by ldmatrix (16-bit types
 // only): per k step of 16 a warp issues 4 LDSM.x4 (two for A's 32 rows, one per 16 columns of W)
 // for 8 MMAs, ~23 SASS instructions per k step (WMMA's fragment loads compiled to 16 32-bit
-// generic loads and 70-77 instructions: bench/notes-trimul.md, "Designs tried (deleted)"). Same
+// generic loads and 70-77 instructions: bench/notes-trimul.md). Same
 // interface as WarpTileF32. Every shared row address is 16-byte aligned: the row strides
 // (Dp + kPad, kLdA) are multiples of 8 elements.
 // acc[i][j][h][e]: rows m0 + 16 i + (g | g + 8), columns n0 + 16 j + 8 h + 2 t (+1), with

@@ -1,6 +1,6 @@
 // The input-side backward of 16-bit types: the work of input_backward.cu's (float32) kernel in two
 // persistent kernels that each fit 3 CTAs per SM (at most 80 registers, at most 75 KB of shared
-// memory; bench/notes-trimul.md section 10), with grid_input_backward = kSplitBackwardCtas CTAs
+// memory; bench/notes-trimul.md), with grid_input_backward = kSplitBackwardCtas CTAs
 // and the partial-sum layouts of input_backward.cu:
 //   gates kernel: x_ln, the P | G GEMM of each a/b step, dP | dG (to dpg) and the d p_in_bias |
 //     d g_in_bias sums -> partials_bias_in [2 grid, 4D] (row half h: rows [32 h, 32 h + 32) of

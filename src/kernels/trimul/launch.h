@@ -25,8 +25,7 @@ inline void check_cuda(cudaError_t e, const char* what) {
 // input_backward split in two persistent kernels (input_backward_split.cu) and output_backward
 // persistent over kOccupancyBackwardCtas CTAs. float32 runs its own kernels (GEMMs on the CUDA
 // cores, IEEE sigmoid: float32 outputs keep float32 accuracy), at 2 CTAs per SM, persistent
-// backward kernels over kBackwardCtas CTAs. The designs tried and deleted: bench/notes-trimul.md,
-// "Designs tried (deleted)".
+// backward kernels over kBackwardCtas CTAs. The designs tried and deleted: bench/notes-trimul.md.
 constexpr int kOccupancyCtas = 3;
 template <typename T>
 constexpr bool kIsF32 = std::is_same_v<T, float>;

@@ -172,7 +172,7 @@ __global__ void __launch_bounds__(kThreads, 2) output_backward_f32_kernel(const 
   }
 }
 
-// ---- 16-bit types: the same work at 3 CTAs per SM (bench/notes-trimul.md section 13).
+// ---- 16-bit types: the same work at 3 CTAs per SM (bench/notes-trimul.md).
 //
 //   Z    [kRows, Dp]          z of the tile (T), kept for z_hat
 //   X    [kRows, Dp]          z_ln (T), then dpo (T); then dz (T) channel-major [Dp, kRows + 8]

@@ -190,6 +190,7 @@ class FaultServer:
         self.lock = threading.Lock()
         self.faults: dict[str, collections.deque] = collections.defaultdict(collections.deque)
         self.requests: collections.Counter = collections.Counter()
+        self.bytes_served: collections.Counter = collections.Counter()  # body bytes, per path
         self.served_faults: collections.Counter = collections.Counter()
         self.always: dict[str, tuple] = {}
         self.single_range_only = False  # True: answer multi-range requests with the whole file
@@ -317,7 +318,7 @@ class FaultServer:
                     self.send_response(200)
                     self.send_header("Content-Length", str(len(body)))
                     self.end_headers()
-                    self.send(body)
+                    self.send(body, path)
                     return
                 if len(spans) > 1:
                     boundary = "tpfboundary"
@@ -366,9 +367,11 @@ class FaultServer:
                         pass
                     self.close_connection = True
                     return
-                self.send(body)
+                self.send(body, path)
 
-            def send(self, body) -> None:
+            def send(self, body, path: str) -> None:
+                with server.lock:
+                    server.bytes_served[path] += len(body)
                 # A client may stop reading early (it had the bytes it asked for from a whole file).
                 try:
                     self.wfile.write(body)

@@ -4,17 +4,27 @@ a tiny run whose loss falls, training streamed from local shards and from nginx 
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 
-from stream_harness import Nginx
+from stream_harness import FaultServer, Nginx
 from turbopairformer.cli import main
-from turbopairformer.data import RecordWriter
-from turbopairformer.data.pack import pack
-from turbopairformer.train.data import CropBatches, MemoryChains, load_chains, split_by_entry
+from turbopairformer.data import RecordWriter, StreamingDataset
+from turbopairformer.data.pack import pack, pack_records, write_manifest
+from turbopairformer.data.structures import file_records
+from turbopairformer.train import loop
+from turbopairformer.train.data import (
+    CropBatches,
+    MemoryChains,
+    held_out_chains,
+    is_held_out,
+    load_chains,
+    split_by_entry,
+)
 from turbopairformer.train.features import (
     RESIDUE_NAMES,
     UNKNOWN_TYPE,
@@ -24,6 +34,7 @@ from turbopairformer.train.features import (
 )
 from turbopairformer.train.loop import TrainConfig, lr_factor, train
 from turbopairformer.train.model import ModelConfig
+from turbopairformer.train.split import entry_bucket, manifest_buckets
 
 DATA = Path(__file__).resolve().parents[2] / "data" / "structures"
 SMALL_FILES = ["1UBQ.pdb.gz", "1EJG.pdb.gz", "1A8O.pdb.gz", "1LJO.pdb.gz", "1D4V.pdb.gz"]
@@ -54,6 +65,20 @@ def entry_data(tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("entries")
     files = ["1A8O.pdb.gz", "1UBQ.pdb.gz", "1CS4.pdb.gz", "1D4V.pdb.gz", "1A0Q.pdb.gz"]
     pack([str(DATA / f) for f in files], str(out), shard_records=2, progress=False)
+    return out
+
+
+WIDE_RECORDS, WIDE_SHARD_RECORDS = 240, 60
+
+
+@pytest.fixture(scope="module")
+def wide_data(tmp_path_factory) -> Path:
+    """A store of many records (1UBQ's chain under 240 entry names, one record each, 4 shards),
+    packed as tpf pack packs: its manifest carries the records' entry hashes."""
+    out = tmp_path_factory.mktemp("wide")
+    ubq = next(file_records(str(DATA / "1UBQ.pdb.gz"), per_chain=True))
+    pack_records(({**ubq, "identifier": f"E{i:04d}_A"} for i in range(WIDE_RECORDS)), str(out),
+                 shard_records=WIDE_SHARD_RECORDS)
     return out
 
 
@@ -264,3 +289,67 @@ def test_chains_round_trip_through_npz(tmp_path):
                       schedule="constant"), resume=str(resumed), progress=False)
     assert {k: v for k, v in losses(resumed).items() if k > 2} == \
         {k: v for k, v in losses(full).items() if k > 2}
+
+
+def test_held_out_records_come_from_the_manifest_or_from_reading_the_store(wide_data, tmp_path):
+    """tpf pack names each record's entry hash in the manifest; the held-out chains read through
+    it (only the held-out records) are those a store without the hashes gives by reading its
+    records in order: the first val_records held-out records in store order."""
+    manifest = json.loads((wide_data / "manifest.json").read_text())
+    assert list(manifest_buckets(manifest)) == [entry_bucket(f"E{i:04d}")
+                                                for i in range(WIDE_RECORDS)]
+    expected = [f"E{i:04d}_A" for i in range(WIDE_RECORDS) if entry_bucket(f"E{i:04d}") < 2000][:5]
+    location = str(wide_data / "manifest.json")
+    fast = held_out_chains(StreamingDataset(location, shuffle=False), location, 0.2, 5,
+                           progress=False)
+    assert [c.name for c in fast] == expected and all(is_held_out(c, 0.2) for c in fast)
+    old = tmp_path / "old"
+    shutil.copytree(wide_data, old)
+    for shard in manifest["shards"]:
+        del shard["entry_hash"]
+    write_manifest(manifest, str(old / "manifest.json"))
+    location = str(old / "manifest.json")
+    with pytest.warns(UserWarning, match="entry hashes"):
+        slow = held_out_chains(StreamingDataset(location, shuffle=False), location, 0.2, 5,
+                               progress=False)
+    same_chains(slow, fast)
+
+
+def test_training_over_http_starts_without_reading_the_store(wide_data, tmp_path, monkeypatch):
+    """`tpf train --data http://.../manifest.json` reads before its first step the manifest, the
+    shards' headers and indexes and the val_records held-out records (for the step-0 validation
+    loss) and nothing else; its first step reads the first records of the stream within the
+    loader's budget: far below the store either way."""
+    budget_mib, val_records = 0.25, 4
+    store_bytes = json.loads((wide_data / "manifest.json").read_text())["bytes"]
+    record_bytes = store_bytes / WIDE_RECORDS
+    shards = WIDE_RECORDS // WIDE_SHARD_RECORDS
+    seen = {}
+    step = loop.Trainer.step
+
+    def counted_step(trainer):
+        served = lambda: (sum(n for p, n in server.requests.items() if p.endswith(".tpf")),  # noqa: E731
+                          sum(n for p, n in server.bytes_served.items() if p.endswith(".tpf")))
+        seen.setdefault(trainer.step_count, served())
+        row = step(trainer)
+        seen.setdefault(trainer.step_count, served())
+        return row
+
+    monkeypatch.setattr(loop.Trainer, "step", counted_step)
+    with FaultServer(str(wide_data)) as server:
+        rc = main(["train", "--data", f"{server.url}/manifest.json", "--out", str(tmp_path / "run"),
+                   "--steps", "2", "--batch-size", "2", "--crop", "24", "--blocks", "1",
+                   "--c-z", "8", "--heads", "2", "--head-dim", "4", "--val-fraction", "0.1",
+                   "--val-records", str(val_records), "--cache-mib", str(budget_mib),
+                   "--no-progress", "--json", str(tmp_path / "s.json")])
+    assert rc == 0
+    assert json.loads((tmp_path / "s.json").read_text())["val_chains"] == val_records
+    (requests_0, bytes_0), (requests_1, bytes_1) = seen[0], seen[1]
+    # Before step 1: a few requests per shard (header, index) and one per held-out record.
+    assert requests_0 <= 4 * shards + val_records, seen
+    index_bytes = shards * (4096 + 32 * WIDE_SHARD_RECORDS)
+    assert bytes_0 <= index_bytes + 1.5 * val_records * record_bytes, (seen, record_bytes)
+    assert bytes_0 < 0.05 * store_bytes, (seen, store_bytes)
+    # Step 1: the loader runs ahead of its first batch by at most its budget.
+    assert bytes_1 - bytes_0 <= budget_mib * 2**20 + 8 * record_bytes, (seen, record_bytes)
+    assert bytes_1 < 0.25 * store_bytes, (seen, store_bytes)

@@ -12,6 +12,7 @@ from tqdm import tqdm
 from turbopairformer import _C
 from turbopairformer.data.store import RecordWriter
 from turbopairformer.data.structures import file_kind, file_records
+from turbopairformer.train.split import encode_entry_hashes, entry_bucket, record_entry
 
 MANIFEST_FORMAT = "turbopairformer-manifest"
 MANIFEST_VERSION = 2
@@ -59,39 +60,54 @@ def pack(files: list[str], output: str, compression: str = "zstd", level: int = 
          shard_records: int = 50_000, per_chain: bool = False, positions_dtype: str = "float32",
          base_url: str | None = None, progress: bool = True) -> dict:
     """Writes shards shard-NNNNN.tpf and manifest.json into `output`; returns the manifest."""
+    records = (rec for path in tqdm(files, desc="pack", unit="file", disable=not progress)
+               for rec in file_records(path, per_chain=per_chain))
+    return pack_records(records, output, compression, level, shard_records, positions_dtype,
+                        base_url)
+
+
+def pack_records(records, output: str, compression: str = "zstd", level: int = 3,
+                 shard_records: int = 50_000, positions_dtype: str = "float32",
+                 base_url: str | None = None) -> dict:
+    """Writes records (dicts of arrays, each with its "identifier") into shards
+    shard-NNNNN.tpf and manifest.json in `output`, as pack does; returns the manifest."""
     if shard_records < 1:
         raise ValueError(f"shard_records must be >= 1, got {shard_records}")
     os.makedirs(output, exist_ok=True)
     shard_paths: list[str] = []
+    buckets: list[list[int]] = []  # per shard, each record's entry hash (train/split.py)
     writer = None
 
     def open_next() -> RecordWriter:
         path = os.path.join(output, f"shard-{len(shard_paths):05d}.tpf")
         shard_paths.append(path)
+        buckets.append([])
         return RecordWriter(path, compression=compression, level=level, overwrite=True,
                             positions_dtype=positions_dtype)
 
-    for path in tqdm(files, desc="pack", unit="file", disable=not progress):
-        for rec in file_records(path, per_chain=per_chain):
-            if writer is None or len(writer) >= shard_records:
-                if writer is not None:
-                    writer.commit()
-                    writer.close()
-                writer = open_next()
-            writer.append(rec)
+    for rec in records:
+        if writer is None or len(writer) >= shard_records:
+            if writer is not None:
+                writer.commit()
+                writer.close()
+            writer = open_next()
+        writer.append(rec)
+        buckets[-1].append(entry_bucket(record_entry(rec)))
     if writer is None:
         raise ValueError("the inputs hold no atoms to pack")
     writer.commit()
     writer.close()
 
     shards = []
-    for path in shard_paths:
+    for path, shard_buckets in zip(shard_paths, buckets):
         reader = _C.StoreReader(path, True)
         entry = {"path": os.path.basename(path), "records": len(reader),
                  "bytes": os.path.getsize(path), "sha256": sha256_of(path),
                  "generation": reader.generation}
         if base_url:
             entry["url"] = base_url.rstrip("/") + "/" + os.path.basename(path)
+        # The hold-out of `tpf train` without reading the records (FORMAT.md, train/split.py).
+        entry["entry_hash"] = encode_entry_hashes(shard_buckets)
         shards.append(entry)
     manifest = {
         "format": MANIFEST_FORMAT,

@@ -198,6 +198,39 @@ class StreamingDataset(torch.utils.data.IterableDataset):
             self.last_stats = stream.stats()
             del stream
 
+    def records_at(self, indices: Sequence[int], lookahead: int = 4) -> Iterator[Any]:
+        """The records at these dataset positions (0 .. num_records - 1), in that order, as
+        stored (without the transform): only they are read, each through a stream of its own (a
+        plan whose one entry is that record), `lookahead` of them fetching at once. For a few
+        scattered records (a validation set); the epoch's state is not touched."""
+        import collections
+
+        n = self._num_records
+        dataset = self._open()
+
+        def start(i: int):
+            i = int(i)
+            if not 0 <= i < n:
+                raise IndexError(f"record {i} is out of range (the dataset has {n})")
+            plan = dict(shuffle=False, rank=i, world_size=n, drop_last=True)
+            # The whole budget, so any record the epoch's stream can hold fits; what is resident
+            # is the `lookahead` records themselves.
+            return dataset.stream(plan, self.cache_bytes, self.verify_checksums)
+
+        todo, pending = iter(indices), collections.deque()
+        while True:
+            while len(pending) < max(lookahead, 1):
+                i = next(todo, None)
+                if i is None:
+                    break
+                pending.append(start(i))
+            if not pending:
+                return
+            stream = pending.popleft()
+            record = next(stream)
+            del stream
+            yield record
+
     def state_dict(self, num_consumed: int | None = None) -> dict:
         """Where this epoch stands: enough to resume after the records already consumed.
 

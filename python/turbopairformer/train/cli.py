@@ -26,6 +26,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     data.add_argument("--batch-size", type=int, default=d.batch_size, help="(default: %(default)s)")
     data.add_argument("--val-fraction", type=float, default=d.val_fraction,
                       help="share of entries held out for the validation loss (default: %(default)s)")
+    data.add_argument("--val-records", type=int, default=d.val_records,
+                      help="a record store's held-out records read for the validation loss, the "
+                           "first in store order; only they are read (default: %(default)s)")
     data.add_argument("--cache-mib", type=float, default=d.cache_mib,
                       help="the streaming loader's memory budget in MiB (default: %(default)s)")
     data.add_argument("--loader-workers", type=int, default=d.loader_workers,

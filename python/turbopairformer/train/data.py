@@ -7,8 +7,9 @@ checkpoint holds, so a resumed run sees exactly the batches of the uninterrupted
 """
 from __future__ import annotations
 
+import json
 import time
-import zlib
+import warnings
 from pathlib import Path
 from typing import Iterator, Sequence
 
@@ -16,6 +17,7 @@ import numpy as np
 from tqdm import tqdm
 
 from turbopairformer.train.features import ProteinChain, chains_from_atoms, crop_start, make_batch
+from turbopairformer.train.split import entry_bucket, held_out_bucket, manifest_buckets, record_entry
 
 
 def chains_from_record(record: dict, min_residues: int = 16) -> list[ProteinChain]:
@@ -33,11 +35,9 @@ def chains_from_record(record: dict, min_residues: int = 16) -> list[ProteinChai
         return np.char.decode(a, "ascii", "replace") if a.dtype.kind == "S" else a.astype(str)
 
     chain_ids = text(record["chain_id"])
-    entry = identifier
-    if len(chain_ids) and (chain_ids == chain_ids[0]).all() and identifier.endswith("_" + chain_ids[0]):
-        entry = identifier[:-len(chain_ids[0]) - 1]
-    return chains_from_atoms(entry, chain_ids, record["residue_index"], text(record["residue_names"]),
-                             text(record["atom_names"]), np.asarray(record["positions"]), min_residues)
+    return chains_from_atoms(record_entry(record), chain_ids, record["residue_index"],
+                             text(record["residue_names"]), text(record["atom_names"]),
+                             np.asarray(record["positions"]), min_residues)
 
 
 def iter_records(source: str) -> Iterator[dict]:
@@ -110,8 +110,40 @@ def load_chains(source: str, min_residues: int = 16, progress: bool = True) -> l
 def is_held_out(chain: ProteinChain, val_fraction: float) -> bool:
     """Whether a chain's entry is held out for validation: a hash of the entry name, so the split
     depends neither on the order nor on the number of files, and an entry's chains stay together."""
-    entry = chain.name.rsplit("_", 1)[0]
-    return zlib.crc32(entry.encode()) % 10_000 < val_fraction * 10_000
+    return bool(held_out_bucket(entry_bucket(chain.name.rsplit("_", 1)[0]), val_fraction))
+
+
+def held_out_chains(dataset, location: str, val_fraction: float, max_records: int,
+                    min_residues: int = 16, progress: bool = True) -> list[ProteinChain]:
+    """The held-out chains of a record store: those of its first `max_records` held-out records
+    in store order. `dataset` is the training stream's StreamingDataset over `location`. When its
+    manifest carries the records' entry hashes (`tpf pack` writes them), only those records are
+    read; otherwise the records are read in order until that many held-out ones have come."""
+    if val_fraction <= 0:
+        return []
+    manifests = dataset.manifests
+    buckets = manifest_buckets(json.loads(manifests[0]["text"])) if len(manifests) == 1 else None
+    if buckets is not None and len(buckets) == dataset.num_records:
+        indices = np.flatnonzero(held_out_bucket(buckets, val_fraction))[:max_records]
+        records = tqdm(dataset.records_at(indices), total=len(indices), unit="record",
+                       desc="reading held-out records", disable=not progress, leave=False)
+    else:
+        warnings.warn(f"{location}: no manifest with the records' entry hashes (packed before "
+                      f"tpf pack wrote them, or a shard file): finding the held-out records reads "
+                      f"the store in order; pack it again to read only them", stacklevel=2)
+
+        def scan():
+            found = 0
+            for record in tqdm(iter_records(location), desc="finding held-out records",
+                               unit="record", disable=not progress, leave=False):
+                if held_out_bucket(entry_bucket(record_entry(record)), val_fraction):
+                    found += 1
+                    yield record
+                    if found == max_records:
+                        return
+        records = scan()
+    return [c for record in records for c in chains_from_record(record, min_residues)
+            if is_held_out(c, val_fraction)]
 
 
 class TrainSide:

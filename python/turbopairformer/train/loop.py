@@ -21,7 +21,7 @@ from turbopairformer.train.data import (
     StreamedChains,
     TrainSide,
     fixed_batches,
-    is_held_out,
+    held_out_chains,
     load_chains,
     record_store_location,
     split_by_entry,
@@ -50,6 +50,7 @@ class TrainConfig:
     precision: str = "fp32"
     seed: int = 0
     val_fraction: float = 0.1
+    val_records: int = 256  # a record store's held-out records read for the validation loss
     cache_mib: float = 64.0  # the loader's memory budget (StreamingDataset's cache_bytes)
     loader_workers: int = 0  # DataLoader processes that turn records into chains
     eval_every: int = 100
@@ -58,7 +59,7 @@ class TrainConfig:
 
     def validate(self) -> "TrainConfig":
         check_backend(self.backend)
-        for name in ("steps", "batch_size", "crop", "eval_every", "checkpoint_every"):
+        for name in ("steps", "batch_size", "crop", "eval_every", "checkpoint_every", "val_records"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
         if not (self.lr > 0 and math.isfinite(self.lr)):
@@ -125,23 +126,22 @@ class Trainer:
             # Chains in memory: a .npz or structure files (builds without the record store).
             if chains is None:
                 chains = load_chains(cfg.data, progress=progress)
-            train_chains, self.val_chains = split_by_entry(chains, cfg.val_fraction)
+            train_chains, self._val_chains = split_by_entry(chains, cfg.val_fraction)
             self.chains = MemoryChains(train_chains, cfg.seed)
             self.train_size = f"{len(train_chains)} chains"
         else:
-            # A record store: streamed, held-out entries skipped; the held-out chains (middle
-            # crops, fixed) come from one read of the data when there are any.
+            # A record store: streamed from the first step, held-out entries skipped. The
+            # held-out chains (middle crops, fixed) are read when validation first runs: only
+            # the held-out records, which the manifest's entry hashes name (train/split.py).
             if not 0 <= cfg.val_fraction < 1:
                 raise ValueError(f"val_fraction must be in [0, 1), got {cfg.val_fraction}")
-            self.val_chains = []
-            if cfg.val_fraction > 0:
-                self.val_chains = [c for c in load_chains(location, progress=progress)
-                                   if is_held_out(c, cfg.val_fraction)]
             self.chains = StreamedChains(location, cfg.seed, int(cfg.cache_mib * 2**20),
                                          TrainSide(cfg.val_fraction), cfg.loader_workers)
             self.train_size = f"a stream of {self.chains.dataset.num_records} records"
+            self._location, self._progress = location, progress
+            self._val_chains = None
         self.batches = CropBatches(self.chains, cfg.batch_size, cfg.crop, cfg.seed)
-        self.val_batches = fixed_batches(self.val_chains, cfg.batch_size, cfg.crop)
+        self._val_batches = None
         self.model = DistogramModel(cfg.model, cfg.backend).to(self.device)
         if cfg.compile:
             # One graph per block, shared by the blocks (same code, parameters as inputs); the
@@ -150,6 +150,21 @@ class Trainer:
                 block.compile()
         self.optimizer, self.scheduler = make_optimizer(self.model, cfg)
         self.step_count = 0
+
+    @property
+    def val_chains(self) -> list:
+        """The held-out chains (a record store's are read here, the first time)."""
+        if self._val_chains is None:
+            self._val_chains = held_out_chains(self.chains.dataset, self._location,
+                                               self.cfg.val_fraction, self.cfg.val_records,
+                                               progress=self._progress)
+        return self._val_chains
+
+    @property
+    def val_batches(self) -> list[dict]:
+        if self._val_batches is None:
+            self._val_batches = fixed_batches(self.val_chains, self.cfg.batch_size, self.cfg.crop)
+        return self._val_batches
 
     def load_state(self, state: dict) -> None:
         self.model.load_state_dict(state["model"])

@@ -190,16 +190,10 @@ AttentionBackwardArgs validated(const AttentionBackwardArgs& a, Path path, Atten
   check_inner_contiguous(n.dbias, "dbias");
   if (path == Path::op && n.q.device == Device::cuda) {
     check_cuda(n.q, d, false);
-    TPF_CHECK(n.bias.dtype == n.q.dtype,
-              std::string("bias must have q's dtype ") + dtype_name(n.q.dtype) +
-                  " for the CUDA backward (a float32 bias: the CUDA forward only), got " +
-                  dtype_name(n.bias.dtype));
-    for (const auto& [t, name] : {std::pair{&n.dout, "grad_out"},
-                                  {&n.dq, "dq"},
-                                  {&n.dk, "dk"},
-                                  {&n.dv, "dv"},
-                                  {&n.dbias, "dbias"}})
+    for (const auto& [t, name] :
+         {std::pair{&n.dout, "grad_out"}, {&n.dq, "dq"}, {&n.dk, "dk"}, {&n.dv, "dv"}})
       check_same_dtype(*t, n.q, name, "q");
+    check_same_dtype(n.dbias, n.bias, "dbias", "bias");  // a float32 bias's gradient is float32
     TPF_CHECK(static_cast<bool>(n.workspace),
               "workspace (an allocator) is required for CUDA tensors");
   }

@@ -32,9 +32,10 @@ void forward(tpf::AttentionForwardArgs& f) {
 }
 
 // One forward + backward case for the backward's checks: random bf16 inputs, every 7th key masked
-// and the last slice fully masked.
+// and the last slice fully masked; the bias bf16 or float32 (read as float32, dbias float32).
 struct BackwardCase {
   int64_t B, N, H, S, D;
+  bool f32_bias = false;
 };
 
 std::vector<__nv_bfloat16> randn_bf16(std::mt19937& rng, int64_t n) {
@@ -44,17 +45,20 @@ std::vector<__nv_bfloat16> randn_bf16(std::mt19937& rng, int64_t n) {
   return x;
 }
 
-// The four gradients of one backward call into fresh buffers, copied to the host.
-std::vector<std::vector<__nv_bfloat16>> backward_grads(tpf::AttentionBackwardArgs a,
-                                                       const tpf::AttentionDims& d) {
+// The four gradients of one backward call into fresh buffers, copied to the host as floats (dbias
+// in the bias's dtype).
+std::vector<std::vector<float>> backward_grads(tpf::AttentionBackwardArgs a,
+                                               const tpf::AttentionDims& d) {
   using tpf::Device;
   using tpf::DType;
   const int64_t qn = d.B * d.N * d.H * d.Sq * d.D, bn = d.B * d.H * d.Sq * d.Sk;
+  const DType dbias_type = a.bias.dtype;
+  const int64_t sizes[] = {qn * 2, qn * 2, qn * 2, bn * int64_t(tpf::dtype_size(dbias_type))};
   std::vector<void*> bufs;
-  for (int64_t n : {qn, qn, qn, bn}) {
+  for (int64_t bytes : sizes) {
     void* p = nullptr;
-    check(cudaMalloc(&p, n * 2), "gradient");
-    check(cudaMemset(p, 0xff, n * 2), "poison");  // NaN: an element never written shows up
+    check(cudaMalloc(&p, bytes), "gradient");
+    check(cudaMemset(p, 0xff, bytes), "poison");  // NaN: an element never written shows up
     bufs.push_back(p);
   }
   auto view5 = [&](void* p) {
@@ -63,7 +67,7 @@ std::vector<std::vector<__nv_bfloat16>> backward_grads(tpf::AttentionBackwardArg
   a.dq = view5(bufs[0]);
   a.dk = view5(bufs[1]);
   a.dv = view5(bufs[2]);
-  a.dbias = tpf::make_view(bufs[3], DType::bf16, {d.B, d.H, d.Sq, d.Sk}, Device::cuda);
+  a.dbias = tpf::make_view(bufs[3], dbias_type, {d.B, d.H, d.Sq, d.Sk}, Device::cuda);
   DeviceWorkspace workspace;
   const tpf::Allocator allocate = workspace.allocator();
   a.workspace = [&](size_t bytes) {  // poisoned: the kernels must initialize what they read
@@ -73,10 +77,17 @@ std::vector<std::vector<__nv_bfloat16>> backward_grads(tpf::AttentionBackwardArg
   };
   tpf::attention_backward(a);
   check(cudaDeviceSynchronize(), "sync (backward)");
-  std::vector<std::vector<__nv_bfloat16>> out;
+  std::vector<std::vector<float>> out;
   for (size_t i = 0; i < bufs.size(); ++i) {
-    std::vector<__nv_bfloat16> h(i < 3 ? qn : bn);
-    check(cudaMemcpy(h.data(), bufs[i], h.size() * 2, cudaMemcpyDeviceToHost), "copy back");
+    const int64_t n = i < 3 ? qn : bn;
+    std::vector<float> h(n);
+    if (i == 3 && dbias_type == DType::f32) {
+      check(cudaMemcpy(h.data(), bufs[i], n * 4, cudaMemcpyDeviceToHost), "copy back");
+    } else {
+      std::vector<__nv_bfloat16> b(n);
+      check(cudaMemcpy(b.data(), bufs[i], n * 2, cudaMemcpyDeviceToHost), "copy back");
+      for (int64_t e = 0; e < n; ++e) h[e] = __bfloat162float(b[e]);
+    }
     out.push_back(std::move(h));
     check(cudaFree(bufs[i]), "free");
   }
@@ -88,17 +99,30 @@ bool backward_cases() {
   using tpf::DType;
   // (S = 70: one key block, two query tiles; S = 200: two key blocks, four query tiles; N = 5:
   // several slice groups with a partial last one at every head dim.)
-  const BackwardCase cases[] = {
-      {2, 5, 2, 70, 32}, {1, 5, 2, 200, 32}, {1, 5, 1, 200, 16}, {1, 3, 1, 150, 64}};
+  const BackwardCase cases[] = {{2, 5, 2, 70, 32},       {1, 5, 2, 200, 32},
+                                {1, 5, 1, 200, 16},      {1, 3, 1, 150, 64},
+                                {2, 5, 2, 70, 32, true}, {1, 5, 1, 200, 16, true},
+                                {1, 3, 1, 150, 64, true}};
   std::mt19937 rng(11);
   for (const BackwardCase& c : cases) {
-    std::printf("backward B=%lld N=%lld H=%lld S=%lld D=%lld: forward, backward twice, chunked\n",
-                (long long)c.B, (long long)c.N, (long long)c.H, (long long)c.S, (long long)c.D);
+    std::printf(
+        "backward B=%lld N=%lld H=%lld S=%lld D=%lld bias %s: forward, backward twice, chunked\n",
+        (long long)c.B, (long long)c.N, (long long)c.H, (long long)c.S, (long long)c.D,
+        c.f32_bias ? "float32" : "bf16");
     std::fflush(stdout);
     const int64_t qn = c.B * c.N * c.H * c.S * c.D;
     auto q = device_copy(randn_bf16(rng, qn)), k = device_copy(randn_bf16(rng, qn)),
-         v = device_copy(randn_bf16(rng, qn)), dout = device_copy(randn_bf16(rng, qn)),
-         bias = device_copy(randn_bf16(rng, c.B * c.H * c.S * c.S));
+         v = device_copy(randn_bf16(rng, qn)), dout = device_copy(randn_bf16(rng, qn));
+    const int64_t bn = c.B * c.H * c.S * c.S;
+    void* bias = nullptr;
+    if (c.f32_bias) {
+      std::normal_distribution<float> normal;
+      std::vector<float> b(bn);
+      for (auto& e : b) e = normal(rng);
+      bias = device_copy(b);
+    } else {
+      bias = device_copy(randn_bf16(rng, bn));
+    }
     std::vector<uint8_t> mask_h(c.B * c.N * c.S);
     for (size_t i = 0; i < mask_h.size(); ++i) mask_h[i] = (i % 7) != 3;
     for (int64_t s = 0; s < c.S; ++s) mask_h[(c.B * c.N - 1) * c.S + s] = 0;
@@ -115,7 +139,8 @@ bool backward_cases() {
     f.q = view5(q);
     f.k = view5(k);
     f.v = view5(v);
-    f.bias = tpf::make_view(bias, DType::bf16, {c.B, c.H, c.S, c.S}, Device::cuda);
+    f.bias = tpf::make_view(bias, c.f32_bias ? DType::f32 : DType::bf16, {c.B, c.H, c.S, c.S},
+                            Device::cuda);
     f.mask = {true, tpf::make_view(mask, DType::boolean, {c.B, c.N, c.S}, Device::cuda)};
     f.o = view5(o);
     f.lse = tpf::make_view(lse, DType::f32, {c.B, c.N, c.H, c.S}, Device::cuda);
@@ -141,13 +166,13 @@ bool backward_cases() {
     const char* names[] = {"dq", "dk", "dv", "dbias"};
     for (int t = 0; t < 4; ++t)
       for (size_t i = 0; i < first[t].size(); ++i) {
-        const float x = __bfloat162float(first[t][i]);
+        const float x = first[t][i];
         if (!std::isfinite(x)) {
           std::fprintf(stderr, "S=%lld D=%lld: non-finite %s at %zu\n", (long long)c.S,
                        (long long)c.D, names[t], i);
           return false;
         }
-        if (x != __bfloat162float(again[t][i]) || x != __bfloat162float(chunked[t][i])) {
+        if (x != again[t][i] || x != chunked[t][i]) {
           std::fprintf(stderr, "S=%lld D=%lld: %s differs between calls or chunkings at %zu\n",
                        (long long)c.S, (long long)c.D, names[t], i);
           return false;

@@ -302,18 +302,78 @@ def test_unsupported_head_dim_is_a_clear_error(seed):
 
 
 def test_backward_limits_are_clear_errors(seed):
-    """What the forward takes and the backward does not yet: D = 24 and a float32 bias. The forward
-    runs; the backward names the argument."""
+    """What the forward takes and the backward does not yet: D = 24. The forward runs; the
+    backward names the argument."""
     g = torch.Generator().manual_seed(seed)
     q, k, v, bias, mask, grad = make_case(1, 2, 1, 40, 24, torch.bfloat16, "cuda", g)
     with pytest.raises(ValueError, match="backward's head dims"):
         run_with_grads(tpf.triangle_attention, q, k, v, bias, mask, grad)
-    # A float32 bias with a gradient to come: the op runs in float32 (ops/attention.py's _run),
-    # since the CUDA backward reads 16-bit biases; its gradients are those of that math.
-    q, k, v, bias, mask, grad = make_case(1, 2, 1, 40, 32, torch.bfloat16, "cuda", g)
-    got = run_with_grads(tpf.triangle_attention, q, k, v, bias.float(), mask, grad)
-    assert got["dbias"].dtype == torch.float32 and got["o"].dtype == torch.bfloat16
-    assert all(torch.isfinite(x).all() for x in got.values() if torch.is_tensor(x))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("D", [16, 32, 64])
+@pytest.mark.parametrize("S", [100, 257])
+def test_float32_bias_backward_matches_fp64_reference(S, D, dtype, seed):
+    """A float32 bias with 16-bit q, k, v (Protenix passes bias.float()) through the CUDA backward:
+    read as float32 (values q's dtype cannot hold), O and every gradient within the FP64 rule
+    (baseline: PyTorch with the bias rounded to q's dtype), dbias returned in float32 and closer
+    to FP64 than the best dbias of q's dtype (FP64's rounded), bitwise repeatable, a fully masked
+    slice zero."""
+    g = torch.Generator().manual_seed(seed)
+    B, N = 2, 9
+    q, k, v, bias, mask, grad = make_case(B, N, 4, S, D, dtype, "cuda", g)
+    bias = bias.float() * 8 + torch.rand(bias.shape, generator=g).to(bias.device) * 1e-2
+    assert not torch.equal(bias, bias.to(dtype).float())
+    context = f"(float32 bias, S={S}, D={D}, {dtype}, seed {seed})"
+    ours = check_fp64_and_repeatable(
+        q, k, v, bias, mask, grad, dtype, context,
+        baseline=lambda q, k, v, b, m: triangle_attention_torch(q, k, v, b.to(dtype), m))
+    assert ours["dbias"].dtype == torch.float32 and ours["dq"].dtype == dtype
+    ref = reference_fp64(q, k, v, bias, mask, grad, 1 / math.sqrt(D))["dbias"]
+
+    def rel_l2(x):
+        return ((x.double().cpu() - ref).norm() / ref.norm()).item()
+    assert rel_l2(ours["dbias"]) < rel_l2(ref.to(dtype)), context
+    for name in ("o", "dq", "dk", "dv"):
+        assert (ours[name][-1, N - 1] == 0).all(), f"{name} of the fully masked slice {context}"
+
+
+def test_bad_input_names_the_argument_on_cuda():
+    """Every bad input of the CPU test (attention_cases.BAD_INPUTS) raises the same message on
+    CUDA (bfloat16 and float16, a gradient to come), before any launch. Run in a child process, so
+    that an input that crashes the process fails this test instead of ending the run."""
+    import json
+    import os
+    import subprocess
+    import sys
+    here = os.path.dirname(os.path.abspath(__file__))
+    script = """
+import json, torch, turbopairformer as tpf
+from attention_cases import BAD_INPUTS, bad_input_message, make_case
+rows = []
+for dtype in (torch.bfloat16, torch.float16):
+    g = torch.Generator().manual_seed(0)
+    q, k, v, b, m, _ = make_case(1, 3, 2, 6, 8, dtype, "cuda", g)
+    for i, (template, mutate) in enumerate(BAD_INPUTS):
+        leaves = [t.clone().requires_grad_(True) for t in (q, k, v, b)]
+        try:
+            tpf.triangle_attention(*mutate(*leaves, m)).sum().backward()
+            torch.cuda.synchronize()
+            got = None
+        except (ValueError, TypeError) as e:
+            got = str(e)
+        rows.append([str(dtype), i, bad_input_message(template, q), got])
+print("ROWS" + json.dumps(rows))
+"""
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(
+        [os.path.join(here, "..", "python"), os.environ.get("PYTHONPATH", "")]))
+    run = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env,
+                         timeout=300)
+    assert run.returncode == 0, f"the child process ended with {run.returncode}:\n{run.stderr[-3000:]}"
+    rows = json.loads(run.stdout.split("ROWS", 1)[1])
+    assert len(rows) == 2 * len(BAD_INPUTS)
+    for dtype, i, message, got in rows:
+        assert got is not None and message in got, (dtype, i, message, got)
 
 
 # ---- the Hopper forward (forward_sm90.cu): every head dim it takes, forward only ----------------

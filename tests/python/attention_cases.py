@@ -114,3 +114,52 @@ def check_fa3_rule(ours, baseline, ref, dtype, context=""):
         roundings = (ROUNDINGS_FP32 if dtype == torch.float32 else ROUNDINGS_16BIT)[name]
         assert_accurate(name, ours[name], baseline[name], ref[name], roundings=roundings,
                         dtype=dtype, scale=scale, terms=terms, context=context)
+
+
+# Bad inputs and the message each must raise (bad_input_message fills in q's dtypes), on the CPU
+# (test_attention.py) and on CUDA (tests/gpu: the same messages, before any launch).
+# make_case's shapes: q, k, v [1, 3, 2, 6, 8], bias [1, 1, 2, 6, 6], mask [1, 3, 1, 1, 6].
+BAD_INPUTS = [
+    # [N, H, S, D] is cuEquivariance's B = 1 form (test_cueq_forms); fewer dimensions are wrong.
+    ("q must have 5 dimensions [B, N, H, S, D], got [2, 6, 8]",
+     lambda q, k, v, b, m: (q[0, 0], k[0, 0], v[0, 0], b, m)),
+    ("k must have shape [B, N, H, S, D] = [1, 1, 2, 6, 8], got [1, 3, 2, 6, 8]",
+     lambda q, k, v, b, m: (q[:, 0], k, v, b, m)),
+    ("k must have q's shape [1, 3, 2, 6, 8]", lambda q, k, v, b, m: (q, k[:, :, :, :-1], v, b, m)),
+    ("k must have shape [B, N, H, S, D] = [1, 3, 2, 6, 8], got [1, 3, 2, 6, 7]",
+     lambda q, k, v, b, m: (q, k[..., :-1], v, b, m)),
+    ("v must have shape [B, N, H, S, D] = [1, 3, 2, 6, 8], got [1, 3, 1, 6, 8]",
+     lambda q, k, v, b, m: (q, k, v[:, :, :1], b, m)),
+    ("bias must have shape [B, H, S, S] (or [B, 1, H, S, S]) = [1, 2, 6, 6], got [1, 1, 2, 6, 5]",
+     lambda q, k, v, b, m: (q, k, v, b[..., :-1], m)),
+    ("mask must have shape [B, N, S] (or [B, N, 1, 1, S]) = [1, 3, 6], got [1, 3, 1, 1, 5]",
+     lambda q, k, v, b, m: (q, k, v, b, m[..., :-1])),
+    ("mask must have shape [B, N, S] (or [B, N, 1, 1, S]) = [1, 3, 6], got [3, 6]",
+     lambda q, k, v, b, m: (q, k, v, b, m.reshape(3, 6))),
+    ("q must be float32, bfloat16 or float16, got float64",
+     lambda q, k, v, b, m: (q.double(), k, v, b, m)),
+    ("k must have q's dtype {q}, got {other}", lambda q, k, v, b, m: (q, k.to(_other(q)), v, b, m)),
+    # A bias of another float dtype is taken in float32 (test_cueq_forms); a non-float one is wrong.
+    ("bias must have q's dtype {bias}, got int64",
+     lambda q, k, v, b, m: (q, k, v, b.long(), m)),
+    ("q must have a head dimension D >= 1",
+     lambda q, k, v, b, m: (q[..., :0], k[..., :0], v[..., :0], b, m)),
+    ("q must have at least one token (S >= 1)",
+     lambda q, k, v, b, m: (q[:, :, :, :0], k[:, :, :, :0], v[:, :, :, :0], b[..., :0, :0], m[..., :0])),
+    ("q must have B, N and H of at least 1",
+     lambda q, k, v, b, m: (q[:, :0], k[:, :0], v[:, :0], b, m[:, :0])),
+    ("v must be a torch.Tensor, got ndarray", lambda q, k, v, b, m: (q, k, v.detach().cpu().numpy(), b, m)),
+    ("mask must be a torch.Tensor, got list", lambda q, k, v, b, m: (q, k, v, b, [True] * 6)),
+]
+
+
+def _other(q):
+    """A float dtype that is not q's."""
+    return torch.float16 if q.dtype != torch.float16 else torch.bfloat16
+
+
+def bad_input_message(template, q):
+    """A BAD_INPUTS message for inputs of q's dtype."""
+    names = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16"}
+    bias = names[q.dtype] + ("" if q.dtype == torch.float32 else " or float32")
+    return template.format(q=names[q.dtype], other=names[_other(q)], bias=bias)

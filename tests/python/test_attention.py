@@ -10,7 +10,7 @@ import turbopairformer as tpf
 from turbopairformer.ops.attention import _attention_bwd, _attention_fwd
 from turbopairformer.ops.torch_reference import triangle_attention_torch
 
-from attention_cases import (GRADS, attention_finite_rows_torch, check_fa3_rule, make_case, max_err,
+from attention_cases import (BAD_INPUTS, GRADS, bad_input_message, attention_finite_rows_torch, check_fa3_rule, make_case, max_err,
                              reference_fp64, run_with_grads, with_minus_inf_bias)
 
 
@@ -105,46 +105,11 @@ def test_residual_lowers_gradient_error(seed):
     assert total["dv"] == 0  # the residual enters only the softmax correction
 
 
-# make_case's shapes: q, k, v [1, 3, 2, 6, 8], bias [1, 1, 2, 6, 6], mask [1, 3, 1, 1, 6].
-BAD_INPUTS = [
-    # [N, H, S, D] is cuEquivariance's B = 1 form (test_cueq_forms); fewer dimensions are wrong.
-    ("q must have 5 dimensions [B, N, H, S, D], got [2, 6, 8]",
-     lambda q, k, v, b, m: (q[0, 0], k[0, 0], v[0, 0], b, m)),
-    ("k must have shape [B, N, H, S, D] = [1, 1, 2, 6, 8], got [1, 3, 2, 6, 8]",
-     lambda q, k, v, b, m: (q[:, 0], k, v, b, m)),
-    ("k must have q's shape [1, 3, 2, 6, 8]", lambda q, k, v, b, m: (q, k[:, :, :, :-1], v, b, m)),
-    ("k must have shape [B, N, H, S, D] = [1, 3, 2, 6, 8], got [1, 3, 2, 6, 7]",
-     lambda q, k, v, b, m: (q, k[..., :-1], v, b, m)),
-    ("v must have shape [B, N, H, S, D] = [1, 3, 2, 6, 8], got [1, 3, 1, 6, 8]",
-     lambda q, k, v, b, m: (q, k, v[:, :, :1], b, m)),
-    ("bias must have shape [B, H, S, S] (or [B, 1, H, S, S]) = [1, 2, 6, 6], got [1, 1, 2, 6, 5]",
-     lambda q, k, v, b, m: (q, k, v, b[..., :-1], m)),
-    ("mask must have shape [B, N, S] (or [B, N, 1, 1, S]) = [1, 3, 6], got [1, 3, 1, 1, 5]",
-     lambda q, k, v, b, m: (q, k, v, b, m[..., :-1])),
-    ("mask must have shape [B, N, S] (or [B, N, 1, 1, S]) = [1, 3, 6], got [3, 6]",
-     lambda q, k, v, b, m: (q, k, v, b, m.reshape(3, 6))),
-    ("q must be float32, bfloat16 or float16, got float64",
-     lambda q, k, v, b, m: (q.double(), k, v, b, m)),
-    ("k must have q's dtype float32, got float16", lambda q, k, v, b, m: (q, k.half(), v, b, m)),
-    # A bias of another float dtype is taken in float32 (test_cueq_forms); a non-float one is wrong.
-    ("bias must have q's dtype float32, got int64",
-     lambda q, k, v, b, m: (q, k, v, b.long(), m)),
-    ("q must have a head dimension D >= 1",
-     lambda q, k, v, b, m: (q[..., :0], k[..., :0], v[..., :0], b, m)),
-    ("q must have at least one token (S >= 1)",
-     lambda q, k, v, b, m: (q[:, :, :, :0], k[:, :, :, :0], v[:, :, :, :0], b[..., :0, :0], m[..., :0])),
-    ("q must have B, N and H of at least 1",
-     lambda q, k, v, b, m: (q[:, :0], k[:, :0], v[:, :0], b, m[:, :0])),
-    ("v must be a torch.Tensor, got ndarray", lambda q, k, v, b, m: (q, k, v.numpy(), b, m)),
-    ("mask must be a torch.Tensor, got list", lambda q, k, v, b, m: (q, k, v, b, [True] * 6)),
-]
-
-
 @pytest.mark.parametrize("message,mutate", BAD_INPUTS, ids=[m for m, _ in BAD_INPUTS])
 def test_bad_input_names_the_argument(message, mutate, seed):
     g = torch.Generator().manual_seed(seed)
     q, k, v, bias, mask, _ = make_case(1, 3, 2, 6, 8, torch.float32, "cpu", g)
-    with pytest.raises((ValueError, TypeError), match=re.escape(message)):
+    with pytest.raises((ValueError, TypeError), match=re.escape(bad_input_message(message, q))):
         tpf.triangle_attention(*mutate(q, k, v, bias, mask))
 
 

@@ -147,8 +147,8 @@ def _cueq_forms(q, k, v, bias, mask):
     - a mask of any dtype, cast to bool (nonzero = attend);
     - under autocast on q's device, q, k, v cast to its dtype (not float64, as autocast; nor the
       bias);
-    - a floating bias whose dtype is not q's taken in float32 (exact from 16 bits; _run says how a
-      float32 bias with 16-bit q, k, v runs)."""
+    - a floating bias whose dtype is not q's taken in float32 (exact from 16 bits; with 16-bit
+      q, k, v both paths read it as float32 and return its gradient in float32)."""
     for name, x in (("q", q), ("k", k), ("v", v), ("bias", bias)):
         require_tensor(x, name)
     if mask is not None:
@@ -187,13 +187,6 @@ def _run(q, k, v, bias, mask, scale, residual):
         require_tensor(x, name)
     if mask is not None:
         require_tensor(mask, "mask")
-    if (bias.dtype == torch.float32 and q.dtype in (torch.bfloat16, torch.float16) and q.is_cuda
-            and _needs_grad(q, k, v, bias)):
-        # A float32 bias with 16-bit q, k, v (Protenix passes bias.float()) is read as float32 by
-        # the CPU path and the CUDA forward; the CUDA backward reads a 16-bit bias only, so with a
-        # gradient to come the op runs in float32 (q, k, v widened exactly, o rounded to their
-        # dtype; PyTorch's float32 math on CUDA), which keeps every bit of the bias.
-        return _run(q.float(), k.float(), v.float(), bias, mask, scale, residual).to(q.dtype)
     scale = _scale(scale, q)
     if q.is_cuda and q.dtype == torch.float32:
         # The CUDA kernels are BF16/FP16 (tensor cores); float32 CUDA tensors take PyTorch's math,

@@ -13,13 +13,14 @@ namespace tpf::cuda {
 // What the kernels take: bfloat16 or float16 inputs, these head dims, and at most
 // kAttentionMaxGridY of each of B * H and query tiles (grid dimensions y and z). The forward
 // (forward_sm90.h) takes every multiple of 8 up to 128, a bias of q's dtype or float32, and K and
-// V rows that TMA can copy (attention_tma_ready); the backward D = 16, 32, 64 and q's dtype's bias.
+// V rows that TMA can copy (attention_tma_ready); the backward every multiple of 8 up to 64 and the
+// same biases (a float32 bias's gradient in float32).
 constexpr const char* kAttentionForwardHeadDims = "8, 16, 24, ..., 128 (multiples of 8)";
 inline bool attention_forward_head_dim_supported(int64_t D) {
   return D >= 8 && D <= 128 && D % 8 == 0;
 }
-constexpr const char* kAttentionHeadDims = "16, 32 and 64";
-inline bool attention_head_dim_supported(int64_t D) { return D == 16 || D == 32 || D == 64; }
+constexpr const char* kAttentionHeadDims = "8, 16, 24, ..., 64 (multiples of 8)";
+inline bool attention_head_dim_supported(int64_t D) { return D >= 8 && D <= 64 && D % 8 == 0; }
 // TMA's requirements on a [B, N, H, S, D] tensor: a 16-byte aligned start and every stride but the
 // last (1) a multiple of 16 bytes.
 inline bool attention_tma_ready(const TensorView& t) {

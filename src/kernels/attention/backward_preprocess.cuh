@@ -31,6 +31,7 @@ __global__ void attention_delta_kernel(const AttentionBackwardParams p) {
     float acc = 0.f;
 #pragma unroll
     for (int c = 0; c < D; ++c) {
+      if (c >= p.head_dim) break;  // D: the built head dim, at least the tensors'
       const float oc = to_float(o[c]) + (res ? __bfloat162float(res[c]) : 0.f);
       acc = fmaf(to_float(dout[c]), oc, acc);
     }
@@ -53,7 +54,7 @@ __global__ void attention_delta_vec_kernel(const AttentionBackwardParams p) {
        int64_t(gridDim.x) * blockDim.x) {  // uniform over the block: shuffles see every lane
     const int64_t idx = base + threadIdx.x, r = idx / L;
     float acc = 0.f;
-    if (idx < total) {
+    if (idx < total && part * 8 < p.head_dim) {  // lanes past the tensors' D add nothing
       const int s = int(r % f.Sq), h = int((r / f.Sq) % f.H),
                 n = int((r / (int64_t(f.Sq) * f.H)) % f.N),
                 b = int(r / (int64_t(f.Sq) * f.H * f.N));
@@ -89,7 +90,8 @@ inline int grid_for(int64_t work, int threads) {
   return int(blocks < 65535 * 8 ? (blocks > 0 ? blocks : 1) : 65535 * 8);
 }
 
-// delta for every query row of p (p.delta), on `stream`.
+// delta for every query row of p (p.delta), on `stream`. D: the built head dim (backward_sm90.h), at
+// least the tensors' p.head_dim.
 template <typename T, int D>
 void launch_attention_delta(const AttentionBackwardParams& p, cudaStream_t stream) {
   const AttentionForwardParams& f = p.fwd;

@@ -12,7 +12,9 @@
 //     The consumers never wait on another CTA: only the writers do, on semaphores that make every
 //     sum run in one order (backward_sm90_epilogue.cuh), so all four gradients are bitwise
 //     reproducible. The last key block of a slice group writes dq.
-//  3. attention_dbias_finish_kernel: dbias from its accumulator.
+//  3. attention_dbias_finish_kernel: dbias from its accumulator, in the bias's dtype.
+// The bias is q's dtype (16-bit tiles through shared memory) or float32 (read as float32 by each
+// consumer thread from global memory; dbias returned in float32): the kernel's template BT.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
@@ -28,11 +30,11 @@
 namespace tpf::cuda {
 namespace {
 
-template <typename T, int D>
+template <typename T, int D, typename BT>
 __global__ void __launch_bounds__(kBwdThreads, 1)
     attention_backward_sm90_kernel(const AttentionBackwardParams p, int group_begin,
                                    int chunk_first_slice) {
-  using S = Sm90BackwardSmem<T, D>;
+  using S = Sm90BackwardSmem<T, D, BT>;
   extern __shared__ __align__(128) uint8_t smem_raw[];
   S& sm = *reinterpret_cast<S*>(smem_raw);
   const AttentionForwardParams& f = p.fwd;
@@ -60,33 +62,33 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
     warpgroup_registers_dec<kBwdProducerRegisters>();
     const int warp = threadIdx.x / 32;
     if (warp < 2)
-      sm90_backward_load<T, D>(p, sm, blk.g, blk.b, blk.h, blk.jb, grid.query_tiles);
+      sm90_backward_load<T, D, BT>(p, sm, blk.g, blk.b, blk.h, blk.jb, grid.query_tiles);
     else if (warp == 2)
-      sm90_backward_write_dq<T, D>(p, sm, blk.g, blk.b, blk.h, blk.jb, grid.key_blocks,
-                                   grid.query_tiles, chunk_first_slice);
+      sm90_backward_write_dq<T, D, BT>(p, sm, blk.g, blk.b, blk.h, blk.jb, grid.key_blocks,
+                                       grid.query_tiles, chunk_first_slice);
     else
-      sm90_backward_write_dbias<T, D>(p, sm, blk.g, blk.b, blk.h, blk.jb, grid.key_blocks,
-                                      grid.query_tiles);
+      sm90_backward_write_dbias<T, D, BT>(p, sm, blk.g, blk.b, blk.h, blk.jb, grid.key_blocks,
+                                          grid.query_tiles);
   } else {
     warpgroup_registers_inc<kBwdConsumerRegisters>();
     const int w = warpgroup - 1;
     ConsumerAccumulators<D, S::A> acc;
-    sm90_backward_consume<T, D>(p, sm, acc, w, grid.query_tiles);
+    sm90_backward_consume<T, D, BT>(p, sm, acc, w, blk.b, blk.h, blk.jb, grid.query_tiles);
     sm90_backward_store_dkdv<T, D, S::A>(p, acc, blk.g, blk.b, blk.h, blk.jb, w);
   }
 }
 
-template <typename T, int D>
+template <typename T, int D, typename BT>
 void launch(const AttentionBackwardParams& p, cudaStream_t stream) {
-  using S = Sm90BackwardSmem<T, D>;
+  using S = Sm90BackwardSmem<T, D, BT>;
   const AttentionForwardParams& f = p.fwd;
   launch_attention_delta<T, D>(p, stream);
-  const Sm90BackwardWorkspace w = sm90_backward_workspace(f.B, f.N, f.H, f.Sq, f.Sk, D);
+  const Sm90BackwardWorkspace w = sm90_backward_workspace(f.B, f.N, f.H, f.Sq, f.Sk, p.head_dim);
   cudaMemsetAsync(p.dq_sem, 0, w.sem_bytes, stream);  // dq_sem and dbias_sem are contiguous
   const Sm90BackwardGrid grid = sm90_backward_grid(f.N, f.Sq, f.Sk, S::A);
 
   const size_t smem = sizeof(S);
-  auto kernel = attention_backward_sm90_kernel<T, D>;
+  auto kernel = attention_backward_sm90_kernel<T, D, BT>;
   cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem));
   const int groups_per_chunk = w.chunk / S::A;
   for (int g0 = 0; g0 < grid.groups; g0 += groups_per_chunk) {
@@ -97,24 +99,32 @@ void launch(const AttentionBackwardParams& p, cudaStream_t stream) {
   const int64_t sq_pad = int64_t(grid.query_tiles) * kTileQ,
                 sk_pad = int64_t(grid.key_blocks) * kBwdKeyBlock;
   const dim3 finish((f.Sq + 31) / 32, (f.Sk + 31) / 32, f.B * f.H);
-  attention_dbias_finish_kernel<T><<<finish, dim3(32, 8), 0, stream>>>(p, sq_pad, sk_pad);
+  attention_dbias_finish_kernel<BT><<<finish, dim3(32, 8), 0, stream>>>(p, sq_pad, sk_pad);
+}
+
+template <typename T, typename BT>
+void launch_head_dim(const AttentionBackwardParams& p, cudaStream_t stream) {
+  switch (sm90_backward_head_dim(p.head_dim)) {
+    case 16: return launch<T, 16, BT>(p, stream);
+    case 32: return launch<T, 32, BT>(p, stream);
+    case 64: return launch<T, 64, BT>(p, stream);
+  }
 }
 
 }  // namespace
 
 template <typename T>
-void attention_backward_sm90_launch(const AttentionBackwardParams& p, int head_dim,
+void attention_backward_sm90_launch(const AttentionBackwardParams& p, bool f32_bias,
                                     cudaStream_t stream) {
-  switch (head_dim) {
-    case 16: return launch<T, 16>(p, stream);
-    case 32: return launch<T, 32>(p, stream);
-    case 64: return launch<T, 64>(p, stream);
-  }
+  if (f32_bias)
+    launch_head_dim<T, float>(p, stream);
+  else
+    launch_head_dim<T, T>(p, stream);
 }
 
-template void attention_backward_sm90_launch<__nv_bfloat16>(const AttentionBackwardParams&, int,
+template void attention_backward_sm90_launch<__nv_bfloat16>(const AttentionBackwardParams&, bool,
                                                             cudaStream_t);
-template void attention_backward_sm90_launch<__half>(const AttentionBackwardParams&, int,
+template void attention_backward_sm90_launch<__half>(const AttentionBackwardParams&, bool,
                                                      cudaStream_t);
 
 }  // namespace tpf::cuda

@@ -48,12 +48,12 @@ __device__ __forceinline__ void store_dq4(T* dst, float4 x, float scale, bool al
 
 // Warp 2: per query tile, waits for its turn among the key blocks of its slice group (once for all
 // the group's slices), then takes each slice's staged partials as the consumers leave them.
-template <typename T, int D>
+template <typename T, int D, typename BT>
 __device__ __forceinline__ void sm90_backward_write_dq(const AttentionBackwardParams& p,
-                                                       Sm90BackwardSmem<T, D>& sm, int g, int b,
+                                                       Sm90BackwardSmem<T, D, BT>& sm, int g, int b,
                                                        int h, int jb, int J, int T_tiles,
                                                        int chunk_first_slice) {
-  using S = Sm90BackwardSmem<T, D>;
+  using S = Sm90BackwardSmem<T, D, BT>;
   constexpr int A = S::A, DQS = S::DQS, C4 = D / 4;
   const AttentionForwardParams& f = p.fwd;
   const int lane = threadIdx.x & 31;
@@ -88,7 +88,7 @@ __device__ __forceinline__ void sm90_backward_write_dq(const AttentionBackwardPa
           float* a = acc + row * D + c;
           if (last) {
             if (!first) x = add4(__ldcg(reinterpret_cast<const float4*>(a)), x);
-            if (row < qrows)
+            if (row < qrows && c < p.head_dim)
               store_dq4(out + int64_t(q0 + row) * p.dq_stride.s + c, x, f.scale, p.dq_aligned);
           } else if (first) {
             *reinterpret_cast<float4*>(a) = x;
@@ -106,11 +106,12 @@ __device__ __forceinline__ void sm90_backward_write_dq(const AttentionBackwardPa
 
 // Warp 3: per query tile, the CTA's dbias^T tile (keys of both warpgroups x 64 queries), in its
 // slice group's turn.
-template <typename T, int D>
+template <typename T, int D, typename BT>
 __device__ __forceinline__ void sm90_backward_write_dbias(const AttentionBackwardParams& p,
-                                                          Sm90BackwardSmem<T, D>& sm, int g, int b,
-                                                          int h, int jb, int J, int T_tiles) {
-  using S = Sm90BackwardSmem<T, D>;
+                                                          Sm90BackwardSmem<T, D, BT>& sm, int g,
+                                                          int b, int h, int jb, int J,
+                                                          int T_tiles) {
+  using S = Sm90BackwardSmem<T, D, BT>;
   const AttentionForwardParams& f = p.fwd;
   const int lane = threadIdx.x & 31;
   const int64_t sq_pad = int64_t(T_tiles) * kTileQ;
@@ -171,6 +172,7 @@ __device__ __forceinline__ void sm90_backward_store_dkdv(const AttentionBackward
 #pragma unroll
       for (int c = 0; c < D / 8; ++c) {
         const int col = c * 8 + (lane & 3) * 2;
+        if (col >= p.head_dim) break;  // zero-padded columns (backward_sm90.h)
         T* dkp = dk_out + int64_t(key) * p.dk_stride.s + col;
         T* dvp = dv_out + int64_t(key) * p.dv_stride.s + col;
         dkp[0] = from_float<T>(acc.dk[u][c][2 * r] * f.scale);
@@ -182,8 +184,8 @@ __device__ __forceinline__ void sm90_backward_store_dkdv(const AttentionBackward
   }
 }
 
-// dbias[b, h, q, k] = dbias_acc[b, h, k, q] in the output dtype: 32 x 32 tiles through shared
-// memory, reads and writes along rows.
+// dbias[b, h, q, k] = dbias_acc[b, h, k, q] in the output dtype T (the bias's): 32 x 32 tiles
+// through shared memory, reads and writes along rows.
 template <typename T>
 __global__ void attention_dbias_finish_kernel(const AttentionBackwardParams p, int64_t sq_pad,
                                               int64_t sk_pad) {

@@ -34,10 +34,13 @@ constexpr float kBwdLog2e = 1.4426950408889634f;
 // What a consumer warpgroup does with its 64 keys of a slice.
 enum : uint8_t { kTileSkip = 0, kTileMasked = 1, kTileWhole = 2 };
 
-template <typename T, int D>
+// BT: the bias's dtype, T (tiles through shared memory, as Q and dO) or float (read as float32:
+// each consumer thread loads its own elements from global memory, see load_bias_f32).
+template <typename T, int D, typename BT>
 struct Sm90BackwardSmem {
   using Config = Sm90BackwardConfig<D>;
   static constexpr int A = Config::kSlices, DQS = Config::kDqStages;
+  static constexpr bool kF32Bias = sizeof(BT) == 4;
   static constexpr int TILE = kTileQ * D;             // a 64-row core-matrix tile, elements
   static constexpr int LDBIAS = kBwdKeyBlock + kPad;  // bias rows [query][key], padded
   static constexpr int LDQ = D + 8;        // dQ staging rows (floats): conflict-free float2
@@ -48,8 +51,8 @@ struct Sm90BackwardSmem {
   alignas(128) T dout[2][A][TILE];
   alignas(
       128) T ds[2][2][kTileQ * kBwdKeysPerWarpgroup];  // [warpgroup][parity]: dS, [key/8][query][8]
-  alignas(16) T bias[2][kTileQ * LDBIAS];              // [stage]
-  alignas(16) float dq_stage[DQS][2][kTileQ * LDQ];    // [stage][warpgroup], [query][feature]
+  alignas(16) T bias[kF32Bias ? 1 : 2][kF32Bias ? 8 : kTileQ * LDBIAS];  // [stage]; 16-bit only
+  alignas(16) float dq_stage[DQS][2][kTileQ * LDQ];  // [stage][warpgroup], [query][feature]
   alignas(16) float dbias_stage[2][kBwdKeysPerWarpgroup * LDDB];  // [warpgroup], [key][query]
   alignas(16) float lse2[2][A][kTileQ];  // lse log2e (+inf past Sq: no probability)
   alignas(16) float delta[2][A][kTileQ];
@@ -73,11 +76,11 @@ __device__ __forceinline__ const T* slice_of(const void* base, const Strides4& s
 constexpr int kBwdLoadThreads = 64;
 constexpr int kBwdLoadBarrier = 3;  // named barrier of the 64 load threads
 
-template <typename T, int D>
+template <typename T, int D, typename BT>
 __device__ __forceinline__ void sm90_backward_load(const AttentionBackwardParams& p,
-                                                   Sm90BackwardSmem<T, D>& sm, int g, int b, int h,
-                                                   int jb, int T_tiles) {
-  using S = Sm90BackwardSmem<T, D>;
+                                                   Sm90BackwardSmem<T, D, BT>& sm, int g, int b,
+                                                   int h, int jb, int T_tiles) {
+  using S = Sm90BackwardSmem<T, D, BT>;
   constexpr int A = S::A;
   const AttentionForwardParams& f = p.fwd;
   const T* safe = static_cast<const T*>(f.q);
@@ -95,10 +98,10 @@ __device__ __forceinline__ void sm90_backward_load(const AttentionBackwardParams
       if (krows == 0) continue;  // never read: its tile is skipped
       load_tile<T, kBwdKeysPerWarpgroup, D, kBwdLoadThreads, true>(
           sm.k[u][w], slice_of<T>(f.k, f.k_stride, b, n, h) + int64_t(k0) * f.k_stride.s,
-          f.k_stride.s, krows, D, f.qkv_aligned, safe);
+          f.k_stride.s, krows, p.head_dim, f.qkv_aligned, safe);
       load_tile<T, kBwdKeysPerWarpgroup, D, kBwdLoadThreads, true>(
           sm.v[u][w], slice_of<T>(f.v, f.v_stride, b, n, h) + int64_t(k0) * f.v_stride.s,
-          f.v_stride.s, krows, D, f.qkv_aligned, safe);
+          f.v_stride.s, krows, p.head_dim, f.qkv_aligned, safe);
     }
     for (int j = tid; j < kBwdKeyBlock; j += kBwdLoadThreads) {
       const int key = jb * kBwdKeyBlock + j;
@@ -150,15 +153,16 @@ __device__ __forceinline__ void sm90_backward_load(const AttentionBackwardParams
         const int n = g * A + u;
         load_tile<T, kTileQ, D, kBwdLoadThreads, true>(
             sm.q[stage][u], slice_of<T>(f.q, f.q_stride, b, n, h) + int64_t(q0) * f.q_stride.s,
-            f.q_stride.s, qrows, D, f.qkv_aligned, safe);
+            f.q_stride.s, qrows, p.head_dim, f.qkv_aligned, safe);
         load_tile<T, kTileQ, D, kBwdLoadThreads, true>(
             sm.dout[stage][u],
             slice_of<T>(p.dout, p.dout_stride, b, n, h) + int64_t(q0) * p.dout_stride.s,
-            p.dout_stride.s, qrows, D, p.dout_aligned, safe);
+            p.dout_stride.s, qrows, p.head_dim, p.dout_aligned, safe);
       }
-      load_tile<T, kTileQ, kBwdKeyBlock, kBwdLoadThreads>(
-          sm.bias[stage], bias_base + int64_t(q0) * f.bias_stride_q, f.bias_stride_q, qrows, kcols,
-          f.bias_aligned, safe);
+      if constexpr (!S::kF32Bias)
+        load_tile<T, kTileQ, kBwdKeyBlock, kBwdLoadThreads>(
+            sm.bias[stage], bias_base + int64_t(q0) * f.bias_stride_q, f.bias_stride_q, qrows,
+            kcols, f.bias_aligned, safe);
       for (int e = tid; e < A * kTileQ; e += kBwdLoadThreads) {
         const int u = e / kTileQ, r = e % kTileQ, n = g * A + u;
         float lse2 = INFINITY, delta = 0.f;
@@ -213,11 +217,31 @@ struct ConsumerAccumulators {
   float dv[A][D / 8][4];
 };
 
-template <typename T, int D>
+// A float32 bias: this thread's elements of bias^T for query tile q0 (bias_keys: the bias rows of
+// (b, h) from the warpgroup's first key), in the accumulator layout of S^T: b[j][2 r + e] is
+// (key g + 8 r, query q0 + 8 j + 2 t + e), g = lane / 4, t = lane % 4. Keys and queries past the
+// end read the last one (their probabilities are zero: masked key, lse = +inf).
+__device__ __forceinline__ void load_bias_f32(float (&bias)[8][4], const float* bias_keys,
+                                              int64_t stride_q, int q0, int qlast, int key,
+                                              int klast, int lane) {
+  const float* k0 = bias_keys + min(key, klast);
+  const float* k8 = bias_keys + min(key + 8, klast);
+#pragma unroll
+  for (int j = 0; j < 8; ++j)
+#pragma unroll
+    for (int e = 0; e < 2; ++e) {
+      const int64_t row = int64_t(min(q0 + j * 8 + (lane & 3) * 2 + e, qlast)) * stride_q;
+      bias[j][e] = __ldg(k0 + row);
+      bias[j][2 + e] = __ldg(k8 + row);
+    }
+}
+
+template <typename T, int D, typename BT>
 __device__ __forceinline__ void sm90_backward_consume(
-    const AttentionBackwardParams& p, Sm90BackwardSmem<T, D>& sm,
-    ConsumerAccumulators<D, Sm90BackwardSmem<T, D>::A>& acc, int w, int T_tiles) {
-  using S = Sm90BackwardSmem<T, D>;
+    const AttentionBackwardParams& p, Sm90BackwardSmem<T, D, BT>& sm,
+    ConsumerAccumulators<D, Sm90BackwardSmem<T, D, BT>::A>& acc, int w, int b, int h, int jb,
+    int T_tiles) {
+  using S = Sm90BackwardSmem<T, D, BT>;
   constexpr int A = S::A, DQS = S::DQS;
   const int ctid = threadIdx.x - 128 * (1 + w);  // 0..127 in the warpgroup
   const int warp = ctid >> 5, lane = ctid & 31;
@@ -227,6 +251,7 @@ __device__ __forceinline__ void sm90_backward_consume(
   uint8_t state[A];
   bool keep[A][2];  // per slice, this thread's key rows g and g + 8: probability kept
   const int key_lo = w * kBwdKeysPerWarpgroup + warp * kWarpRows + (lane >> 2);
+  const int key_base = jb * kBwdKeyBlock;  // key_lo counts from here
 #pragma unroll
   for (int u = 0; u < A; ++u) {
     state[u] = sm.tile_state[u][w];
@@ -245,14 +270,24 @@ __device__ __forceinline__ void sm90_backward_consume(
 #pragma unroll 1
   for (int i = 0; i < T_tiles; ++i) {
     const int stage = i & 1;
+    // bias^T of this warp's 16 keys x the 64 queries. 16-bit: ldmatrix.trans of the [query][key]
+    // tile, bias2[jj][2 half + r] holds queries 16 jj + 8 half + 2t, +1 of key g + 8 r; float32:
+    // biasf[j][2 r + e], loaded before the wait (no dependence on the producer).
+    uint32_t bias2[S::kF32Bias ? 1 : 4][4];
+    float biasf[S::kF32Bias ? 8 : 1][4];
+    if constexpr (S::kF32Bias) {
+      const AttentionForwardParams& f = p.fwd;
+      load_bias_f32(biasf,
+                    static_cast<const float*>(f.bias) + b * f.bias_stride_b + h * f.bias_stride_h,
+                    f.bias_stride_q, i * kTileQ, f.Sq - 1, key_base + key_lo, f.Sk - 1, lane);
+    }
     mbar_wait(&sm.full[stage], (i >> 1) & 1);
-    // bias^T of this warp's 16 keys x the 64 queries (ldmatrix.trans of the [query][key] tile):
-    // bias2[jj][2 half + r] holds queries 16 jj + 8 half + 2t, +1 of key g + 8 r.
-    uint32_t bias2[4][4];
+    if constexpr (!S::kF32Bias) {
 #pragma unroll
-    for (int jj = 0; jj < 4; ++jj)
-      load_transposed(bias2[jj], sm.bias[stage], S::LDBIAS, jj * 16,
-                      w * kBwdKeysPerWarpgroup + warp * kWarpRows);
+      for (int jj = 0; jj < 4; ++jj)
+        load_transposed(bias2[jj], sm.bias[stage], S::LDBIAS, jj * 16,
+                        w * kBwdKeysPerWarpgroup + warp * kWarpRows);
+    }
     float db[8][4];
 #pragma unroll
     for (int j = 0; j < 8; ++j) db[j][0] = db[j][1] = db[j][2] = db[j][3] = 0.f;
@@ -309,7 +344,11 @@ __device__ __forceinline__ void sm90_backward_consume(
         const float2 dl = *reinterpret_cast<const float2*>(delta + query);
 #pragma unroll
         for (int r = 0; r < 2; ++r) {
-          const float2 bias = unpack2<T>(bias2[j >> 1][(j & 1) * 2 + r]);
+          float2 bias;
+          if constexpr (S::kF32Bias)
+            bias = make_float2(biasf[j][2 * r], biasf[j][2 * r + 1]);
+          else
+            bias = unpack2<T>(bias2[j >> 1][(j & 1) * 2 + r]);
           float p0 = fast_exp2(fmaf(fmaf(st[j][2 * r], scale, bias.x), kBwdLog2e, -l2.x));
           float p1 = fast_exp2(fmaf(fmaf(st[j][2 * r + 1], scale, bias.y), kBwdLog2e, -l2.y));
           p0 = keep[u][r] ? p0 : 0.f;

@@ -111,6 +111,7 @@ void attention_backward(const AttentionBackwardArgs& a, const AttentionDims& d, 
   p.dbias_stride_b = a.dbias.stride[0];
   p.dbias_stride_h = a.dbias.stride[1];
   p.dbias_stride_q = a.dbias.stride[2];
+  p.head_dim = int(d.D);
   p.dout_aligned = rows_aligned(a.dout, 3);
   p.delta_vectorized = p.dout_aligned && rows_aligned(a.o, 3) &&
                        (!a.residual.present || rows_aligned(a.residual.view, 3));
@@ -125,10 +126,11 @@ void attention_backward(const AttentionBackwardArgs& a, const AttentionDims& d, 
   p.dbias_sem = p.dq_sem + int64_t(grid.groups) * d.B * d.H * grid.query_tiles;
   p.dq_aligned = rows_aligned(a.dq, 3);
   auto s = static_cast<cudaStream_t>(stream);
+  const bool f32_bias = a.bias.dtype == DType::f32;
   if (a.q.dtype == DType::bf16)
-    attention_backward_sm90_launch<__nv_bfloat16>(p, int(d.D), s);
+    attention_backward_sm90_launch<__nv_bfloat16>(p, f32_bias, s);
   else
-    attention_backward_sm90_launch<__half>(p, int(d.D), s);
+    attention_backward_sm90_launch<__half>(p, f32_bias, s);
   check_launch("triangle attention backward");
 }
 

@@ -39,6 +39,7 @@ struct AttentionBackwardParams {
   void* dbias;
   Strides4 dout_stride, dq_stride, dk_stride, dv_stride;
   int64_t dbias_stride_b, dbias_stride_h, dbias_stride_q;
+  int head_dim;  // the tensors' D; the kernel's (backward_sm90.h) may be larger, zero-padded
   bool dout_aligned;
   bool delta_vectorized;  // o, dout (and residual) rows start on 16-byte boundaries
   float* delta;  // [B, N, H, Sq], in the workspace (backward_sm90.h's Sm90BackwardWorkspace)

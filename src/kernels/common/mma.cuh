@@ -170,5 +170,9 @@ template <>
 __device__ __forceinline__ __half from_float(float x) {
   return __float2half_rn(x);
 }
+template <>
+__device__ __forceinline__ float from_float(float x) {
+  return x;
+}
 
 }  // namespace tpf::cuda

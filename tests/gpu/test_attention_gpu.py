@@ -302,12 +302,28 @@ def test_unsupported_head_dim_is_a_clear_error(seed):
 
 
 def test_backward_limits_are_clear_errors(seed):
-    """What the forward takes and the backward does not yet: D = 24. The forward runs; the
-    backward names the argument."""
+    """What the forward takes and the backward does not yet: D = 72 (above 64). The forward runs;
+    the backward names the argument."""
     g = torch.Generator().manual_seed(seed)
-    q, k, v, bias, mask, grad = make_case(1, 2, 1, 40, 24, torch.bfloat16, "cuda", g)
+    q, k, v, bias, mask, grad = make_case(1, 2, 1, 40, 72, torch.bfloat16, "cuda", g)
     with pytest.raises(ValueError, match="backward's head dims"):
         run_with_grads(tpf.triangle_attention, q, k, v, bias, mask, grad)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("D", [8, 24, 40, 48, 56])
+@pytest.mark.parametrize("S", [33, 200])
+def test_padded_head_dims_match_fp64_reference(S, D, dtype, seed):
+    """Head dims the backward runs as the next built one (16, 32, 64) with zero-padded tiles:
+    O and every gradient within the FP64 rule, bitwise repeatable, a fully masked slice zero (a
+    store past the tensors' D would land in the next row and show in the comparison)."""
+    g = torch.Generator().manual_seed(seed)
+    B, N = 2, 6
+    q, k, v, bias, mask, grad = make_case(B, N, 4, S, D, dtype, "cuda", g)
+    ours = check_fp64_and_repeatable(q, k, v, bias, mask, grad, dtype,
+                                     f"(padded D={D}, S={S}, {dtype}, seed {seed})")
+    for name in ("o", "dq", "dk", "dv"):
+        assert (ours[name][-1, N - 1] == 0).all(), f"{name} of the fully masked slice is not zero"
 
 
 @pytest.mark.parametrize("dtype", DTYPES)

@@ -279,3 +279,74 @@ def test_boltz_community():
     probe = subprocess.run([sys.executable, "-c", "import boltz; print(boltz.__file__)"],
                            env=env, capture_output=True, text=True)
     assert str(where) in probe.stdout, probe.stdout + probe.stderr
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_float64_runs_the_clients_own_path(name, seed, counted):
+    """What our ops do not take (float64 here) runs the client's own PyTorch path with the
+    integration enabled, not our ops: a reference run in float64 (the client's float32 casts
+    widened, as the FP64 runs above) gives the client's own float64 results bitwise, forward and
+    backward."""
+    client = CLIENTS[name]
+    model = build(client, seed)
+    inputs, grad_out, _ = case(client, seed)
+    own = step(client, model, inputs, "pytorch", torch.float64, grad_out)
+    ours = step(client, model, inputs, "ours", torch.float64, grad_out)
+    assert counted == {"attention": 0, "trimul": 0}, counted
+    for got, want in zip(ours, own):
+        assert set(got) == set(want)
+        for key, ref in want.items():
+            assert got[key].dtype == torch.float64, key
+            assert (got[key] is None and ref is None) or torch.equal(got[key], ref), key
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_our_errors_still_raise(name, seed, monkeypatch):
+    """The fallback is decided from the inputs up front: an error inside our ops (a bug) on inputs
+    they take still raises."""
+    client = CLIENTS[name]
+    model = build(client, seed).float()
+    inputs, _, _ = case(client, seed)
+    inputs = {k: v.float() for k, v in inputs.items()}
+    module = client.integration_module()
+
+    def bug(*args, **kwargs):
+        raise RuntimeError("a bug in our op")
+    for op in ("triangle_attention", "triangle_multiplicative_update"):
+        monkeypatch.setattr(module, op, bug)
+    with pytest.raises(RuntimeError, match="a bug in our op"):
+        client.run(model, inputs, "ours")
+
+
+def test_which_inputs_our_ops_take():
+    """The one rule the integrations' fallbacks share (_patching): float32, bfloat16, float16 on the
+    CPU and CUDA; on CUDA, 16-bit attention only with the kernels' head dims (forward 8..128 in
+    8s, backward 16, 32, 64), the triangle multiplication with D a multiple of 8 up to 128."""
+    from turbopairformer.integrations._patching import (attention_rule, attention_takes,
+                                                        trimul_rule, trimul_takes)
+    f32, bf16, f16, f64 = torch.float32, torch.bfloat16, torch.float16, torch.float64
+    for dtype in (f32, bf16, f16):
+        for D in (4, 8, 12, 32, 160):
+            assert attention_rule(dtype, "cpu", D, grad=True)
+            assert trimul_rule(dtype, "cpu", D)
+        assert attention_rule(dtype, "cuda", 32, grad=True)
+        assert trimul_rule(dtype, "cuda", 128)
+        assert not trimul_rule(dtype, "cuda", 12) and not trimul_rule(dtype, "cuda", 136)
+        assert not attention_rule(dtype, "mps", 32, grad=False)
+    for D in (8, 24, 48, 128):
+        assert attention_rule(bf16, "cuda", D, grad=False)
+        assert attention_rule(f32, "cuda", D, grad=True)  # PyTorch's math in the op
+        assert not attention_rule(f16, "cuda", D, grad=True)
+    assert not attention_rule(bf16, "cuda", 12, grad=False)
+    assert not attention_rule(bf16, "cuda", 136, grad=False)
+    for device in ("cpu", "cuda"):
+        assert not attention_rule(f64, device, 32, grad=False)
+        assert not trimul_rule(f64, device, 32)
+    x = torch.zeros(1, 4, 4, 8)
+    assert attention_takes(x, 8) and trimul_takes(x)
+    assert not attention_takes(x.double(), 8) and not trimul_takes(x.double())
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        assert attention_takes(x, 8) and trimul_takes(x)
+        assert not attention_takes(x.double(), 8)
+    meta = torch.empty(1, 4, 4, 8, device="meta")
+    assert not attention_takes(meta, 8) and not trimul_takes(meta)

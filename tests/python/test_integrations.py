@@ -350,3 +350,119 @@ def test_which_inputs_our_ops_take():
         assert not attention_takes(x.double(), 8)
     meta = torch.empty(1, 4, 4, 8, device="meta")
     assert not attention_takes(meta, 8) and not trimul_takes(meta)
+
+
+def _client_namespace(package: str) -> dict:
+    """Every attribute of the client's imported modules and of the classes defined in them, by
+    (module or class name, attribute): the object itself (compared by identity)."""
+    found = {}
+    for module_name, module in list(sys.modules.items()):
+        if module is None or not (module_name == package or module_name.startswith(package + ".")):
+            continue
+        for attr, value in list(vars(module).items()):
+            if attr == "__warningregistry__":  # the warnings module's record of what it showed
+                continue
+            found[(module_name, attr)] = value
+            if isinstance(value, type) and value.__module__ == module_name:
+                for cls_attr, cls_value in list(vars(value).items()):
+                    found[(f"{module_name}.{value.__qualname__}", cls_attr)] = cls_value
+    return found
+
+
+def _module_tree(model: torch.nn.Module) -> dict:
+    """Each submodule's class, its forward as the class resolves it, and its instance attributes
+    (tensors and modules by identity; the containers' keys)."""
+    tree = {}
+    for path, m in model.named_modules():
+        attrs = {}
+        for attr, value in vars(m).items():
+            attrs[attr] = tuple(value) if isinstance(value, dict) else id(value) \
+                if isinstance(value, (torch.Tensor, torch.nn.Module)) else value
+        tree[path] = (type(m), type(m).forward, "forward" in vars(m), attrs)
+    return tree
+
+
+def _own_step(client, model, inputs, grad_out, path):
+    """Forward and backward on the model itself (no copy), in float32: outputs and gradients."""
+    model.zero_grad(set_to_none=True)
+    x = {k: v.detach().float().requires_grad_(k in ("s", "z")) for k, v in inputs.items()}
+    s, z = client.run(model, x, path)
+    torch.autograd.backward([s, z], [grad_out["s"].float(), grad_out["z"].float()])
+    grads = {f"d[{n}]": p.grad for n, p in model.named_parameters()}
+    grads.update(ds=x["s"].grad, dz=x["z"].grad)
+    model.zero_grad(set_to_none=True)
+    return {"s": s.detach(), "z": z.detach(), **grads}
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_disable_restores_every_module_exactly(name, seed, counted):
+    """Before enable() and after disable(), with our ops run in between (forward and backward, in
+    training mode, on the model itself): the same state dict bitwise, the same modules (classes,
+    forwards, attributes), the same client packages (every module's and class's attributes, by
+    identity) and bitwise the same outputs and gradients of the client's path."""
+    client = CLIENTS[name]
+    module = client.integration_module()
+    integration = module._integration
+    model = build(client, seed, dropout=0.25).float().train()
+    integration._plan(integration)  # imports every client module the integration touches
+    inputs, grad_out, _ = case(client, seed)
+    assert not module.is_enabled()
+
+    state = {k: v.clone() for k, v in model.state_dict().items()}
+    tree = _module_tree(model)
+    namespace = _client_namespace(integration.package)
+    torch.manual_seed(seed)
+    before = _own_step(client, model, inputs, grad_out, "pytorch")
+
+    module.enable()
+    try:
+        torch.manual_seed(seed)
+        _own_step(client, model, inputs, grad_out, "ours")
+        model.eval()
+        with torch.no_grad():
+            client.run(model, {k: v.float() for k, v in inputs.items()}, "ours")
+        model.train()
+    finally:
+        module.disable()
+    assert counted["attention"] > 0 and counted["trimul"] > 0, counted
+    assert not module.is_enabled()
+
+    after_state = model.state_dict()
+    assert list(after_state) == list(state)
+    for key, value in state.items():
+        got = after_state[key]
+        assert got.dtype == value.dtype and got.shape == value.shape, key
+        assert torch.equal(got, value), key
+    assert _module_tree(model) == tree
+    now = _client_namespace(integration.package)
+    assert set(now) == set(namespace), sorted(set(now) ^ set(namespace))
+    changed = sorted(f"{owner}.{attr}" for (owner, attr), value in namespace.items()
+                     if now[(owner, attr)] is not value)
+    assert not changed, changed
+    torch.manual_seed(seed)
+    after = _own_step(client, model, inputs, grad_out, "pytorch")
+    assert set(after) == set(before)
+    for key, ref in before.items():
+        assert (after[key] is None and ref is None) or torch.equal(after[key], ref), key
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_failed_enable_changes_nothing(name, monkeypatch):
+    """enable() is all or nothing: a change that cannot be made undoes those made before it."""
+    module = CLIENTS[name].integration_module()
+    integration = module._integration
+    seams = _seams(name)
+    before = [vars(owner).get(attr, "absent") for owner, attr in seams]
+    plan = integration._plan
+
+    def failing(it):
+        changes = plan(it)
+
+        def fail(original):
+            raise RuntimeError("cannot make this change")
+        return changes[:-1] + [(changes[-1][0], changes[-1][1], fail)]
+    monkeypatch.setattr(integration, "_plan", failing)
+    with pytest.raises(RuntimeError, match="cannot make this change"):
+        module.enable()
+    assert not module.is_enabled()
+    assert all(vars(owner).get(attr, "absent") is b for (owner, attr), b in zip(seams, before))

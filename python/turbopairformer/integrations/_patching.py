@@ -118,21 +118,22 @@ class Integration:
             return
         changes = self._plan(self)
         saved = []
-        for owner, name, make in changes:
-            original = vars(owner).get(name, _ABSENT)
-            saved.append((owner, name, original))
-            setattr(owner, name, make(None if original is _ABSENT else original))
+        try:
+            for owner, name, make in changes:
+                original = vars(owner).get(name, _ABSENT)
+                value = make(None if original is _ABSENT else original)
+                saved.append((owner, name, original))
+                setattr(owner, name, value)
+        except BaseException:
+            _restore(saved)  # all or nothing
+            raise
         self._saved = saved
 
     def disable(self) -> None:
         if self._saved is None:
             return
-        for owner, name, original in reversed(self._saved):
-            if original is _ABSENT:
-                delattr(owner, name)
-            else:
-                setattr(owner, name, original)
-        self._saved = None
+        saved, self._saved = self._saved, None
+        _restore(saved)
 
     def enabled(self) -> contextlib.AbstractContextManager:
         """Our ops inside the block; what was there before (on or off) after it."""
@@ -241,6 +242,17 @@ class Integration:
             return forced
 
         return owner, method, make
+
+
+def _restore(saved: list[tuple[Any, str, Any]]) -> None:
+    """Puts back what saved records, last change first (an attribute the owner did not hold is
+    removed again)."""
+    for owner, name, original in reversed(saved):
+        if original is _ABSENT:
+            if name in vars(owner):
+                delattr(owner, name)
+        else:
+            setattr(owner, name, original)
 
 
 def _name(owner: Any) -> str:

@@ -5,7 +5,9 @@ backward on its own PyTorch path and on ours (the integration enabled), in float
 autocast, and both are held against an FP64 run of its PyTorch path by the suite's accuracy rule
 (accuracy.py, FlashAttention-3's): s, z, their input gradients and every parameter gradient. The
 loss covers real tokens only. Also: ours really run (counted), gradients are bitwise identical over
-repeated steps, enable/disable restore the client's modules exactly, and a missing call site is an
+repeated steps, enable/disable restore the client's modules exactly (state dicts, modules, the
+client's packages and its outputs, before enable and after disable), inputs our ops do not take
+(float64) run the client's own path with the integration enabled, and a missing call site is an
 error naming the installed version.
 
 boltz-community 2.12.0 installs the same `boltz` package as boltz 2.2.1: scripts/setup puts it in

@@ -99,8 +99,9 @@ class Integration:
     """One client's changes. `plan(integration)` returns the changes as (owner, name, make) triples,
     owner a module or class, make(original) the new value (original is the attribute the owner
     itself holds, or None where it holds none); it raises IntegrationError before anything is
-    changed if a call site is missing. enable() applies them all, disable() restores exactly what
-    was there (an attribute the owner did not hold is removed again)."""
+    changed if a call site is missing. enable() applies them all or none (a change that fails
+    undoes those made before it), disable() restores exactly what was there (an attribute the owner
+    did not hold is removed again)."""
 
     def __init__(self, package: str, distributions: tuple[str, ...], tested: str,
                  plan: Callable[["Integration"], list[tuple[Any, str, Callable[[Any], Any]]]]):

@@ -72,8 +72,12 @@ def attention_takes(x: torch.Tensor, head_dim: int,
     """Whether our triangle attention takes what a triangle attention layer makes of its input x
     (the pair representation it projects q, k, v from) with heads of head_dim; layer: the one
     whose parameters make q, k, v (a backward follows if x or one of them requires grad)."""
-    return (isinstance(x, torch.Tensor) and x.dim() >= 3 and
-            attention_rule(op_dtype(x), x.device.type, head_dim, _needs_grad(x, layer)))
+    if not isinstance(x, torch.Tensor) or x.dim() < 3:
+        return False
+    dtype, device = op_dtype(x), x.device.type
+    # Only the CUDA kernels' rule asks whether a backward follows.
+    grad = device == "cuda" and dtype in _DTYPES[1:] and _needs_grad(x, layer)
+    return attention_rule(dtype, device, head_dim, grad)
 
 
 def trimul_takes(x: torch.Tensor) -> bool:

@@ -5,7 +5,9 @@ backward on its own PyTorch path and on ours (the integration enabled), in float
 autocast, and both are held against an FP64 run of its PyTorch path by the suite's accuracy rule
 (accuracy.py, FlashAttention-3's): s, z, their input gradients and every parameter gradient. The
 loss covers real tokens only. Also: ours really run (counted), gradients are bitwise identical over
-repeated steps, enable/disable restore the client's modules exactly, and a missing call site is an
+repeated steps, enable/disable restore the client's modules exactly (state dicts, modules, the
+client's packages and its outputs, before enable and after disable), inputs our ops do not take
+(float64) run the client's own path with the integration enabled, and a missing call site is an
 error naming the installed version.
 
 boltz-community 2.12.0 installs the same `boltz` package as boltz 2.2.1: scripts/setup puts it in
@@ -279,3 +281,190 @@ def test_boltz_community():
     probe = subprocess.run([sys.executable, "-c", "import boltz; print(boltz.__file__)"],
                            env=env, capture_output=True, text=True)
     assert str(where) in probe.stdout, probe.stdout + probe.stderr
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_float64_runs_the_clients_own_path(name, seed, counted):
+    """What our ops do not take (float64 here) runs the client's own PyTorch path with the
+    integration enabled, not our ops: a reference run in float64 (the client's float32 casts
+    widened, as the FP64 runs above) gives the client's own float64 results bitwise, forward and
+    backward."""
+    client = CLIENTS[name]
+    model = build(client, seed)
+    inputs, grad_out, _ = case(client, seed)
+    own = step(client, model, inputs, "pytorch", torch.float64, grad_out)
+    ours = step(client, model, inputs, "ours", torch.float64, grad_out)
+    assert counted == {"attention": 0, "trimul": 0}, counted
+    for got, want in zip(ours, own):
+        assert set(got) == set(want)
+        for key, ref in want.items():
+            assert got[key].dtype == torch.float64, key
+            assert (got[key] is None and ref is None) or torch.equal(got[key], ref), key
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_our_errors_still_raise(name, seed, monkeypatch):
+    """The fallback is decided from the inputs up front: an error inside our ops (a bug) on inputs
+    they take still raises."""
+    client = CLIENTS[name]
+    model = build(client, seed).float()
+    inputs, _, _ = case(client, seed)
+    inputs = {k: v.float() for k, v in inputs.items()}
+    module = client.integration_module()
+
+    def bug(*args, **kwargs):
+        raise RuntimeError("a bug in our op")
+    for op in ("triangle_attention", "triangle_multiplicative_update"):
+        monkeypatch.setattr(module, op, bug)
+    with pytest.raises(RuntimeError, match="a bug in our op"):
+        client.run(model, inputs, "ours")
+
+
+def test_which_inputs_our_ops_take():
+    """The one rule the integrations' fallbacks share (_patching): float32, bfloat16, float16 on the
+    CPU and CUDA; on CUDA, 16-bit attention only with the kernels' head dims (forward 8..128 in
+    8s, backward 16, 32, 64), the triangle multiplication with D a multiple of 8 up to 128."""
+    from turbopairformer.integrations._patching import (attention_rule, attention_takes,
+                                                        trimul_rule, trimul_takes)
+    f32, bf16, f16, f64 = torch.float32, torch.bfloat16, torch.float16, torch.float64
+    for dtype in (f32, bf16, f16):
+        for D in (4, 8, 12, 32, 160):
+            assert attention_rule(dtype, "cpu", D, grad=True)
+            assert trimul_rule(dtype, "cpu", D)
+        assert attention_rule(dtype, "cuda", 32, grad=True)
+        assert trimul_rule(dtype, "cuda", 128)
+        assert not trimul_rule(dtype, "cuda", 12) and not trimul_rule(dtype, "cuda", 136)
+        assert not attention_rule(dtype, "mps", 32, grad=False)
+    for D in (8, 24, 48, 128):
+        assert attention_rule(bf16, "cuda", D, grad=False)
+        assert attention_rule(f32, "cuda", D, grad=True)  # PyTorch's math in the op
+        assert not attention_rule(f16, "cuda", D, grad=True)
+    assert not attention_rule(bf16, "cuda", 12, grad=False)
+    assert not attention_rule(bf16, "cuda", 136, grad=False)
+    for device in ("cpu", "cuda"):
+        assert not attention_rule(f64, device, 32, grad=False)
+        assert not trimul_rule(f64, device, 32)
+    x = torch.zeros(1, 4, 4, 8)
+    assert attention_takes(x, 8) and trimul_takes(x)
+    assert not attention_takes(x.double(), 8) and not trimul_takes(x.double())
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        assert attention_takes(x, 8) and trimul_takes(x)
+        assert not attention_takes(x.double(), 8)
+    meta = torch.empty(1, 4, 4, 8, device="meta")
+    assert not attention_takes(meta, 8) and not trimul_takes(meta)
+
+
+def _client_namespace(package: str) -> dict:
+    """Every attribute of the client's imported modules and of the classes defined in them, by
+    (module or class name, attribute): the object itself (compared by identity)."""
+    found = {}
+    for module_name, module in list(sys.modules.items()):
+        if module is None or not (module_name == package or module_name.startswith(package + ".")):
+            continue
+        for attr, value in list(vars(module).items()):
+            if attr == "__warningregistry__":  # the warnings module's record of what it showed
+                continue
+            found[(module_name, attr)] = value
+            if isinstance(value, type) and value.__module__ == module_name:
+                for cls_attr, cls_value in list(vars(value).items()):
+                    found[(f"{module_name}.{value.__qualname__}", cls_attr)] = cls_value
+    return found
+
+
+def _module_tree(model: torch.nn.Module) -> dict:
+    """Each submodule's class, its forward as the class resolves it, and its instance attributes
+    (tensors and modules by identity; the containers' keys)."""
+    tree = {}
+    for path, m in model.named_modules():
+        attrs = {}
+        for attr, value in vars(m).items():
+            attrs[attr] = tuple(value) if isinstance(value, dict) else id(value) \
+                if isinstance(value, (torch.Tensor, torch.nn.Module)) else value
+        tree[path] = (type(m), type(m).forward, "forward" in vars(m), attrs)
+    return tree
+
+
+def _own_step(client, model, inputs, grad_out, path):
+    """Forward and backward on the model itself (no copy), in float32: outputs and gradients."""
+    model.zero_grad(set_to_none=True)
+    x = {k: v.detach().float().requires_grad_(k in ("s", "z")) for k, v in inputs.items()}
+    s, z = client.run(model, x, path)
+    torch.autograd.backward([s, z], [grad_out["s"].float(), grad_out["z"].float()])
+    grads = {f"d[{n}]": p.grad for n, p in model.named_parameters()}
+    grads.update(ds=x["s"].grad, dz=x["z"].grad)
+    model.zero_grad(set_to_none=True)
+    return {"s": s.detach(), "z": z.detach(), **grads}
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_disable_restores_every_module_exactly(name, seed, counted):
+    """Before enable() and after disable(), with our ops run in between (forward and backward, in
+    training mode, on the model itself): the same state dict bitwise, the same modules (classes,
+    forwards, attributes), the same client packages (every module's and class's attributes, by
+    identity) and bitwise the same outputs and gradients of the client's path."""
+    client = CLIENTS[name]
+    module = client.integration_module()
+    integration = module._integration
+    model = build(client, seed, dropout=0.25).float().train()
+    integration._plan(integration)  # imports every client module the integration touches
+    inputs, grad_out, _ = case(client, seed)
+    assert not module.is_enabled()
+
+    state = {k: v.clone() for k, v in model.state_dict().items()}
+    tree = _module_tree(model)
+    namespace = _client_namespace(integration.package)
+    torch.manual_seed(seed)
+    before = _own_step(client, model, inputs, grad_out, "pytorch")
+
+    module.enable()
+    try:
+        torch.manual_seed(seed)
+        _own_step(client, model, inputs, grad_out, "ours")
+        model.eval()
+        with torch.no_grad():
+            client.run(model, {k: v.float() for k, v in inputs.items()}, "ours")
+        model.train()
+    finally:
+        module.disable()
+    assert counted["attention"] > 0 and counted["trimul"] > 0, counted
+    assert not module.is_enabled()
+
+    after_state = model.state_dict()
+    assert list(after_state) == list(state)
+    for key, value in state.items():
+        got = after_state[key]
+        assert got.dtype == value.dtype and got.shape == value.shape, key
+        assert torch.equal(got, value), key
+    assert _module_tree(model) == tree
+    now = _client_namespace(integration.package)
+    assert set(now) == set(namespace), sorted(set(now) ^ set(namespace))
+    changed = sorted(f"{owner}.{attr}" for (owner, attr), value in namespace.items()
+                     if now[(owner, attr)] is not value)
+    assert not changed, changed
+    torch.manual_seed(seed)
+    after = _own_step(client, model, inputs, grad_out, "pytorch")
+    assert set(after) == set(before)
+    for key, ref in before.items():
+        assert (after[key] is None and ref is None) or torch.equal(after[key], ref), key
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_failed_enable_changes_nothing(name, monkeypatch):
+    """enable() is all or nothing: a change that cannot be made undoes those made before it."""
+    module = CLIENTS[name].integration_module()
+    integration = module._integration
+    seams = _seams(name)
+    before = [vars(owner).get(attr, "absent") for owner, attr in seams]
+    plan = integration._plan
+
+    def failing(it):
+        changes = plan(it)
+
+        def fail(original):
+            raise RuntimeError("cannot make this change")
+        return changes[:-1] + [(changes[-1][0], changes[-1][1], fail)]
+    monkeypatch.setattr(integration, "_plan", failing)
+    with pytest.raises(RuntimeError, match="cannot make this change"):
+        module.enable()
+    assert not module.is_enabled()
+    assert all(vars(owner).get(attr, "absent") is b for (owner, attr), b in zip(seams, before))

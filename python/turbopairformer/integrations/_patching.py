@@ -1,6 +1,9 @@
 """What the client integrations share: a set of attribute changes applied together and undone
 together, checks that a client's call sites are where the integration expects them (with the
-installed version in the error), and a wrapper that forces a keyword argument of a method."""
+installed version in the error), a wrapper that forces a keyword argument of a method, and the one
+rule of which inputs our ops take (attention_takes, trimul_takes): a patched layer given others
+runs the client's own PyTorch path (Fallback), decided up front from the inputs' dtype, device and
+shapes, never by catching our ops' errors (a real bug still raises)."""
 from __future__ import annotations
 
 import contextlib
@@ -11,9 +14,85 @@ import inspect
 import sys
 from pathlib import Path
 from types import ModuleType
-from typing import Any, Callable, Iterator, Optional
+from typing import Any, Callable, Iterator, NamedTuple, Optional
+
+import torch
 
 _ABSENT = object()
+
+# What our ops take (src/ops, src/kernels): float32, bfloat16 and float16 on the CPU and CUDA. On
+# CUDA, 16-bit triangle attention runs the kernels, whose forward takes head dims D = 8, 16, ...,
+# 128 and whose backward D = 16, 32, 64 (float32 takes PyTorch's math there, any D); the triangle
+# multiplication's kernels (every dtype) take D a multiple of 8 up to 128.
+_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+_DEVICES = ("cpu", "cuda")
+_ATTENTION_FORWARD_HEAD_DIMS = frozenset(range(8, 129, 8))
+_ATTENTION_BACKWARD_HEAD_DIMS = frozenset((16, 32, 64))
+_TRIMUL_MAX_D = 128
+
+
+def op_dtype(x: torch.Tensor) -> torch.dtype:
+    """The dtype our ops compute x in: autocast's on x's device for a float32, bfloat16 or float16
+    x (as our ops and the client's projections cast it), x's own otherwise (float64 is not
+    autocast's to cast)."""
+    if x.dtype in _DTYPES and x.device.type in _DEVICES and torch.is_autocast_enabled(
+            x.device.type):
+        return torch.get_autocast_dtype(x.device.type)
+    return x.dtype
+
+
+def attention_rule(dtype: torch.dtype, device: str, head_dim: int, grad: bool) -> bool:
+    """Whether our triangle attention takes q, k, v of this dtype (as computed: op_dtype), device
+    type and head dim; grad: whether a backward will follow."""
+    if dtype not in _DTYPES or device not in _DEVICES or head_dim < 1:
+        return False
+    if device == "cuda" and dtype != torch.float32:
+        return head_dim in (_ATTENTION_BACKWARD_HEAD_DIMS if grad else
+                            _ATTENTION_FORWARD_HEAD_DIMS)
+    return True
+
+
+def trimul_rule(dtype: torch.dtype, device: str, width: int) -> bool:
+    """Whether our triangle multiplication takes x of this dtype (op_dtype), device type and
+    width D."""
+    if dtype not in _DTYPES or device not in _DEVICES or width < 1:
+        return False
+    return device != "cuda" or (width % 8 == 0 and width <= _TRIMUL_MAX_D)
+
+
+def _needs_grad(x: torch.Tensor, layer: Optional[torch.nn.Module]) -> bool:
+    if not torch.is_grad_enabled():
+        return False
+    return x.requires_grad or (layer is not None and
+                               any(p.requires_grad for p in layer.parameters()))
+
+
+def attention_takes(x: torch.Tensor, head_dim: int,
+                    layer: Optional[torch.nn.Module] = None) -> bool:
+    """Whether our triangle attention takes what a triangle attention layer makes of its input x
+    (the pair representation it projects q, k, v from) with heads of head_dim; layer: the one
+    whose parameters make q, k, v (a backward follows if x or one of them requires grad)."""
+    if not isinstance(x, torch.Tensor) or x.dim() < 3:
+        return False
+    dtype, device = op_dtype(x), x.device.type
+    # Only the CUDA kernels' rule asks whether a backward follows.
+    grad = device == "cuda" and dtype in _DTYPES[1:] and _needs_grad(x, layer)
+    return attention_rule(dtype, device, head_dim, grad)
+
+
+def trimul_takes(x: torch.Tensor) -> bool:
+    """Whether our triangle multiplication takes a layer's input x [*, S, S, D]."""
+    return (isinstance(x, torch.Tensor) and x.dim() >= 3 and
+            trimul_rule(op_dtype(x), x.device.type, x.shape[-1]))
+
+
+class Fallback(NamedTuple):
+    """A patched method's way back to the client's own path: takes(self, *inputs) says whether
+    our ops take the inputs (the method's arguments of those names); when not, the method runs
+    with `values` (the client's switch set to its PyTorch path), its other arguments as given."""
+    inputs: tuple[str, ...]
+    takes: Callable[..., bool]
+    values: dict
 
 
 class IntegrationError(RuntimeError):
@@ -24,8 +103,9 @@ class Integration:
     """One client's changes. `plan(integration)` returns the changes as (owner, name, make) triples,
     owner a module or class, make(original) the new value (original is the attribute the owner
     itself holds, or None where it holds none); it raises IntegrationError before anything is
-    changed if a call site is missing. enable() applies them all, disable() restores exactly what
-    was there (an attribute the owner did not hold is removed again)."""
+    changed if a call site is missing. enable() applies them all or none (a change that fails
+    undoes those made before it), disable() restores exactly what was there (an attribute the owner
+    did not hold is removed again)."""
 
     def __init__(self, package: str, distributions: tuple[str, ...], tested: str,
                  plan: Callable[["Integration"], list[tuple[Any, str, Callable[[Any], Any]]]]):
@@ -43,21 +123,22 @@ class Integration:
             return
         changes = self._plan(self)
         saved = []
-        for owner, name, make in changes:
-            original = vars(owner).get(name, _ABSENT)
-            saved.append((owner, name, original))
-            setattr(owner, name, make(None if original is _ABSENT else original))
+        try:
+            for owner, name, make in changes:
+                original = vars(owner).get(name, _ABSENT)
+                value = make(None if original is _ABSENT else original)
+                saved.append((owner, name, original))
+                setattr(owner, name, value)
+        except BaseException:
+            _restore(saved)  # all or nothing
+            raise
         self._saved = saved
 
     def disable(self) -> None:
         if self._saved is None:
             return
-        for owner, name, original in reversed(self._saved):
-            if original is _ABSENT:
-                delattr(owner, name)
-            else:
-                setattr(owner, name, original)
-        self._saved = None
+        saved, self._saved = self._saved, None
+        _restore(saved)
 
     def enabled(self) -> contextlib.AbstractContextManager:
         """Our ops inside the block; what was there before (on or off) after it."""
@@ -125,30 +206,58 @@ class Integration:
             raise self.missing(f"a use of {name} in {getattr(function, '__qualname__', function)}")
 
     def forcing(self, owner: type, method: str, when: Optional[Callable[..., bool]] = None,
+                fallback: Optional[Fallback] = None,
                 **values: Any) -> tuple[type, str, Callable[[Any], Any]]:
         """The change that makes owner.method run with these keyword arguments whatever its caller
-        passed (when(*args, **kwargs) is true, if given)."""
+        passed (when(*args, **kwargs) is true, if given), or, for inputs our ops do not take
+        (fallback, if given), with fallback.values instead."""
         original = self.attribute(owner, method)
-        parameters = list(inspect.signature(original).parameters)
-        for name in values:
+        signature = inspect.signature(original)
+        parameters = list(signature.parameters)
+        named = list(values) + (list(fallback.inputs) + list(fallback.values) if fallback else [])
+        for name in named:
             if name not in parameters:
                 raise self.missing(f"the argument {name} of {_name(owner)}.{method}")
-        positions = {name: parameters.index(name) for name in values}
+        positions = {name: parameters.index(name) for name in named}
+        defaults = {name: signature.parameters[name].default for name in named}
+
+        def argument(args, kwargs, name):
+            if positions[name] < len(args):
+                return args[positions[name]]
+            return kwargs.get(name, defaults[name])
+
+        def setting(args, kwargs, chosen):
+            args = list(args)
+            for name, value in chosen.items():
+                if positions[name] < len(args):
+                    args[positions[name]] = value
+                else:
+                    kwargs[name] = value
+            return args, kwargs
 
         def make(original):
             @functools.wraps(original)
             def forced(*args, **kwargs):
-                if when is None or when(*args, **kwargs):
-                    args = list(args)
-                    for name, value in values.items():
-                        if positions[name] < len(args):
-                            args[positions[name]] = value
-                        else:
-                            kwargs[name] = value
+                if fallback is not None and not fallback.takes(
+                        args[0], *(argument(args, kwargs, name) for name in fallback.inputs)):
+                    args, kwargs = setting(args, kwargs, fallback.values)
+                elif when is None or when(*args, **kwargs):
+                    args, kwargs = setting(args, kwargs, values)
                 return original(*args, **kwargs)
             return forced
 
         return owner, method, make
+
+
+def _restore(saved: list[tuple[Any, str, Any]]) -> None:
+    """Puts back what saved records, last change first (an attribute the owner did not hold is
+    removed again)."""
+    for owner, name, original in reversed(saved):
+        if original is _ABSENT:
+            if name in vars(owner):
+                delattr(owner, name)
+        else:
+            setattr(owner, name, original)
 
 
 def _name(owner: Any) -> str:

@@ -12,11 +12,14 @@ Boltz hands q, k, v as strided [B, I, H, J, D] views, a bool mask [B, I, 1, 1, J
 autocast, the triangle multiplication a float32 pair with float32 weights: our ops take all of these
 as cuEquivariance does (that last one in the autocast dtype). boltz-community remembers a failed
 kernel call and then stays on PyTorch; enable() starts it with a clean record (disable() restores
-the old one). The single track (AttentionPairBias, transitions) runs as Boltz runs it.
+the old one). Inputs our ops do not take (float64, say, or on CUDA a head dim our kernels do not
+cover: _patching.attention_takes and trimul_takes) run the layers' PyTorch path (`use_kernels=False`).
+The single track (AttentionPairBias, transitions) runs as Boltz runs it.
 """
 from __future__ import annotations
 
-from turbopairformer.integrations._patching import Integration, replace
+from turbopairformer.integrations._patching import (Fallback, Integration, attention_takes,
+                                                    replace, trimul_takes)
 from turbopairformer.ops.attention import triangle_attention
 from turbopairformer.ops.trimul import triangle_multiplicative_update
 
@@ -26,6 +29,12 @@ __all__ = ["enable", "disable", "enabled", "disabled", "is_enabled"]
 def _kernel_triangular_attn(q, k, v, tri_bias, mask, scale):
     """Boltz's kernel_triangular_attn, on our op."""
     return triangle_attention(q, k, v, tri_bias, mask=mask, scale=scale)
+
+
+# A triangle layer given inputs our ops do not take runs Boltz's PyTorch path.
+_ATTENTION_FALLBACK = Fallback(("x",), lambda layer, x: attention_takes(x, layer.mha.c_hidden, layer),
+                               {"use_kernels": False})
+_TRIMUL_FALLBACK = Fallback(("x",), lambda layer, x: trimul_takes(x), {"use_kernels": False})
 
 
 def _calls_kernel(it: Integration, module, function, kernel: str) -> None:
@@ -48,12 +57,13 @@ def _plan(it: Integration):
     changes = [
         replace(primitives, "kernel_triangular_attn", _kernel_triangular_attn),
         replace(trimul, "kernel_triangular_mult", triangle_multiplicative_update),
-        it.forcing(attention.TriangleAttention, "forward", use_kernels=True),
+        it.forcing(attention.TriangleAttention, "forward", fallback=_ATTENTION_FALLBACK,
+                   use_kernels=True),
     ]
     for name in ("TriangleMultiplicationOutgoing", "TriangleMultiplicationIncoming"):
         layer = it.attribute(trimul, name)
         _calls_kernel(it, trimul, it.attribute(layer, "forward"), "kernel_triangular_mult")
-        changes.append(it.forcing(layer, "forward", use_kernels=True))
+        changes.append(it.forcing(layer, "forward", fallback=_TRIMUL_FALLBACK, use_kernels=True))
     for module in (primitives, trimul):
         if isinstance(vars(module).get("_kernel_failure"), dict):
             changes.append(replace(module, "_kernel_failure", {"reason": None}))

@@ -6,8 +6,8 @@
 //     order, enters each slice's S = Q K^T accumulator as its initial value (masked keys as
 //     -inf): one 32 KB bulk copy per key tile, shared by the G slices;
 //   - K and V tiles by TMA (5-d descriptors over the strided tensors, swizzled);
-//   - S = Q K^T and O += P [V | 1] by warpgroup MMAs with A (Q, P) in registers, the ones column
-//     of the second giving the row sums of P;
+//   - S = Q K^T and O += P V by warpgroup MMAs with A (Q, P) in registers; the row sums of P are
+//     added in fp32 registers from the unrounded P (FlashAttention-3's way);
 //   - online softmax with one FFMA per score before the exponential, conditional rescaling, and
 //     part of the exponentials on the FMA pipe (forward_sm90_softmax.cuh).
 // The producer's registers go to the consumers (setmaxnreg). Every sum runs in a fixed order:
@@ -59,24 +59,6 @@ __global__ void __launch_bounds__(kThreads, 1)
     cutlass::arch::fence_barrier_init();
   }
   load_mask_words<L::G>(p, t, words);
-  if (warpgroup > 0) {
-    // The ones atom(s) of O = P [V | 1]; written through the generic proxy, read by the MMAs.
-    const uint16_t one = std::is_same_v<T, __nv_bfloat16> ? 0x3F80 : 0x3C00;
-    const int ct = threadIdx.x - 128;
-    constexpr int kOnesWords = L::kOnesBytes / 4;
-    const uint32_t ones2 = uint32_t(one) | uint32_t(one) << 16;
-    if constexpr (L::kSharedOnes) {
-      for (int w = ct; w < kOnesWords; w += kConsumers * 128)
-        reinterpret_cast<uint32_t*>(smem + L::kOnes)[w] = ones2;
-    } else {
-      for (int w = ct; w < kStages * L::G * kOnesWords; w += kConsumers * 128) {
-        const int slot = w / kOnesWords, s = slot / L::G, g = slot % L::G;
-        reinterpret_cast<uint32_t*>(smem + s * L::kStageBytes + L::v_offset(g) +
-                                    L::kTileBytes)[w % kOnesWords] = ones2;
-      }
-    }
-    cutlass::arch::fence_view_async_shared();
-  }
   __syncthreads();
 
   if (warpgroup == 0) {
@@ -91,6 +73,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     for (int g = 0; g < L::G; ++g) {
       load_q_fragments<T, DP>(p, t.b, t.n0 + g, t.h, row0, lane, st.qf[g]);
       st.m[g][0] = st.m[g][1] = -INFINITY;
+      st.l[g][0] = st.l[g][1] = 0.f;
 #pragma unroll
       for (int i = 0; i < L::kPvBlocks; ++i)
         st.o[g][i][0] = st.o[g][i][1] = st.o[g][i][2] = st.o[g][i][3] = 0.f;
@@ -98,7 +81,8 @@ __global__ void __launch_bounds__(kThreads, 1)
     consume<T, DP>(p, t, smem, words, st, wg, warp, lane);
 #pragma unroll
     for (int g = 0; g < L::G; ++g)
-      store_slice<T, DP, L::kPvBlocks>(p, t.b, t.n0 + g, t.h, row0, st.o[g], st.m[g], lane);
+      store_slice<T, DP, L::kPvBlocks>(p, t.b, t.n0 + g, t.h, row0, st.o[g], st.m[g], st.l[g],
+                                       lane);
   }
 }
 

@@ -7,6 +7,7 @@
 #include <cmath>
 
 #include "kernels/attention/forward_sm90_params.h"
+#include "kernels/attention/forward_sm90_softmax.cuh"
 #include "kernels/common/mma.cuh"
 
 namespace tpf::cuda::fwd90 {
@@ -24,14 +25,17 @@ __device__ __forceinline__ void store_o_pair(T* dst, __nv_bfloat16* res, float x
   }
 }
 
-// o: the accumulator of P [V | 1], so o[DP / 8] holds each row's sum of P (every column of that
-// block, in particular both of this thread's). m in acc units: lse = m |scale| + ln(l). A row
-// with l = 0 (no finite score, or a fully masked slice) gets O = 0 and lse = +inf.
+// o: the accumulator of P V; l_part: this thread's partial fp32 row sums of P (softmax_tile, in
+// the scale of o), added over the quad here. m in acc units: lse = m |scale| + ln(l), natural log
+// as before. A row with l = 0 (no finite score, or a fully masked slice) gets O = 0 and
+// lse = +inf.
 template <typename T, int DP, int kPvBlocks>
 __device__ __forceinline__ void store_slice(const Params& p, int b, int n, int h, int row0,
                                             const float (&o)[kPvBlocks][4], const float (&m)[2],
-                                            int lane) {
-  if (n >= p.N) return;
+                                            const float (&l_part)[2], int lane) {
+  if (n >= p.N) return;  // the same n for the whole CTA: no lane of the warp goes on alone
+  float l[2] = {l_part[0], l_part[1]};
+  quad_row_sums(l);
   T* out = static_cast<T*>(p.o) + b * p.o_stride.b + n * p.o_stride.n + h * p.o_stride.h;
   __nv_bfloat16* res = p.residual
                            ? static_cast<__nv_bfloat16*>(p.residual) + b * p.residual_stride.b +
@@ -42,7 +46,7 @@ __device__ __forceinline__ void store_slice(const Params& p, int b, int n, int h
   for (int r = 0; r < 2; ++r) {
     const int row = row0 + (lane >> 2) + r * 8;
     if (row >= p.Sq) continue;
-    const float sum = o[DP / 8][2 * r];
+    const float sum = l[r];
     const float inv = sum > 0.f ? 1.f / sum : 0.f;
 #pragma unroll
     for (int i = 0; i < DP / 8; ++i) {

@@ -22,7 +22,7 @@ constexpr int padded_head_dim(int d) { return (d + 15) / 16 * 16; }
 
 // Slices (n) per CTA that share one bias tile: the bias is the same for every slice of a head, so
 // G slices read it once from L2 (bytes per score: 4 / G for the bias, 4 D / 128 for K and V).
-// Each slice keeps its own O (D + 8 fp32 columns per row) and Q fragments in registers, which
+// Each slice keeps its own O (D fp32 columns per row), row sums and Q fragments in registers, which
 // bounds G at larger D.
 constexpr int slices_per_cta(int padded_d) { return padded_d <= 32 ? 4 : padded_d <= 64 ? 2 : 1; }
 

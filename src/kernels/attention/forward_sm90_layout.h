@@ -15,24 +15,18 @@ struct Layout {
   static constexpr int W = DP % 64 == 0 ? 64 : DP % 32 == 0 ? 32 : 16;
   static constexpr int kBlocks = DP / W;
   static constexpr int G = slices_per_cta(DP);
-  // O = P [V | 1]: the ones column block gives each row's sum of P in the accumulator (no FADD
-  // per score), from the same rounded P as the numerator.
-  static constexpr int kPvN = DP + 8;
+  // O = P V: DP / 8 accumulator blocks of 8 columns. The row sums of P are not a column of this
+  // MMA: softmax_tile adds them from the fp32 P in registers (ConsumerState::l).
+  static constexpr int kPvN = DP;
   static constexpr int kPvBlocks = kPvN / 8;
   static constexpr uint32_t kBlockBytes = kKeys * W * 2;
   static constexpr uint32_t kTileBytes = kBlocks * kBlockBytes;  // one slice's K or V tile
-  // The ones atom sits at LBO past a V tile (the MMA's stride between W-wide atoms along N): one
-  // shared atom when V is a single atom wide (LBO = ones - V), else one after each V tile.
-  static constexpr bool kSharedOnes = kBlocks == 1;
-  static constexpr uint32_t kOnesBytes = kBlockBytes;
-  static constexpr uint32_t kVSlot = kTileBytes + (kSharedOnes ? 0 : kOnesBytes);
   static constexpr uint32_t kBiasBytes = kBiasTileFloats * 4;
-  static constexpr uint32_t kStageBytes = kBiasBytes + G * (kTileBytes + kVSlot);
-  static constexpr uint32_t kLoadBytes = kBiasBytes + G * 2 * kTileBytes;  // TMA bytes per stage
+  static constexpr uint32_t kStageBytes = kBiasBytes + G * 2 * kTileBytes;
+  static constexpr uint32_t kLoadBytes = kStageBytes;  // TMA bytes per stage: all of it
   static constexpr uint32_t k_offset(int g) { return kBiasBytes + g * kTileBytes; }
-  static constexpr uint32_t v_offset(int g) { return kBiasBytes + G * kTileBytes + g * kVSlot; }
-  static constexpr uint32_t kOnes = kStages * kStageBytes;
-  static constexpr uint32_t kBarriers = kOnes + (kSharedOnes ? kOnesBytes : 0);
+  static constexpr uint32_t v_offset(int g) { return kBiasBytes + (G + g) * kTileBytes; }
+  static constexpr uint32_t kBarriers = kStages * kStageBytes;
   static constexpr uint32_t kWords = kBarriers + 2 * kStages * 8;
   // + 1024: the base is rounded up to 1024 bytes (the 128-byte swizzle's period).
   static size_t smem_bytes(int key_tiles) { return kWords + size_t(G) * key_tiles * 8 + 1024; }

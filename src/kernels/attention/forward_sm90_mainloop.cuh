@@ -129,6 +129,7 @@ struct ConsumerState {
   uint32_t qf[L::G][DP / 16][4];
   float o[L::G][L::kPvBlocks][4];
   float m[L::G][2];
+  float l[L::G][2];  // this thread's partial row sums of the fp32 P (softmax_tile), O's scale
 };
 
 template <typename T, int DP>
@@ -173,22 +174,35 @@ __device__ __forceinline__ void consume(const Params& p, const Tile& t, uint8_t*
         const int col = ks * 16;
         const uint32_t addr =
             stage + L::k_offset(g) + (col / L::W) * L::kBlockBytes + (col % L::W) * 2;
-        wgmma_rs<T, kKeys, gmma::Major::K>(sc, st.qf[g][ks], smem_desc<L::W>(addr, 16));
+        if constexpr (L::kPvN != kKeys) {
+          wgmma_rs<T, kKeys, gmma::Major::K>(sc, st.qf[g][ks], smem_desc<L::W>(addr, 16));
+        } else {
+          // DP = 64: the PV product is m64n64k16 too, and ptxas (CUDA 13.0) given two chains of
+          // that one shape put P into the registers of Q's fragments, which the next key tile
+          // still reads (found in the SASS of f3bc00f, whose D = 56 and 64 were wrong). Keys
+          // 0-31 and 32-63 as two m64n32k16 products (the second half of the K tile starts
+          // 32 rows = 64 W bytes further, a whole number of swizzle periods).
+          wgmma_rs<T, kKeys / 2, gmma::Major::K>(
+              reinterpret_cast<float(&)[kKeys / 16][4]>(sc[0]), st.qf[g][ks],
+              smem_desc<L::W>(addr, 16));
+          wgmma_rs<T, kKeys / 2, gmma::Major::K>(
+              reinterpret_cast<float(&)[kKeys / 16][4]>(sc[kKeys / 16]), st.qf[g][ks],
+              smem_desc<L::W>(addr + (kKeys / 2) * 2 * L::W, 16));
+        }
       }
       cute::warpgroup_commit_batch();
       cute::warpgroup_wait<0>();
       fence_operands(sc);
       uint32_t pa[kKeys / 16][4];
-      softmax_tile<T, L::kPvBlocks>(sc, st.m[g], st.o[g], pa, c, rescale_acc);
-      // O += P [V | 1]
+      softmax_tile<T, L::kPvBlocks>(sc, st.m[g], st.l[g], st.o[g], pa, c, rescale_acc);
+      // O += P V
       fence_operands(st.o[g]);
       cute::warpgroup_arrive();
       const uint32_t v_tile = stage + L::v_offset(g);
-      const uint32_t lbo = L::kSharedOnes ? smem_base + L::kOnes - v_tile : L::kBlockBytes;
 #pragma unroll
       for (int kk = 0; kk < kKeys / 16; ++kk)
-        wgmma_rs<T, L::kPvN, gmma::Major::MN>(st.o[g], pa[kk],
-                                              smem_desc<L::W>(v_tile + kk * 16 * 2 * L::W, lbo));
+        wgmma_rs<T, L::kPvN, gmma::Major::MN>(
+            st.o[g], pa[kk], smem_desc<L::W>(v_tile + kk * 16 * 2 * L::W, L::kBlockBytes));
       cute::warpgroup_commit_batch();
     }
     cute::warpgroup_wait<0>();  // every MMA that read this stage is done

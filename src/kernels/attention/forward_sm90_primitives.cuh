@@ -8,7 +8,7 @@
 #include <cstdint>
 #include <utility>
 
-// The N = 24, 40, 56, ... 136 shapes of the PV product (D + 8) are CuTe's "extended" atoms.
+// Some N = DP shapes of the PV product (48, 80, 112) are CuTe's "extended" atoms.
 #ifndef CUTE_SM90_EXTENDED_MMA_SHAPES_ENABLED
 #define CUTE_SM90_EXTENDED_MMA_SHAPES_ENABLED
 #endif
@@ -35,15 +35,14 @@ struct RsAtom;
   struct RsAtom<__half, N, B> {                                           \
     using type = gmma::MMA_64x##N##x16_F32F16F16_RS<gmma::Major::K, B>;   \
   };
-TPF_RS_ATOM(24)
-TPF_RS_ATOM(40)
-TPF_RS_ATOM(56)
+TPF_RS_ATOM(16)
+TPF_RS_ATOM(32)
+TPF_RS_ATOM(48)
 TPF_RS_ATOM(64)
-TPF_RS_ATOM(72)
-TPF_RS_ATOM(88)
-TPF_RS_ATOM(104)
-TPF_RS_ATOM(120)
-TPF_RS_ATOM(136)
+TPF_RS_ATOM(80)
+TPF_RS_ATOM(96)
+TPF_RS_ATOM(112)
+TPF_RS_ATOM(128)
 #undef TPF_RS_ATOM
 
 template <typename Atom, size_t... I>

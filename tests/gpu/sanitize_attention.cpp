@@ -155,8 +155,8 @@ Run run_forward(const Case& c, float* worst_out) {
     const bool inf_ref = std::isinf(lse_ref[i]);
     const double err = inf_ref ? 0.0 : std::fabs(double(lse_h[i]) - lse_ref[i]);
     if (inf_ref != std::isinf(lse_h[i]) || !(err <= kLseTol)) {
-      std::fprintf(stderr, "lse %zu: %.7g against %.7g (S=%lld D=%lld)\n", i, lse_h[i],
-                   lse_ref[i], (long long)S, (long long)D);
+      std::fprintf(stderr, "lse %zu: %.7g against %.7g (S=%lld D=%lld)\n", i, lse_h[i], lse_ref[i],
+                   (long long)S, (long long)D);
       std::exit(1);
     }
     lse_worst = std::fmax(lse_worst, err);

@@ -1,10 +1,11 @@
 // A small forward + backward through the C++ API with no Python, for compute-sanitizer
 // (memcheck, racecheck, synccheck, initcheck): bf16, sizes that are not tile multiples, masked keys
 // and a fully masked slice. The backward (the Hopper kernel, backward_sm90.cu) runs at head dims
-// 16, 32 and 64 with one and several key blocks, slice groups and query tiles: twice, and once more
-// in chunks of one slice group (TPF_ATTENTION_DQ_BUDGET_BYTES), all into fresh buffers whose
-// gradients must be finite and bitwise equal (the semaphore-ordered sums run in the same order
-// whatever the schedule and the chunking). Exits non-zero on any CUDA error, non-finite output or
+// 16, 32 and 64 and the padded 24 and 48, with bf16 and float32 biases, one and several key
+// blocks, slice groups and query tiles: twice, and once more in chunks of one slice group
+// (TPF_ATTENTION_DQ_BUDGET_BYTES), all into fresh buffers whose gradients must be finite and
+// bitwise equal (the semaphore-ordered sums run in the same order whatever the schedule and the
+// chunking). Exits non-zero on any CUDA error, non-finite output or
 // disagreement.
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
@@ -99,10 +100,10 @@ bool backward_cases() {
   using tpf::DType;
   // (S = 70: one key block, two query tiles; S = 200: two key blocks, four query tiles; N = 5:
   // several slice groups with a partial last one at every head dim.)
-  const BackwardCase cases[] = {{2, 5, 2, 70, 32},       {1, 5, 2, 200, 32},
-                                {1, 5, 1, 200, 16},      {1, 3, 1, 150, 64},
-                                {2, 5, 2, 70, 32, true}, {1, 5, 1, 200, 16, true},
-                                {1, 3, 1, 150, 64, true}};
+  const BackwardCase cases[] = {
+      {2, 5, 2, 70, 32},        {1, 5, 2, 200, 32},      {1, 5, 1, 200, 16},
+      {1, 3, 1, 150, 64},       {2, 5, 2, 70, 32, true}, {1, 5, 1, 200, 16, true},
+      {1, 3, 1, 150, 64, true}, {1, 4, 2, 90, 24},       {1, 3, 1, 130, 48, true}};
   std::mt19937 rng(11);
   for (const BackwardCase& c : cases) {
     std::printf(

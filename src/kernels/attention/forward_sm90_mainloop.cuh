@@ -182,9 +182,8 @@ __device__ __forceinline__ void consume(const Params& p, const Tile& t, uint8_t*
           // still reads (found in the SASS of f3bc00f, whose D = 56 and 64 were wrong). Keys
           // 0-31 and 32-63 as two m64n32k16 products (the second half of the K tile starts
           // 32 rows = 64 W bytes further, a whole number of swizzle periods).
-          wgmma_rs<T, kKeys / 2, gmma::Major::K>(
-              reinterpret_cast<float(&)[kKeys / 16][4]>(sc[0]), st.qf[g][ks],
-              smem_desc<L::W>(addr, 16));
+          wgmma_rs<T, kKeys / 2, gmma::Major::K>(reinterpret_cast<float(&)[kKeys / 16][4]>(sc[0]),
+                                                 st.qf[g][ks], smem_desc<L::W>(addr, 16));
           wgmma_rs<T, kKeys / 2, gmma::Major::K>(
               reinterpret_cast<float(&)[kKeys / 16][4]>(sc[kKeys / 16]), st.qf[g][ks],
               smem_desc<L::W>(addr + (kKeys / 2) * 2 * L::W, 16));

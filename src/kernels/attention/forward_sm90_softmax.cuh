@@ -88,11 +88,11 @@ __device__ __forceinline__ void softmax_tile(float (&s)[kKeys / 8][4], float (&m
       // The last kPolyExpBlocks column blocks on the FMA pipe, the rest on the MUFU.
       p[j][e] = j >= kKeys / 8 - kPolyExpBlocks ? ex2_poly(x) : ex2_mufu(x);
     }
-  // This tile's partial row sums: a fixed tree over the thread's 16 P of each row (bitwise
-  // reproducible), then added to l. Then one P of the row is made to depend on l by adding l * 0
-  // (exact: l is finite and p >= 0, so p + 0 = p) so that the sums are done before the PV MMA
-  // that reads P: left free, ptxas sinks every slice's sums past the later slices' MMAs and keeps
-  // their fp32 P live (measured: 86 spill instructions at DP = 32, 227 registers at DP = 16).
+    // This tile's partial row sums: a fixed tree over the thread's 16 P of each row (bitwise
+    // reproducible), then added to l. Then one P of the row is made to depend on l by adding l * 0
+    // (exact: l is finite and p >= 0, so p + 0 = p) so that the sums are done before the PV MMA
+    // that reads P: left free, ptxas sinks every slice's sums past the later slices' MMAs and keeps
+    // their fp32 P live (measured: 86 spill instructions at DP = 32, 227 registers at DP = 16).
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
     float t[kKeys / 8];

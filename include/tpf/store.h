@@ -17,6 +17,7 @@
 #include <span>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include "tpf/source.h"
@@ -185,6 +186,22 @@ class Index {
 // Index is independent of `source`; `headers`, when given, receives both slots as found.
 Index open_index(const ByteSource& source, bool recover = false, Headers* headers = nullptr);
 
+// A ByteSource over an open file descriptor (pread; retried on EINTR and short reads), for readers
+// of local files that do not map them. Does not own `fd`; `size` is the file size to expose.
+class FdSource final : public ByteSource {
+ public:
+  FdSource(int fd, std::string path, uint64_t size)
+      : fd_(fd), path_(std::move(path)), size_(size) {}
+  uint64_t size() const override { return size_; }
+  void read(uint64_t offset, size_t length, void* dst) const override;
+  std::string name() const override { return path_; }
+
+ private:
+  int fd_;
+  std::string path_;
+  uint64_t size_;
+};
+
 // (2) The byte range of record i is index.entry(i).offset, .stored_length.
 
 // (3) A decoded record. For an uncompressed record its arrays point into the caller's `stored`
@@ -195,6 +212,9 @@ class Record {
   const Field& field(size_t i) const { return layout_->fields[i]; }
   const std::string& key(size_t i) const { return (*keys_)[field(i).key_id]; }
   const std::byte* data(size_t i) const { return base_ + field(i).offset; }
+  // The decoded record: layout().raw_size bytes, field i at field(i).offset.
+  const std::byte* bytes() const { return base_; }
+  const Layout& layout() const { return *layout_; }
   // Position of `key`, or -1.
   int find(std::string_view key) const;
   bool owns_data() const { return owned_ != nullptr; }
@@ -204,6 +224,8 @@ class Record {
 
  private:
   friend Record decode_record(const Index&, uint64_t, std::span<const std::byte>, bool);
+  friend Record decode_record_into(const Index&, uint64_t, std::span<const std::byte>,
+                                   std::span<std::byte>, bool);
   const Layout* layout_ = nullptr;
   const std::vector<std::string>* keys_ = nullptr;
   const std::byte* base_ = nullptr;
@@ -213,7 +235,8 @@ class Record {
 // Decodes record i from its stored bytes (exactly entry(i).stored_length of them). With
 // `verify_checksum` the XXH3-64 of the stored bytes must match the entry. Throws tpf::Error naming
 // the record on a checksum mismatch or a record that does not decompress to its layout's size.
-// The Record refers to `index` (keep it alive).
+// The Record refers to `index` (keep it alive). tpf/record.h decodes into the caller's memory
+// instead and has the rules of the well-known keys.
 Record decode_record(const Index& index, uint64_t i, std::span<const std::byte> stored,
                      bool verify_checksum = true);
 

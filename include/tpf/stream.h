@@ -426,8 +426,8 @@ class ShardSet {
   SourceStats source_stats() const;
   // The manifests it was opened from (open_dataset), in order.
   const std::vector<Manifest>& manifests() const { return manifests_; }
-  // True when a record is stored compressed: decode() then gives it a buffer of its own.
-  bool compressed(uint64_t record) const;
+  // The committed index of a shard (its keys, layouts and entries).
+  const store::Index& index(uint32_t shard) const { return indexes_.at(shard); }
   // Decodes a record the prefetcher handed out (its checksum was already checked). The Record may
   // point into view.data: valid as long as the view is.
   store::Record decode(const RecordView& view) const;

@@ -19,10 +19,10 @@
 #include <string>
 #include <vector>
 
-#include "store/record.h"
 #include "store_records.h"
 #include "tpf/error.h"
 #include "tpf/parallel.h"
+#include "tpf/record.h"
 #include "tpf/store.h"
 
 namespace nb = nanobind;
@@ -107,12 +107,6 @@ void encode_utf8(PyArrayObject* a, const std::string& key, std::vector<char>& te
   width = uint32_t(w);
 }
 
-std::string shape_text(const uint64_t* shape, int ndim) {
-  std::string t = "[";
-  for (int d = 0; d < ndim; ++d) t += (d ? ", " : "") + std::to_string(shape[d]);
-  return t + "]";
-}
-
 std::string repr_of(PyObject* o) {
   nb::object r = nb::steal(PyObject_Repr(o));
   if (!r) {
@@ -120,34 +114,6 @@ std::string repr_of(PyObject* o) {
     return "?";
   }
   return nb::cast<std::string>(nb::handle(r.ptr()));
-}
-
-// The conventions of the well-known keys (FORMAT.md, "Well-known keys"): which keys are per
-// atom, which have fixed shapes, which are scalars, and the dtype rules of positions,
-// atomic_numbers and pbc. Checked on every append, in C++, so a record costs no Python per key.
-enum class Rule : uint8_t { any, per_atom, per_atom_xyz, cell, pbc, stress, scalar, identifier };
-
-Rule rule_of(std::string_view key) {
-  static const std::pair<std::string_view, Rule> rules[] = {{"positions", Rule::per_atom_xyz},
-                                                            {"forces", Rule::per_atom_xyz},
-                                                            {"velocities", Rule::per_atom_xyz},
-                                                            {"atomic_numbers", Rule::per_atom},
-                                                            {"charges", Rule::per_atom},
-                                                            {"b_factors", Rule::per_atom},
-                                                            {"occupancy", Rule::per_atom},
-                                                            {"residue_index", Rule::per_atom},
-                                                            {"residue_names", Rule::per_atom},
-                                                            {"chain_id", Rule::per_atom},
-                                                            {"atom_names", Rule::per_atom},
-                                                            {"cell", Rule::cell},
-                                                            {"pbc", Rule::pbc},
-                                                            {"stress", Rule::stress},
-                                                            {"energy", Rule::scalar},
-                                                            {"resolution", Rule::scalar},
-                                                            {"identifier", Rule::identifier}};
-  for (const auto& [k, r] : rules)
-    if (k == key) return r;
-  return Rule::any;
 }
 
 // One record's (or one batch's) values converted for the writer: the arrays the ArrayRefs point
@@ -169,12 +135,13 @@ class Converter {
     const char* k = PyUnicode_AsUTF8AndSize(key_obj, &len);
     if (!k) throw nb::python_error();
     const std::string_view key(k, size_t(len));  // kept alive by the caller's dict
-    const Rule rule = rule_of(key);
+    const store::KeyRule rule = store::key_rule(key);
     store::ArrayRef r;
     r.key = key;
     // A Python float (numpy's float64 too) is a float64 scalar, without making an array.
-    if (batch_ == 0 && PyFloat_Check(value) && (rule == Rule::any || rule == Rule::scalar)) {
-      check_shape(key, rule, r.shape, 0);
+    if (batch_ == 0 && PyFloat_Check(value) &&
+        (rule == store::KeyRule::any || rule == store::KeyRule::scalar)) {
+      keys_.check_shape(key, rule, r.shape, 0);
       scalars_.push_back(PyFloat_AS_DOUBLE(value));
       r.dtype = DType::f64;
       r.itemsize = 8;
@@ -182,10 +149,8 @@ class Converter {
       slots_.push_back({int(scalars_.size()) - 1, -1});
       return;
     }
-    if (rule == Rule::identifier && batch_ == 0 && !PyUnicode_Check(value)) {
-      throw Error("record field 'identifier' must be a str, got " +
-                  std::string(Py_TYPE(value)->tp_name));
-    }
+    if (rule == store::KeyRule::identifier && batch_ == 0 && !PyUnicode_Check(value))
+      throw store::key_kind_error(key, Py_TYPE(value)->tp_name);
     PyObject* arr =
         PyArray_FromAny(value, nullptr, 0, 0,
                         NPY_ARRAY_C_CONTIGUOUS | NPY_ARRAY_ALIGNED | NPY_ARRAY_NOTSWAPPED, nullptr);
@@ -199,18 +164,14 @@ class Converter {
     if (type == NPY_OBJECT)
       throw Error("record field '" + std::string(key) +
                   "' has no numeric or text dtype (got object)");
-    if (rule == Rule::identifier && batch_ > 0 &&
+    if (rule == store::KeyRule::identifier && batch_ > 0 &&
         (type != NPY_UNICODE || PyArray_NDIM(a) != 1 || PyArray_DIM(a, 0) != batch_))
       throw Error("batch column 'identifier' must be " + std::to_string(batch_) + " str, got " +
                   dtype_text(a) + " " + shape_text_of(a));
-    if (rule == Rule::per_atom_xyz && key == "positions") {
-      if (!PyTypeNum_ISFLOAT(type))
-        throw Error("record field 'positions' must be floating point, got " + dtype_text(a));
-      if (type != positions_type_) a = cast(a, positions_type_);
-    }
-    if (key == "atomic_numbers" && !PyTypeNum_ISINTEGER(type) && type != NPY_BOOL)
-      throw Error("record field 'atomic_numbers' must be integers, got " + dtype_text(a));
-    if (rule == Rule::pbc && type != NPY_BOOL) a = cast(a, NPY_BOOL);
+    if (!store::key_accepts_kind(key, PyArray_DESCR(a)->kind))
+      throw store::key_kind_error(key, dtype_text(a));
+    if (key == "positions" && type != positions_type_) a = cast(a, positions_type_);
+    if (rule == store::KeyRule::pbc && type != NPY_BOOL) a = cast(a, NPY_BOOL);
     const int lead = batch_ > 0 ? 1 : 0;
     if (batch_ > 0 && (PyArray_NDIM(a) == 0 || PyArray_DIM(a, 0) != batch_))
       throw Error("batch column '" + std::string(key) + "' must have a leading axis of " +
@@ -221,7 +182,7 @@ class Converter {
                   " dims, at most 8");
     r.ndim = ndim;
     for (int d = 0; d < ndim; ++d) r.shape[d] = uint64_t(PyArray_DIM(a, d + lead));
-    if (rule != Rule::identifier) check_shape(key, rule, r.shape, ndim);
+    keys_.check_shape(key, rule, r.shape, ndim);
     int text = -1;
     if (PyArray_TYPE(a) == NPY_UNICODE) {
       texts_.emplace_back();
@@ -272,47 +233,6 @@ class Converter {
     held_.push_back(nb::steal(c));
     return reinterpret_cast<PyArrayObject*>(c);
   }
-  // The shape rules of a well-known key; per-atom keys must agree on the number of atoms.
-  void check_shape(std::string_view key, Rule rule, const uint64_t* shape, int ndim) {
-    if (rule == Rule::any) return;
-    auto got = [&] { return shape_text(shape, ndim); };
-    const auto k = [&] { return std::string(key); };
-    switch (rule) {
-      case Rule::per_atom:
-      case Rule::per_atom_xyz:
-        if (ndim < 1)
-          throw Error("record field '" + k() + "' is per-atom and needs an atom axis, got shape " +
-                      got());
-        if (rule == Rule::per_atom_xyz && (ndim != 2 || shape[1] != 3))
-          throw Error("record field '" + k() + "' must have shape [n_atoms, 3], got " + got());
-        if (atoms_key_.empty()) {
-          atoms_key_ = key;
-          atoms_ = shape[0];
-        } else if (shape[0] != atoms_) {
-          throw Error("record field '" + k() + "' has " + std::to_string(shape[0]) +
-                      " atoms but '" + std::string(atoms_key_) + "' has " + std::to_string(atoms_));
-        }
-        return;
-      case Rule::cell:
-        if (ndim != 2 || shape[0] != 3 || shape[1] != 3)
-          throw Error("record field 'cell' must have shape [3, 3], got " + got());
-        return;
-      case Rule::pbc:
-        if (ndim != 1 || shape[0] != 3)
-          throw Error("record field 'pbc' must have shape [3], got " + got());
-        return;
-      case Rule::stress:
-        if (!(ndim == 1 && shape[0] == 6) && !(ndim == 2 && shape[0] == 3 && shape[1] == 3))
-          throw Error("record field 'stress' must have shape [6] or [3, 3], got " + got());
-        return;
-      case Rule::scalar:
-        if (ndim != 0)
-          throw Error("record field '" + k() + "' must be a scalar, got shape " + got());
-        return;
-      default: return;
-    }
-  }
-
   int positions_type_;
   npy_intp batch_;
   std::vector<store::ArrayRef> refs_;
@@ -320,8 +240,7 @@ class Converter {
   std::vector<std::vector<char>> texts_;
   std::vector<Slot> slots_;
   std::vector<double> scalars_;
-  std::string_view atoms_key_;  // the first per-atom key (kept alive by the caller's dict)
-  uint64_t atoms_ = 0;
+  store::KeyChecker keys_;  // FORMAT.md's well-known keys, checked field by field
 };
 
 class PyWriter {
@@ -448,34 +367,6 @@ PyObject* utf8_object(const char* chars, uint64_t width, int ndim, const npy_int
   return owner.release().ptr();
 }
 
-// A numpy object for one field: a read-only view on `data` (owned by `base`), a numpy scalar for
-// a 0-d numeric field, str / a "U" array for utf8 text.
-PyObject* field_object(const store::Field& f, const std::byte* data, PyObject* base,
-                       const std::string& source_name, uint64_t record) {
-  npy_intp dims[store::kMaxFieldDims];
-  for (int d = 0; d < f.ndim; ++d) dims[d] = npy_intp(f.shape[d]);
-  if (f.dtype == DType::utf8)
-    return utf8_object(reinterpret_cast<const char*>(data), f.itemsize, f.ndim, dims,
-                       [&] { return source_name + ": record " + std::to_string(record); });
-  PyArray_Descr* descr = f.dtype == DType::bytes ? text_descr('S', f.itemsize)
-                                                 : PyArray_DescrFromType(numpy_type(f.dtype));
-  if (f.ndim == 0 && f.dtype != DType::bytes) {
-    PyObject* s = PyArray_Scalar(const_cast<std::byte*>(data), descr, nullptr);
-    Py_DECREF(descr);
-    return s;
-  }
-  PyObject* arr = PyArray_NewFromDescr(&PyArray_Type, descr, f.ndim, dims, nullptr,
-                                       const_cast<std::byte*>(data),
-                                       NPY_ARRAY_C_CONTIGUOUS | NPY_ARRAY_ALIGNED, nullptr);
-  if (!arr) throw nb::python_error();
-  Py_INCREF(base);
-  if (PyArray_SetBaseObject(reinterpret_cast<PyArrayObject*>(arr), base) != 0) {
-    Py_DECREF(arr);
-    throw nb::python_error();
-  }
-  return arr;
-}
-
 // A numpy scalar of type `type` holding the `itemsize` bytes at `data`, made directly (numpy's
 // PyArray_Scalar looks the type up and checks it again for every call).
 PyObject* numeric_scalar(int type, const std::byte* data) {
@@ -521,13 +412,7 @@ class PyReader {
     recover_ = recover;
     r_ = store::Reader::open(path, o);
     mapping_ = owner_capsule(r_);
-    for (const std::string& k : r_->index().keys()) {
-      PyObject* s = PyUnicode_FromStringAndSize(k.data(), Py_ssize_t(k.size()));
-      if (!s) throw nb::python_error();
-      PyUnicode_InternInPlace(&s);
-      keys_.push_back(nb::steal(s));
-    }
-    plans_.resize(r_->index().layouts().size());
+    dicts_ = std::make_unique<RecordDicts>(r_->index());
   }
 
   uint64_t size() const { return r_->size(); }
@@ -591,74 +476,22 @@ class PyReader {
     for (uint64_t line = 0; line < stored.size(); line += 64)
       __builtin_prefetch(stored.data() + line);
     const bool compressed = e.codec != store::Codec::none;
-    const bool own = copy || compressed;
-    const LayoutPlan& fields = plan(e.layout_id);
-
-    // Arrays first (their bytes come later, for owned ones), with None holding the place of a
-    // value made from the bytes (a scalar, text), so the dict keeps the layout's key order.
-    nb::object d = nb::steal(PyDict_New());
-    if (!d) throw nb::python_error();
-    // Borrowed from d; on the stack for the usual handful of fields.
-    PyArrayObject* inline_arrays[16] = {};
-    std::vector<PyArrayObject*> more(fields.size() > 16 ? fields.size() : 0, nullptr);
-    PyArrayObject** arrays = fields.size() > 16 ? more.data() : inline_arrays;
-    for (size_t k = 0; k < fields.size(); ++k) {
-      const FieldPlan& fp = fields[k];
-      PyObject* v = Py_None;
-      if (!fp.scalar && fp.field->dtype != DType::utf8) {
-        const std::byte* at = own ? nullptr : stored.data() + fp.field->offset;
-        Py_INCREF(fp.descr.ptr());
-        v = PyArray_NewFromDescr(&PyArray_Type, reinterpret_cast<PyArray_Descr*>(fp.descr.ptr()),
-                                 fp.ndim, const_cast<npy_intp*>(fp.dims), nullptr,
-                                 const_cast<std::byte*>(at),
-                                 at ? NPY_ARRAY_C_CONTIGUOUS | NPY_ARRAY_ALIGNED : 0, nullptr);
-        if (!v) throw nb::python_error();
-        arrays[k] = reinterpret_cast<PyArrayObject*>(v);
-        if (!own) {
-          Py_INCREF(mapping_.ptr());
-          if (PyArray_SetBaseObject(arrays[k], mapping_.ptr()) != 0) {
-            Py_DECREF(v);
-            throw nb::python_error();
-          }
-        }
-      } else {
-        Py_INCREF(v);
-      }
-      const int rc = PyDict_SetItem(d.ptr(), fp.key, v);
-      Py_DECREF(v);
-      if (rc != 0) throw nb::python_error();
-    }
-
-    store::detail::check_stored(ix, i, e, stored, r_->verify_checksums());
-    const std::byte* base = stored.data();
+    RecordDicts::Arrays arrays;
+    nb::object d =
+        dicts_->begin(e.layout_id, copy || compressed ? nullptr : stored.data(), mapping_, arrays);
     // A compressed record decodes into per-thread scratch (kept up to 1 MiB), whose bytes are
     // then copied into the arrays: nothing is allocated or shared per record.
     thread_local std::vector<uint64_t> scratch;
     std::vector<uint64_t> large;
+    std::span<std::byte> raw;
     if (compressed) {
       const uint64_t raw_size = ix.layout(e.layout_id).raw_size;
       std::vector<uint64_t>& words = raw_size <= (uint64_t(1) << 20) ? scratch : large;
       if (words.size() < raw_size / 8 + 1) words.resize(raw_size / 8 + 1);
-      const std::span<std::byte> raw(reinterpret_cast<std::byte*>(words.data()), raw_size);
-      store::detail::decompress_record(ix, i, e, stored, raw);
-      base = raw.data();
+      raw = std::span<std::byte>(reinterpret_cast<std::byte*>(words.data()), raw_size);
     }
-    for (size_t k = 0; k < fields.size(); ++k) {
-      const FieldPlan& fp = fields[k];
-      const std::byte* data = base + fp.field->offset;
-      if (arrays[k]) {
-        if (own && fp.field->nbytes)
-          std::memcpy(PyArray_DATA(arrays[k]), data, size_t(fp.field->nbytes));
-        if (own && !copy) PyArray_CLEARFLAGS(arrays[k], NPY_ARRAY_WRITEABLE);
-        continue;
-      }
-      const store::Field& f = *fp.field;
-      nb::object v = nb::steal(
-          fp.scalar ? numeric_scalar(fp.type, data)
-                    : utf8_object(reinterpret_cast<const char*>(data), f.itemsize, f.ndim, fp.dims,
-                                  [&] { return r_->path() + ": record " + std::to_string(i); }));
-      if (PyDict_SetItem(d.ptr(), fp.key, v.ptr()) != 0) throw nb::python_error();
-    }
+    const store::Record rec = store::decode_record_into(ix, i, stored, raw, r_->verify_checksums());
+    dicts_->finish(d, arrays, rec, copy, r_->path(), i);
     return d;
   }
 
@@ -699,7 +532,7 @@ class PyReader {
         nb::object holder = nb::steal(arr);
         dst[t] = static_cast<std::byte*>(PyArray_DATA(reinterpret_cast<PyArrayObject*>(arr)));
         if (o.dtype == DType::bytes) std::memset(dst[t], 0, size_t(o.nbytes));
-        if (PyDict_SetItem(out.ptr(), keys_[o.key_id].ptr(), arr) != 0) throw nb::python_error();
+        if (PyDict_SetItem(out.ptr(), dicts_->key(o.key_id), arr) != 0) throw nb::python_error();
       }
       if (o.concatenated) {
         npy_intp bd[1] = {B};
@@ -733,7 +566,7 @@ class PyReader {
       nb::object text = nb::steal(utf8_object(reinterpret_cast<const char*>(scratch[t].data()),
                                               o.itemsize, int(dims[t].size()), dims[t].data(),
                                               [&] { return r_->path() + ": read_batch"; }));
-      if (PyDict_SetItem(out.ptr(), keys_[o.key_id].ptr(), text.ptr()) != 0)
+      if (PyDict_SetItem(out.ptr(), dicts_->key(o.key_id), text.ptr()) != 0)
         throw nb::python_error();
     }
     return out;
@@ -756,47 +589,10 @@ class PyReader {
   }
 
  private:
-  // What building one field's value takes, fixed by its layout.
-  struct FieldPlan {
-    PyObject* key = nullptr;  // interned, owned by keys_
-    nb::object descr;         // the array's dtype (null for utf8)
-    int type = NPY_NOTYPE;
-    int ndim = 0;
-    bool scalar = false;  // a 0-d numeric field: a numpy scalar
-    npy_intp dims[store::kMaxFieldDims] = {};
-    const store::Field* field = nullptr;
-  };
-  using LayoutPlan = std::vector<FieldPlan>;
-
-  const LayoutPlan& plan(uint32_t layout_id) const {
-    std::shared_ptr<const LayoutPlan>& slot = plans_[layout_id];
-    if (slot) return *slot;
-    auto p = std::make_shared<LayoutPlan>();
-    for (const store::Field& f : r_->index().layout(layout_id).fields) {
-      FieldPlan fp;
-      fp.key = keys_[f.key_id].ptr();
-      fp.field = &f;
-      fp.ndim = f.ndim;
-      for (int d = 0; d < f.ndim; ++d) fp.dims[d] = npy_intp(f.shape[d]);
-      if (f.dtype != DType::utf8) {
-        fp.type = numpy_type(f.dtype);
-        fp.descr = nb::steal(reinterpret_cast<PyObject*>(f.dtype == DType::bytes
-                                                             ? text_descr('S', f.itemsize)
-                                                             : PyArray_DescrFromType(fp.type)));
-        fp.scalar = f.ndim == 0 && f.dtype != DType::bytes;
-      }
-      p->push_back(std::move(fp));
-    }
-    slot = std::move(p);
-    return *slot;
-  }
-
   std::shared_ptr<const store::Reader> r_;
   bool recover_ = false;
   nb::object mapping_;
-  std::vector<nb::object> keys_;
-  // By layout id, made on first use; the GIL serialises the filling.
-  mutable std::vector<std::shared_ptr<const LayoutPlan>> plans_;
+  std::unique_ptr<RecordDicts> dicts_;
 };
 
 // Records of a reader in a given order, one dict per step. The order is known ahead, so while one
@@ -834,35 +630,119 @@ class PyRecordIter {
 
 }  // namespace
 
-nb::object record_to_dict(const store::Record& rec, nb::object owner,
-                          const std::string& source_name, uint64_t record) {
+// What making one field's value takes, fixed by its layout.
+struct RecordDicts::FieldPlan {
+  PyObject* key = nullptr;  // interned, owned by keys_
+  nb::object descr;         // the array's dtype (null for utf8)
+  int type = NPY_NOTYPE;
+  int ndim = 0;
+  bool scalar = false;  // a 0-d numeric field: a numpy scalar
+  npy_intp dims[store::kMaxFieldDims] = {};
+  const store::Field* field = nullptr;
+};
+
+RecordDicts::RecordDicts(const store::Index& index) : index_(&index) {
+  for (const std::string& k : index.keys()) {
+    PyObject* s = PyUnicode_FromStringAndSize(k.data(), Py_ssize_t(k.size()));
+    if (!s) throw nb::python_error();
+    PyUnicode_InternInPlace(&s);
+    keys_.push_back(nb::steal(s));
+  }
+  plans_.resize(index.layouts().size());
+}
+
+RecordDicts::~RecordDicts() = default;
+
+const RecordDicts::LayoutPlan& RecordDicts::plan(uint32_t layout_id) const {
+  std::shared_ptr<const LayoutPlan>& slot = plans_.at(layout_id);
+  if (slot) return *slot;
+  auto p = std::make_shared<LayoutPlan>();
+  for (const store::Field& f : index_->layout(layout_id).fields) {
+    FieldPlan fp;
+    fp.key = keys_[f.key_id].ptr();
+    fp.field = &f;
+    fp.ndim = f.ndim;
+    for (int d = 0; d < f.ndim; ++d) fp.dims[d] = npy_intp(f.shape[d]);
+    if (f.dtype != DType::utf8) {
+      fp.type = numpy_type(f.dtype);
+      fp.descr = nb::steal(reinterpret_cast<PyObject*>(
+          f.dtype == DType::bytes ? text_descr('S', f.itemsize) : PyArray_DescrFromType(fp.type)));
+      fp.scalar = f.ndim == 0 && f.dtype != DType::bytes;
+    }
+    p->push_back(std::move(fp));
+  }
+  slot = std::move(p);
+  return *slot;
+}
+
+nb::object RecordDicts::begin(uint32_t layout_id, const std::byte* view, nb::handle owner,
+                              Arrays& arrays) const {
+  const LayoutPlan& fields = plan(layout_id);
+  arrays.plan_ = &fields;
+  if (fields.size() > 16) {
+    arrays.more_.assign(fields.size(), nullptr);
+    arrays.at_ = arrays.more_.data();
+  }
+  arrays.own_ = view == nullptr;
   nb::object d = nb::steal(PyDict_New());
-  for (size_t f = 0; f < rec.num_fields(); ++f) {
-    nb::object v =
-        nb::steal(field_object(rec.field(f), rec.data(f), owner.ptr(), source_name, record));
-    if (PyDict_SetItemString(d.ptr(), rec.key(f).c_str(), v.ptr()) != 0) throw nb::python_error();
+  if (!d) throw nb::python_error();
+  for (size_t k = 0; k < fields.size(); ++k) {
+    const FieldPlan& fp = fields[k];
+    PyObject* v = Py_None;
+    if (!fp.scalar && fp.field->dtype != DType::utf8) {
+      const std::byte* at = view ? view + fp.field->offset : nullptr;
+      Py_INCREF(fp.descr.ptr());
+      v = PyArray_NewFromDescr(&PyArray_Type, reinterpret_cast<PyArray_Descr*>(fp.descr.ptr()),
+                               fp.ndim, const_cast<npy_intp*>(fp.dims), nullptr,
+                               const_cast<std::byte*>(at),
+                               at ? NPY_ARRAY_C_CONTIGUOUS | NPY_ARRAY_ALIGNED : 0, nullptr);
+      if (!v) throw nb::python_error();
+      arrays.at_[k] = v;
+      if (view) {
+        Py_INCREF(owner.ptr());
+        if (PyArray_SetBaseObject(reinterpret_cast<PyArrayObject*>(v), owner.ptr()) != 0) {
+          Py_DECREF(v);
+          throw nb::python_error();
+        }
+      }
+    } else {
+      Py_INCREF(v);
+    }
+    const int rc = PyDict_SetItem(d.ptr(), fp.key, v);
+    Py_DECREF(v);
+    if (rc != 0) throw nb::python_error();
   }
   return d;
 }
 
-nb::object record_to_dict(const store::Record& rec, nb::object owner,
-                          const std::string& source_name, uint64_t record,
-                          std::vector<nb::object>& keys) {
-  nb::object d = nb::steal(PyDict_New());
-  for (size_t f = 0; f < rec.num_fields(); ++f) {
-    nb::object v =
-        nb::steal(field_object(rec.field(f), rec.data(f), owner.ptr(), source_name, record));
-    const uint32_t id = rec.field(f).key_id;
-    if (keys.size() <= id) keys.resize(size_t(id) + 1);
-    if (!keys[id].is_valid()) {
-      const std::string& k = rec.key(f);
-      PyObject* s = PyUnicode_FromStringAndSize(k.data(), Py_ssize_t(k.size()));
-      if (!s) throw nb::python_error();
-      PyUnicode_InternInPlace(&s);
-      keys[id] = nb::steal(s);
+void RecordDicts::finish(nb::handle dict, const Arrays& arrays, const store::Record& rec,
+                         bool writable, const std::string& source_name, uint64_t record) const {
+  const LayoutPlan& fields = *arrays.plan_;
+  for (size_t k = 0; k < fields.size(); ++k) {
+    const FieldPlan& fp = fields[k];
+    const std::byte* data = rec.data(k);
+    if (PyObject* a = arrays.at_[k]) {
+      auto* arr = reinterpret_cast<PyArrayObject*>(a);
+      if (arrays.own_ && fp.field->nbytes)
+        std::memcpy(PyArray_DATA(arr), data, size_t(fp.field->nbytes));
+      if (arrays.own_ && !writable) PyArray_CLEARFLAGS(arr, NPY_ARRAY_WRITEABLE);
+      continue;
     }
-    if (PyDict_SetItem(d.ptr(), keys[id].ptr(), v.ptr()) != 0) throw nb::python_error();
+    const store::Field& f = *fp.field;
+    nb::object v = nb::steal(
+        fp.scalar
+            ? numeric_scalar(fp.type, data)
+            : utf8_object(reinterpret_cast<const char*>(data), f.itemsize, f.ndim, fp.dims,
+                          [&] { return source_name + ": record " + std::to_string(record); }));
+    if (PyDict_SetItem(dict.ptr(), fp.key, v.ptr()) != 0) throw nb::python_error();
   }
+}
+
+nb::object RecordDicts::dict(uint32_t layout_id, const store::Record& rec, nb::handle owner,
+                             const std::string& source_name, uint64_t record) const {
+  Arrays arrays;
+  nb::object d = begin(layout_id, owner.is_valid() ? rec.bytes() : nullptr, owner, arrays);
+  finish(d, arrays, rec, /*writable=*/false, source_name, record);
   return d;
 }
 

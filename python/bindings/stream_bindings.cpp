@@ -15,6 +15,7 @@
 
 #include "store_records.h"
 #include "tpf/error.h"
+#include "tpf/record.h"
 #include "tpf/stream.h"
 
 namespace tpf::py {
@@ -167,7 +168,7 @@ void put_source_stats(nb::dict& d, const SourceStats& s) {
 struct Stream {
   std::shared_ptr<const ShardSet> shards;
   std::unique_ptr<Prefetcher> prefetcher;
-  std::vector<std::vector<nb::object>> keys;  // per shard: its interned keys, by key id
+  std::vector<std::unique_ptr<RecordDicts>> dicts;  // per shard, made on first use
 
   nb::object next() {
     RecordView view;
@@ -177,22 +178,24 @@ struct Stream {
       more = prefetcher->next(view);
     }
     if (!more) throw nb::stop_iteration();
-    const uint32_t shard = shards->locate(view.record).first;
+    const auto [shard, local] = shards->locate(view.record);
+    const store::Index& index = shards->index(shard);
+    if (dicts.size() <= shard) dicts.resize(size_t(shard) + 1);
+    if (!dicts[shard]) dicts[shard] = std::make_unique<RecordDicts>(index);
+    const store::RecordEntry e = index.entry(local);
+    const std::span<const std::byte> stored(reinterpret_cast<const std::byte*>(view.data),
+                                            view.length);
     const std::string& name = shards->shard_name(shard);
-    if (keys.size() <= shard) keys.resize(size_t(shard) + 1);
     // Arrays must not view the prefetch buffer, which is reused as the stream moves on. A
-    // compressed record decodes into a buffer of its own; an uncompressed one is copied out once,
-    // and its arrays view the copy.
-    if (shards->compressed(view.record)) {
-      const store::Record rec = shards->decode(view);
-      return record_to_dict(rec, keep_alive(rec.owned()), name, view.record, keys[shard]);
+    // compressed record decodes into a buffer of its own, which its arrays view; an uncompressed
+    // one's arrays are copied straight from the prefetch buffer into memory of their own (its
+    // scalars and text are read from there), so each byte is copied once.
+    if (e.codec != store::Codec::none) {
+      const store::Record rec = store::decode_record(index, local, stored, false);
+      return dicts[shard]->dict(e.layout_id, rec, keep_alive(rec.owned()), name, view.record);
     }
-    std::shared_ptr<std::byte[]> copy(new std::byte[std::max<uint64_t>(view.length, 1)]);
-    std::memcpy(copy.get(), view.data, view.length);
-    RecordView copied = view;
-    copied.data = reinterpret_cast<const uint8_t*>(copy.get());
-    const store::Record rec = shards->decode(copied);
-    return record_to_dict(rec, keep_alive(std::move(copy)), name, view.record, keys[shard]);
+    const store::Record rec = store::decode_record_into(index, local, stored, {}, false);
+    return dicts[shard]->dict(e.layout_id, rec, nb::handle(), name, view.record);
   }
 
   nb::dict stats() const {

@@ -1,13 +1,13 @@
-#include "store/file_source.h"
-
+// store::FdSource: the pread loop of the writer, the inspector and FoldPipe's file source.
 #include <unistd.h>
 
 #include <cerrno>
 #include <cstring>
 
 #include "tpf/error.h"
+#include "tpf/store.h"
 
-namespace tpf::store::detail {
+namespace tpf::store {
 
 void FdSource::read(uint64_t offset, size_t length, void* dst) const {
   if (offset > size_ || length > size_ - offset)
@@ -25,4 +25,4 @@ void FdSource::read(uint64_t offset, size_t length, void* dst) const {
   }
 }
 
-}  // namespace tpf::store::detail
+}  // namespace tpf::store

@@ -9,7 +9,6 @@
 #include <map>
 #include <sstream>
 
-#include "store/file_source.h"
 #include "tpf/error.h"
 #include "tpf/store.h"
 
@@ -60,7 +59,7 @@ std::string describe(const std::string& path) {
   struct stat st {};
   ::fstat(fd, &st);
   const uint64_t size = uint64_t(st.st_size);
-  detail::FdSource src(fd, path, size);
+  FdSource src(fd, path, size);
   std::ostringstream o;
   o << "file        " << path << "\n";
   o << "size        " << human(size) << "\n";

@@ -1,5 +1,6 @@
 // Decoding one record from its stored bytes: the checks and decompression every read path shares
 // (the mmap reader, any ByteSource reader, batch reads).
+#include <cstdint>
 #include <memory>
 #include <string>
 
@@ -7,6 +8,7 @@
 #include "store/codec.h"
 #include "store/record.h"
 #include "tpf/error.h"
+#include "tpf/record.h"
 #include "tpf/store.h"
 
 namespace tpf::store {
@@ -49,8 +51,8 @@ void decompress_record(const Index& index, uint64_t i, const RecordEntry& e,
 
 }  // namespace detail
 
-Record decode_record(const Index& index, uint64_t i, std::span<const std::byte> stored,
-                     bool verify_checksum) {
+Record decode_record_into(const Index& index, uint64_t i, std::span<const std::byte> stored,
+                          std::span<std::byte> raw, bool verify_checksum) {
   const RecordEntry e = index.entry(i);
   detail::check_stored(index, i, e, stored, verify_checksum);
   Record r;
@@ -61,12 +63,34 @@ Record decode_record(const Index& index, uint64_t i, std::span<const std::byte> 
     return r;
   }
   const uint64_t raw_size = r.layout_->raw_size;
+  if (raw.size() < raw_size || reinterpret_cast<uintptr_t>(raw.data()) % 8 != 0)
+    throw Error(index.name() + ": record " + std::to_string(i) + " decodes to " +
+                std::to_string(raw_size) +
+                " bytes; expected a buffer of at least that many at an " +
+                "8-byte-aligned address, got " + std::to_string(raw.size()) + " bytes" +
+                (reinterpret_cast<uintptr_t>(raw.data()) % 8 ? " (misaligned)" : ""));
+  detail::decompress_record(index, i, e, stored, raw.first(raw_size));
+  r.base_ = raw.data();
+  return r;
+}
+
+uint64_t decoded_size(const Index& index, uint64_t i) {
+  return index.layout(index.entry(i).layout_id).raw_size;
+}
+
+Record decode_record(const Index& index, uint64_t i, std::span<const std::byte> stored,
+                     bool verify_checksum) {
+  const RecordEntry e = index.entry(i);
+  if (e.codec == Codec::none) return decode_record_into(index, i, stored, {}, verify_checksum);
+  // Checked before the buffer is allocated, so bytes that cannot decode to a huge layout never
+  // allocate it; the decode below then skips the checksum.
+  detail::check_stored(index, i, e, stored, verify_checksum);
+  const uint64_t raw_size = index.layout(e.layout_id).raw_size;
   // 8-byte-aligned storage so every decoded array is naturally aligned.
   std::shared_ptr<std::byte[]> buf(
       reinterpret_cast<std::byte*>(new uint64_t[(raw_size + 7) / 8 + 1]),
       [](std::byte* p) { delete[] reinterpret_cast<uint64_t*>(p); });
-  detail::decompress_record(index, i, e, stored, std::span<std::byte>(buf.get(), raw_size));
-  r.base_ = buf.get();
+  Record r = decode_record_into(index, i, stored, std::span<std::byte>(buf.get(), raw_size), false);
   r.owned_ = std::move(buf);
   return r;
 }

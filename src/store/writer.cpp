@@ -19,7 +19,6 @@
 
 #include "store/bytes.h"
 #include "store/codec.h"
-#include "store/file_source.h"
 #include "store/format.h"
 #include "tpf/error.h"
 #include "tpf/store.h"
@@ -289,7 +288,7 @@ Writer::Writer(const std::string& path, WriterOptions options) : s_(std::make_un
 void Writer::open_existing(uint64_t file_size) {
   State& s = *s_;
   const std::string& path = s.path;
-  detail::FdSource src(s.fd, path, file_size);
+  FdSource src(s.fd, path, file_size);
   Headers headers;
   const Index ix = [&] {
     try {

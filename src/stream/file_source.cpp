@@ -7,9 +7,9 @@
 #include <chrono>
 #include <cstring>
 
-#include "store/file_source.h"
 #include "stream/sources.h"
 #include "tpf/error.h"
+#include "tpf/store.h"
 
 namespace tpf::stream {
 
@@ -28,7 +28,7 @@ class FileSource final : public CancellableSource {
       ::close(fd_);
       throw RuntimeError("cannot stat '" + path_ + "': " + std::strerror(err));
     }
-    file_ = std::make_unique<store::detail::FdSource>(fd_, path_, uint64_t(st.st_size));
+    file_ = std::make_unique<store::FdSource>(fd_, path_, uint64_t(st.st_size));
   }
   ~FileSource() override { ::close(fd_); }
 
@@ -48,7 +48,7 @@ class FileSource final : public CancellableSource {
  private:
   std::string path_;
   int fd_ = -1;
-  std::unique_ptr<store::detail::FdSource> file_;
+  std::unique_ptr<store::FdSource> file_;
 };
 
 }  // namespace

@@ -163,11 +163,6 @@ SourceStats ShardSet::source_stats() const {
   return sum;
 }
 
-bool ShardSet::compressed(uint64_t record) const {
-  const auto [shard, local] = locate(record);
-  return indexes_[shard].entry(local).codec != store::Codec::none;
-}
-
 store::Record ShardSet::decode(const RecordView& view) const {
   const auto [shard, local] = locate(view.record);
   return store::decode_record(

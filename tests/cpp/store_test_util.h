@@ -129,6 +129,22 @@ inline void write_file(const std::string& path, const std::vector<std::byte>& by
   std::fclose(f);
 }
 
+// The message of the tpf error that fn() throws (prefixed with the type for the machine's errors),
+// or "no error".
+template <typename Fn>
+std::string error_of(Fn fn) {
+  try {
+    fn();
+  } catch (const Error& e) {
+    return e.what();
+  } catch (const FileNotFoundError& e) {
+    return std::string("FileNotFoundError: ") + e.what();
+  } catch (const RuntimeError& e) {
+    return std::string("RuntimeError: ") + e.what();
+  }
+  return "no error";
+}
+
 // A fresh directory per test, removed at the end.
 class TempDir {
  public:

@@ -19,6 +19,7 @@
 namespace tpf::store {
 namespace {
 
+using testing::error_of;
 using testing::MemorySource;
 using testing::TempDir;
 using testing::TestRecord;
@@ -54,20 +55,6 @@ void flip_byte(const std::string& path, uint64_t offset) {
   auto bytes = testing::read_file(path);
   bytes.at(offset) ^= std::byte{0x5a};
   testing::write_file(path, bytes);
-}
-
-template <typename Fn>
-std::string error_of(Fn fn) {
-  try {
-    fn();
-  } catch (const Error& e) {
-    return e.what();
-  } catch (const FileNotFoundError& e) {
-    return std::string("FileNotFoundError: ") + e.what();
-  } catch (const RuntimeError& e) {
-    return std::string("RuntimeError: ") + e.what();
-  }
-  return "no error";
 }
 
 // ---- round trips --------------------------------------------------------------------------------

@@ -61,7 +61,12 @@ def report() -> list[str]:
         for i, (name, (major, minor)) in enumerate(gpus):
             lines.append(f"GPU {i}: {name}, compute capability {major}.{minor}")
     else:
-        why = info["error"] or ("PyTorch is a CPU build" if torch.version.cuda is None else "")
+        if info["built"] and not info["cuda_driver"]:
+            why = "no NVIDIA driver"
+        elif info["error"]:
+            why = info["error"]
+        else:
+            why = "PyTorch is a CPU build" if torch.version.cuda is None else "PyTorch sees none"
         lines.append("GPU: none" + (f" ({why})" if why else ""))
 
     if info["built"]:

@@ -1,9 +1,11 @@
 // turbopairformer._C: the library's entry points over DLPack arrays. No libtorch here.
 #include <nanobind/nanobind.h>
+#include <nanobind/stl/string.h>
 
 #include <cerrno>
 
 #include "tpf/attention.h"
+#include "tpf/cuda_info.h"
 #include "tpf/error.h"
 #include "tpf/parallel.h"
 
@@ -36,6 +38,29 @@ NB_MODULE(_C, m) {
     }
   });
   m.def("cuda_available", &tpf::cuda_available);
+  // Build and runtime facts of the CUDA kernels (tpf/cuda_info.h) as a dict, for `tpf doctor`.
+  m.def("cuda_info", [] {
+    const tpf::CudaInfo i = tpf::cuda_info();
+    nb::dict d;
+    d["built"] = i.built;
+    d["arch"] = i.arch;
+    d["cuda_compiled"] = i.cuda_compiled;
+    d["cuda_runtime"] = i.cuda_runtime;
+    d["cuda_driver"] = i.cuda_driver;
+    d["cublas_compiled"] = i.cublas_compiled;
+    d["cublas_runtime"] = i.cublas_runtime;
+    d["cutlass"] = i.cutlass;
+    nb::list devices;
+    for (const tpf::CudaDevice& dev : i.devices) {
+      nb::dict e;
+      e["name"] = dev.name;
+      e["capability"] = nb::make_tuple(dev.major, dev.minor);
+      devices.append(e);
+    }
+    d["devices"] = devices;
+    d["error"] = i.error;
+    return d;
+  });
   m.def("num_threads", &tpf::num_threads);
   tpf::py::bind_attention(m);
   tpf::py::bind_trimul(m);

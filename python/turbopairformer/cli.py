@@ -12,6 +12,7 @@ SUBCOMMANDS = {
     "inspect": ("turbopairformer.data.inspect", "describe a store file"),
     "stream": ("turbopairformer.data.stream_cli", "stream a dataset and report its throughput"),
     "train": ("turbopairformer.train.cli", "train a PairFormer trunk on protein distograms"),
+    "doctor": ("turbopairformer.doctor", "show the GPU, the CUDA kernels and the versions in use"),
 }
 
 

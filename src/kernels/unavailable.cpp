@@ -1,6 +1,7 @@
 // Linked into builds without the CUDA library: every CUDA entry point says so.
 #include "kernels/attention/api.h"
 #include "kernels/fused/api.h"
+#include "kernels/info.h"
 #include "kernels/trimul/api.h"
 #include "tpf/error.h"
 
@@ -15,6 +16,7 @@ namespace {
 }  // namespace
 
 bool available() { return false; }
+CudaInfo info() { return {}; }
 void attention_forward(const AttentionForwardArgs&, const AttentionDims&, void*) { unavailable(); }
 void attention_backward(const AttentionBackwardArgs&, const AttentionDims&, void*) {
   unavailable();

@@ -5,8 +5,10 @@
 
 #include "core/checks.h"
 #include "kernels/attention/api.h"
+#include "kernels/info.h"
 #include "reference/cpu.h"
 #include "tpf/attention.h"
+#include "tpf/cuda_info.h"
 #include "tpf/error.h"
 
 namespace tpf {
@@ -204,6 +206,7 @@ AttentionBackwardArgs validated(const AttentionBackwardArgs& a, Path path, Atten
 }  // namespace
 
 bool cuda_available() { return cuda::available(); }
+CudaInfo cuda_info() { return cuda::info(); }
 
 void check_attention_inputs(const TensorView& q, const TensorView& k, const TensorView& v,
                             const TensorView& bias, const OptionalTensor& mask, double scale) {

@@ -364,13 +364,15 @@ def test_bad_input_names_the_argument_on_cuda():
     import sys
     here = os.path.dirname(os.path.abspath(__file__))
     script = """
-import json, torch, turbopairformer as tpf
+import faulthandler, json, torch, turbopairformer as tpf
+faulthandler.enable()
 from attention_cases import BAD_INPUTS, bad_input_message, make_case
 rows = []
 for dtype in (torch.bfloat16, torch.float16):
     g = torch.Generator().manual_seed(0)
     q, k, v, b, m, _ = make_case(1, 3, 2, 6, 8, dtype, "cuda", g)
     for i, (template, mutate) in enumerate(BAD_INPUTS):
+        print("CASE", dtype, i, template, flush=True)  # the last one printed is the one that crashed
         leaves = [t.clone().requires_grad_(True) for t in (q, k, v, b)]
         try:
             tpf.triangle_attention(*mutate(*leaves, m)).sum().backward()
@@ -385,7 +387,8 @@ print("ROWS" + json.dumps(rows))
         [os.path.join(here, "..", "python"), os.environ.get("PYTHONPATH", "")]))
     run = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env,
                          timeout=300)
-    assert run.returncode == 0, f"the child process ended with {run.returncode}:\n{run.stderr[-3000:]}"
+    assert run.returncode == 0, (f"the child process ended with {run.returncode} after\n"
+                                 f"{run.stdout[-600:]}\n{run.stderr[-3000:]}")
     rows = json.loads(run.stdout.split("ROWS", 1)[1])
     assert len(rows) == 2 * len(BAD_INPUTS)
     for dtype, i, message, got in rows:

@@ -130,10 +130,9 @@ def _boltz_forward(model, x, kernels):
 
 
 def _boltz_module(kind, c_z, config):
-    from boltz.model.layers.pairformer import PairformerLayer
-    layer = PairformerLayer(config["token_s"], c_z, config["num_heads"], 0.0,
-                            config["pairwise_head_width"], config["pairwise_num_heads"],
-                            v2=config["v2"])
+    # A one-block stack builds its layer as the stack does (boltz-community's layer takes other
+    # arguments).
+    layer = _boltz_build(**{**config, "num_blocks": 1, "dropout": 0.0}).layers[0]
     return layer.transition_z if kind == "pair_transition" else getattr(layer, kind)
 
 

@@ -292,29 +292,34 @@ class Integration:
         return owner, method, make
 
     def fusing(self, owner: type, method: str, fused: Callable[..., Any],
-               base: Optional[tuple[type, str, Callable[[Any], Any]]] = None
-               ) -> tuple[type, str, Callable[[Any], Any]]:
-        """The change that makes owner.method run `fused` (a function of the method's own
-        signature: our fused forward on the client's parameters), which returns NotImplemented for
+               base: Optional[tuple[type, str, Callable[[Any], Any]]] = None,
+               ignoring: tuple[str, ...] = ()) -> tuple[type, str, Callable[[Any], Any]]:
+        """The change that makes owner.method run `fused` (our fused forward on the client's
+        parameters, given the method's arguments by name), which returns NotImplemented for
         inputs it does not take, decided up front; those run the method as `base` (a change of the
-        same method, e.g. forcing()'s) makes it, or the client's own. `fused` must take the
-        method's parameters, in its order (an installed version whose method differs is an
-        IntegrationError)."""
+        same method, e.g. forcing()'s) makes it, or the client's own. `fused` names the method's
+        parameters; `ignoring`: the method's parameters it may lack (ones that do not change what
+        the fused path computes, e.g. a switch the kernel path overrides). An installed version
+        whose method has other parameters is an IntegrationError."""
         original = self.attribute(owner, method)
         if base is not None and base[:2] != (owner, method):
             raise ValueError(f"base must change {_name(owner)}.{method}")
-        parameters = list(inspect.signature(original).parameters)
-        expected = list(inspect.signature(fused).parameters)
-        if parameters != expected:
-            raise self.missing(f"{_name(owner)}.{method}({', '.join(expected)}) (it has "
+        signature = inspect.signature(original)
+        parameters = list(signature.parameters)
+        named = list(inspect.signature(fused).parameters)
+        if [p for p in parameters if p not in ignoring] != named:
+            raise self.missing(f"{_name(owner)}.{method}({', '.join(named)}) (it has "
                                f"({', '.join(parameters)}))")
+        positions = [(name, parameters.index(name), signature.parameters[name].default)
+                     for name in named]
 
         def make(original):
             slow = original if base is None else base[2](original)
 
             @functools.wraps(original)
             def forward(*args, **kwargs):
-                out = fused(*args, **kwargs)
+                out = fused(**{name: args[i] if i < len(args) else kwargs.get(name, default)
+                               for name, i, default in positions})
                 return slow(*args, **kwargs) if out is NotImplemented else out
             return forward
 

@@ -100,9 +100,11 @@ def _plan(it: Integration):
     changes = [
         replace(primitives, "kernel_triangular_attn", _kernel_triangular_attn),
         replace(trimul, "kernel_triangular_mult", triangle_multiplicative_update),
+        # boltz-community's use_flash_attn (PyTorch's SDPA) yields to the kernel path.
         it.fusing(attention.TriangleAttention, "forward", _triangle_attention_forward,
                   base=it.forcing(attention.TriangleAttention, "forward",
-                                  fallback=_ATTENTION_FALLBACK, use_kernels=True)),
+                                  fallback=_ATTENTION_FALLBACK, use_kernels=True),
+                  ignoring=("use_flash_attn",)),
         it.fusing(it.attribute(transition, "Transition"), "forward", _transition_forward),
     ]
     for name in ("TriangleMultiplicationOutgoing", "TriangleMultiplicationIncoming"):

@@ -20,6 +20,13 @@ by rdkit's element symbols at import, which the placeholder numbers instead; nei
 PairFormer step, and anything else of a placeholder raises if called).
 
     python bench/clients.py --json OUT/clients.json --plot OUT/clients.png
+
+Module rows (issue 30): one module of each client's pair stack alone, fwd + bwd, in the same
+configuration and precision (its default widths, z [1, N, N, 128], the client's own module and
+parameters, on each path):
+
+    python bench/clients.py --module tri_att_start --paths ours cuequivariance \
+        --json OUT/clients-tri-att.json          # N = 384, 768, 1024 by default
 """
 from __future__ import annotations
 
@@ -40,7 +47,7 @@ import torch
 from tqdm import tqdm
 
 from turbopairformer.benchmarks.attention import git_commit
-from turbopairformer.benchmarks.clients import CLIENTS, PATHS, widths
+from turbopairformer.benchmarks.clients import CLIENTS, MODULES, PATHS, widths
 
 PAD_FRACTION = 1 / 8
 
@@ -83,20 +90,39 @@ def release() -> None:
 
 def measure(client, model, inputs, grads_out, path, args) -> dict:
     """Step time, peak memory and bitwise repeatability of one path."""
-    device = inputs["z"].device
-    cuda = device.type == "cuda"
     s_in = inputs["s"].detach().requires_grad_(True)
     z_in = inputs["z"].detach().requires_grad_(True)
     x = {**inputs, "s": s_in, "z": z_in}
-    leaves = [s_in, z_in] + list(model.parameters())
+
+    def forward():
+        s, z = client.run(model, x, path)
+        return [s, z], [grads_out["s"], grads_out["z"]]
+    return measure_steps(forward, [s_in, z_in] + list(model.parameters()), inputs["z"].device,
+                         args)
+
+
+def measure_module(client, kind, module, z, pair_mask, grad_out, path, args) -> dict:
+    """measure() for one module of the pair stack (MODULES) on z: its forward + backward."""
+    z_in = z.detach().requires_grad_(True)
+
+    def forward():
+        return [client.run_module(kind, module, z_in, pair_mask, path)], [grad_out]
+    return measure_steps(forward, [z_in] + list(module.parameters()), z.device, args)
+
+
+def measure_steps(forward, leaves, device, args) -> dict:
+    """Times forward() (outputs and their gradients) + backward under bf16 autocast: the median
+    step, the peak memory during the timed steps, and whether the leaves' gradients are bitwise
+    the same in every timed step."""
+    cuda = device.type == "cuda"
 
     def step():
         torch.manual_seed(args.seed)  # the same dropout masks every step
         for t in leaves:
             t.grad = None
         with torch.autocast(device.type, dtype=torch.bfloat16):
-            s, z = client.run(model, x, path)
-        torch.autograd.backward([s, z], [grads_out["s"].to(s.dtype), grads_out["z"].to(z.dtype)])
+            outs, grads = forward()
+        torch.autograd.backward(outs, [g.to(o.dtype) for g, o in zip(grads, outs)])
 
     for _ in range(args.warmup):
         step()
@@ -132,6 +158,8 @@ def measure(client, model, inputs, grads_out, path, args) -> dict:
 
 
 def run(args) -> list[dict]:
+    if args.module:
+        return run_modules(args)
     device = torch.device(args.device)
     deadline = time.monotonic() + args.budget_s
     jobs = [(c, n, p) for c in args.clients for n in args.sizes for p in ("ours", "cuequivariance")
@@ -174,6 +202,66 @@ def run(args) -> list[dict]:
             release()
         tqdm.write(f"{client_name:9s} N={N:5d} {path:15s} {describe(row)}")
     return rows
+
+
+def run_modules(args) -> list[dict]:
+    """Module rows (--module): one module of each client's pair stack in its default
+    configuration (AlphaFold3's widths), fwd + bwd on z [1, N, N, c_z], per N and path."""
+    device = torch.device(args.device)
+    deadline = time.monotonic() + args.budget_s
+    jobs = [(c, n, p) for c in args.clients for n in args.sizes for p in PATHS if p in args.paths]
+    rows = []
+    for client_name, N, path in tqdm(jobs, desc=f"{args.module} steps"):
+        client = CLIENTS[client_name]
+        row = {"client": client_name, "module": args.module, "N": N, "path": path}
+        rows.append(row)
+        if time.monotonic() > deadline:
+            row["status"] = "not run: time budget"
+            continue
+        if path == "cuequivariance" and importlib.util.find_spec("cuequivariance_ops_torch") is None:
+            row["status"] = "not run: cuequivariance_ops_torch is not installed"
+            continue
+        torch.manual_seed(args.seed)
+        module = client.module(args.module, client.defaults).to(device).train()
+        c_s, c_z = widths(client, client.defaults)
+        gen = torch.Generator().manual_seed(args.seed + N)
+        padded = int(N * PAD_FRACTION) if client.batched else 0
+        inputs = client.inputs(N, c_s, c_z, padded=padded, generator=gen, device=device)
+        grad_out = torch.randn(inputs["z"].shape, generator=gen).to(device)
+        try:
+            row.update(measure_module(client, args.module, module, inputs["z"],
+                                      inputs["pair_mask"], grad_out, path, args))
+        except torch.OutOfMemoryError:
+            row["status"] = "out of memory"
+        except Exception as e:  # noqa: BLE001  (a path that fails is recorded, the rest still runs)
+            row["status"] = f"failed: {type(e).__name__}: {str(e)[:300]}"
+        finally:
+            del module, inputs, grad_out
+            release()
+        tqdm.write(f"{client_name:9s} {args.module} N={N:5d} {path:15s} {describe(row)}")
+    return rows
+
+
+def module_lines(rows: list[dict]) -> list[str]:
+    """Ours against cuEquivariance per client and N, module rows."""
+    def get(client, N, path):
+        return next((r for r in rows if r["client"] == client and r["N"] == N
+                     and r["path"] == path and r.get("status") == "ok"), None)
+
+    lines = []
+    for client in sorted({r["client"] for r in rows}):
+        for N in sorted({r["N"] for r in rows if r["client"] == client}):
+            ours, cueq = get(client, N, "ours"), get(client, N, "cuequivariance")
+            if ours is None or cueq is None:
+                lines.append(f"{client} {rows[0]['module']} N={N}: not measured (ours or "
+                             f"cuEquivariance missing)")
+                continue
+            peak = ("" if ours["peak_gib"] is None else
+                    f", peak {ours['peak_gib']:.2f} vs {cueq['peak_gib']:.2f} GiB")
+            lines.append(f"{client} {rows[0]['module']} N={N}: ours {ours['step_ms']:.2f} ms, "
+                         f"cuEquivariance {cueq['step_ms']:.2f} ms, ratio "
+                         f"{ours['step_ms'] / cueq['step_ms']:.2f}{peak}")
+    return lines
 
 
 def describe(row: dict) -> str:
@@ -246,7 +334,12 @@ def plot(rows: list[dict], path: Path, title: str) -> None:
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--clients", nargs="+", default=list(CLIENTS), choices=list(CLIENTS))
-    parser.add_argument("--sizes", nargs="+", type=int, default=[384, 640, 768, 1024])
+    parser.add_argument("--sizes", nargs="+", type=int, default=None,
+                        help="N (default 384 640 768 1024; with --module 384 768 1024)")
+    parser.add_argument("--module", choices=MODULES, default=None,
+                        help="module rows: this module of each client's pair stack alone (fwd + "
+                             "bwd), not the stack; e.g. --module tri_att_start --paths ours "
+                             "cuequivariance")
     parser.add_argument("--paths", nargs="+", default=list(PATHS), choices=PATHS)
     parser.add_argument("--steps", type=int, default=5, help="timed steps (and the repeatability check)")
     parser.add_argument("--warmup", type=int, default=2)
@@ -257,6 +350,8 @@ def main(argv=None) -> int:
     parser.add_argument("--json", type=Path, default=None)
     parser.add_argument("--plot", type=Path, default=None)
     args = parser.parse_args(argv)
+    if args.sizes is None:
+        args.sizes = [384, 768, 1024] if args.module else [384, 640, 768, 1024]
 
     os.environ.setdefault("LAYERNORM_TYPE", "torch")
     placeholders = placeholder_modules()
@@ -264,7 +359,7 @@ def main(argv=None) -> int:
     gpu = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
     meta = {"commit": git_commit(), "gpu": gpu, "date": datetime.date.today().isoformat(),
             "torch": torch.__version__, "precision": "bf16 autocast, fp32 parameters",
-            "placeholders": placeholders}
+            "placeholders": placeholders, "module": args.module}
     for name in ("openfold3", "boltz", "protenix", "cuequivariance_torch",
                  "cuequivariance_ops_torch"):
         try:
@@ -277,6 +372,15 @@ def main(argv=None) -> int:
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps({"meta": meta, "rows": rows}, indent=1))
+    if args.module:
+        print(f"\nsummary ({args.module} alone, fwd + bwd: median step, peak memory, gradients "
+              f"bitwise the same in every timed step):")
+        for r in sorted(rows, key=lambda r: (r["client"], r["N"], PATHS.index(r["path"]))):
+            print(f"  {r['client']:9s} N={r['N']:5d} {r['path']:15s} {describe(r)}")
+        print("\nours against cuEquivariance:")
+        for line in module_lines(rows):
+            print("  " + line)
+        return 0
     if args.plot:
         plot(rows, args.plot, f"client PairFormer stacks (4 blocks, bf16 autocast), {gpu}, "
                               f"{meta['commit']}")

@@ -8,7 +8,10 @@ loss covers real tokens only. Also: ours really run (counted), gradients are bit
 repeated steps, enable/disable restore the client's modules exactly (state dicts, modules, the
 client's packages and its outputs, before enable and after disable), inputs our ops do not take
 (float64) run the client's own path with the integration enabled, and a missing call site is an
-error naming the installed version.
+error naming the installed version. The clients' triangle attention modules and pair transitions
+run fused forwards (turbopairformer.nn.functional) under the integrations: each is also held alone
+against the client's path and FP64 (test_module_matches_fp64_by_accuracy_rule), and the client's
+dropout stays where it applies it (test_dropout_as_the_client_applies_it).
 
 boltz-community 2.12.0 installs the same `boltz` package as boltz 2.2.1: scripts/setup puts it in
 a folder of its own, and test_boltz_community runs the boltz tests again with it first on the path.
@@ -17,6 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import functools
 import os
 import subprocess
 import sys
@@ -28,7 +32,7 @@ from torch.overrides import TorchFunctionMode
 
 from accuracy import assert_accurate, gradient_scale, gradient_terms
 from test_nn import ATTENTION_ROUNDINGS, TRIMUL_ROUNDINGS, randomize
-from turbopairformer.benchmarks.clients import CLIENTS, widths, with_dropout
+from turbopairformer.benchmarks.clients import CLIENTS, MODULES, widths, with_dropout
 from turbopairformer.integrations import IntegrationError
 
 NAMES = list(CLIENTS)
@@ -59,11 +63,20 @@ def protenix_layer_norm():
 
 @pytest.fixture
 def counted(monkeypatch):
-    """Counts the calls of our two ops made through the integrations."""
-    counts = {"attention": 0, "trimul": 0}
+    """Counts the calls of our two ops made through the integrations, and of our fused glue
+    (ops.fused: the LayerNorm, the attention gate, the SwiGLU) made anywhere."""
+    counts = {"attention": 0, "trimul": 0, "layer_norm": 0, "gate": 0, "swiglu": 0}
     import turbopairformer.integrations.boltz as boltz
     import turbopairformer.integrations.openfold3 as openfold3
     import turbopairformer.integrations.protenix as protenix
+    import turbopairformer.ops.fused as fused
+
+    for name, key in (("layer_norm", "layer_norm"), ("gated_output", "gate"),
+                      ("swiglu", "swiglu")):
+        def glue(*args, _op=getattr(fused, name), _key=key, **kwargs):
+            counts[_key] += 1
+            return _op(*args, **kwargs)
+        monkeypatch.setattr(fused, name, glue)
 
     for module in (openfold3, boltz, protenix):
         for name, key in (("triangle_attention", "attention"),
@@ -138,21 +151,24 @@ def flipped(tensors: dict) -> dict:
 
 
 def compare(out, grads, baselines, out64, grads64, valid, precision, context, per_sample=(),
-            terms=None):
+            terms=None, roundings=None):
     """s, z (real tokens), their input gradients and every parameter gradient by the suite's
     accuracy rule (accuracy.py) against FP64, PyTorch's path the baseline. `baselines` holds one
     or two PyTorch runs (the batch as given and reversed: each sum over the batch, i.e. every
     parameter gradient, rounds differently in each, and the larger error counts, as test_nn).
     per_sample (each sample's FP64 gradients) and terms (accuracy.gradient_terms of the FP64 run):
-    the parameter gradients' error model (accuracy.gradient_scale)."""
+    the parameter gradients' error model (accuracy.gradient_scale). roundings: (outputs',
+    gradients') roundings, by default ROUNDINGS' and GRADIENT_ROUNDINGS' (a stack's)."""
     dtype = torch.bfloat16 if precision == "bf16-autocast" else torch.float32
+    out_roundings, grad_roundings = roundings or (ROUNDINGS[precision],
+                                                  GRADIENT_ROUNDINGS[precision])
 
-    def check(name, got, base, ref, scale=None, terms=1, roundings=ROUNDINGS[precision]):
+    def check(name, got, base, ref, scale=None, terms=1, roundings=out_roundings):
         assert got is not None, f"{name}: no gradient where FP64 has one; {context}"
         assert_accurate(name, got, base, ref, roundings=roundings, dtype=dtype,
                         scale=scale, terms=terms, context=context)
 
-    for key in ("s", "z"):
+    for key in out:
         check(key, out[key] * valid[key], [b[0][key] * valid[key] for b in baselines],
               out64[key] * valid[key])
     assert set(grads) == set(grads64)
@@ -162,13 +178,14 @@ def compare(out, grads, baselines, out64, grads64, valid, precision, context, pe
             continue
         scale, count = gradient_scale(key, grads64, list(per_sample), terms)
         check(key, grads[key], [b[1][key] for b in baselines], ref, scale, count,
-              GRADIENT_ROUNDINGS[precision])
+              grad_roundings)
 
 
-def run_paths(client, model, inputs, grad_out, precision):
+def run_paths(client, model, inputs, grad_out, precision, step=step):
     """FP64, PyTorch's path (batch as given and reversed) and ours, each (outputs, gradients),
     each sample's FP64 gradients (batched clients) and the FP64 run's gradient terms. The FP64
-    runs take the model and inputs as the paths see them, in float32 (accuracy.py)."""
+    runs take the model and inputs as the paths see them, in float32 (accuracy.py). step: a
+    stack's (above) or a module's (module_step)."""
     autocast = torch.bfloat16 if precision == "bf16-autocast" else None
     model = copy.deepcopy(model).float().double()
     as_seen = lambda d: {k: (v.float().double() if v is not None and v.is_floating_point() else v)
@@ -201,10 +218,109 @@ def test_matches_fp64_by_accuracy_rule(name, precision, seed, counted):
                                                                      grad_out, precision)
     blocks = next(client.small[k] for k in ("no_blocks", "num_blocks", "n_blocks")
                   if k in client.small)
-    # Ours ran, each triangle layer once per block (the PyTorch runs did not count).
-    assert counted == {"attention": 2 * blocks, "trimul": 2 * blocks}, counted
+    # Ours ran, each triangle layer once per block (the PyTorch runs did not count), the triangle
+    # attentions and both transitions (pair and single track) fused: a LayerNorm each, the
+    # attentions' gates, the transitions' SwiGLU.
+    assert counted == {"attention": 2 * blocks, "trimul": 2 * blocks, "layer_norm": 4 * blocks,
+                       "gate": 2 * blocks, "swiglu": 2 * blocks}, counted
     compare(out, g, baselines, out64, g64, valid, precision, f"{name} {precision} seed {seed}",
             per_sample, terms)
+
+
+# A module alone (the client's triangle attention or pair transition, its update of z): the
+# triangle attention's chain is the one derived above; the transition's, in bf16, stores the
+# LayerNorm output, both projections (one GEMM), the SwiGLU and the output projection (4), and its
+# gradients also the SwiGLU's input gradient, the projections' and the LayerNorm's (7); in float32
+# it has fewer of PyTorch's ops between them than the attention (24 as the attention's bound).
+TRANSITION_ROUNDINGS = {"16-bit": 4, "16-bit gradients": 7, torch.float32: 24}
+MODULE_ROUNDINGS = {"tri_att_start": ATTENTION_ROUNDINGS, "tri_att_end": ATTENTION_ROUNDINGS,
+                    "pair_transition": TRANSITION_ROUNDINGS}
+# Our fused glue in each module's forward: (LayerNorms, gates, SwiGLUs).
+MODULE_GLUE = {"tri_att_start": (1, 1, 0), "tri_att_end": (1, 1, 0), "pair_transition": (1, 0, 1)}
+
+
+def module_step(kind, client, module, inputs, path, dtype, grad_out, autocast=None):
+    """One forward and backward of a pair-stack module (a copy in dtype) on z: its update and
+    the gradients by name."""
+    module = copy.deepcopy(module).to(dtype)
+    z = inputs["z"].detach().to(dtype).requires_grad_(True)
+    widen = WidenToFloat64() if dtype == torch.float64 else contextlib.nullcontext()
+    with widen, torch.autocast("cpu", dtype=autocast, enabled=autocast is not None):
+        out = client.run_module(kind, module, z, inputs["pair_mask"].to(dtype), path)
+    out.backward(grad_out["out"].to(out.dtype))
+    grads = {"dz": z.grad}
+    grads.update({f"d[{n}]": p.grad for n, p in module.named_parameters()})
+    return {"out": out.detach()}, grads
+
+
+def build_module(client, kind, seed):
+    torch.manual_seed(seed)
+    return randomize(client.module(kind, client.small).double(),
+                     torch.Generator().manual_seed(seed))
+
+
+def module_case(client, seed):
+    """z and the pair mask of the stacks' case, a gradient of the update over real pairs."""
+    inputs, _, valid = case(client, seed)
+    gen = torch.Generator().manual_seed(seed + 1)
+    grad_out = {"out": torch.randn(inputs["z"].shape, generator=gen, dtype=torch.float64)
+                * valid["z"]}
+    return {k: inputs[k] for k in ("z", "pair_mask")}, grad_out, {"out": valid["z"]}
+
+
+@pytest.mark.parametrize("precision", ["float32", "bf16-autocast"])
+@pytest.mark.parametrize("kind", MODULES)
+@pytest.mark.parametrize("name", NAMES)
+def test_module_matches_fp64_by_accuracy_rule(name, kind, precision, seed, counted):
+    """Each client's patched triangle attention (starting and ending node, as its pair stack
+    calls them) and pair transition alone, our fused forward on the client's parameters against
+    its own PyTorch path and FP64 (the update of z over real pairs, dz and every parameter
+    gradient), and bitwise the same over repeated steps."""
+    client = CLIENTS[name]
+    module = build_module(client, kind, seed)
+    inputs, grad_out, valid = module_case(client, seed)
+    one_step = functools.partial(module_step, kind)
+    (out64, g64), baselines, (out, g), per_sample, terms = run_paths(
+        client, module, inputs, grad_out, precision, step=one_step)
+    rules = MODULE_ROUNDINGS[kind]
+    roundings = (rules[torch.float32], rules[torch.float32]) if precision == "float32" else \
+        (rules["16-bit"], rules["16-bit gradients"])
+    compare(out, g, baselines, out64, g64, valid, precision,
+            f"{name} {kind} {precision} seed {seed}", per_sample, terms, roundings)
+    ln, gate, swiglu = MODULE_GLUE[kind]
+    attention = 0 if kind == "pair_transition" else 1
+    assert counted == {"attention": attention, "trimul": 0, "layer_norm": ln, "gate": gate,
+                       "swiglu": swiglu}, counted
+    autocast = torch.bfloat16 if precision == "bf16-autocast" else None
+    again = one_step(client, module.float(), inputs, "ours", torch.float32, grad_out, autocast)
+    for got, want in ((again[0], out), (again[1], g)):
+        for key, ref in want.items():
+            assert (got[key] is None and ref is None) or torch.equal(got[key], ref), key
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_dropout_as_the_client_applies_it(name, seed, counted):
+    """Training mode with the client's dropout on the pair updates: our fused modules leave it
+    where the client applies it (on their outputs, the same masks for the same seed), so the
+    stack's results on our path are the client's own, to rounding (a mask drawn differently
+    would move them by the size of a dropped update): s, z and their gradients (the parameter
+    gradients are held to the accuracy rule without dropout, above; a sum that cancels to ~0 has
+    no relative error to bound here)."""
+    client = CLIENTS[name]
+    model = build(client, seed, dropout=0.25).float().train()
+    inputs, grad_out, valid = case(client, seed)
+    results = {}
+    for path in ("pytorch", "ours"):
+        torch.manual_seed(seed)
+        results[path] = step(client, model, inputs, path, torch.float32, grad_out)
+    assert counted["gate"] > 0 and counted["swiglu"] > 0, counted
+    (out, grads), (own, own_grads) = results["ours"], results["pytorch"]
+    for key in ("s", "z"):
+        err = ((out[key] - own[key]) * valid[key]).abs().max().item()
+        assert err <= 1e-4 * (own[key] * valid[key]).abs().max().item(), (key, err)
+    for key in ("ds", "dz"):
+        err = (grads[key] - own_grads[key]).abs().max().item()
+        assert err <= 1e-4 * own_grads[key].abs().max().item(), (key, err)
 
 
 @pytest.mark.parametrize("name", NAMES)
@@ -294,7 +410,7 @@ def test_float64_runs_the_clients_own_path(name, seed, counted):
     inputs, grad_out, _ = case(client, seed)
     own = step(client, model, inputs, "pytorch", torch.float64, grad_out)
     ours = step(client, model, inputs, "ours", torch.float64, grad_out)
-    assert counted == {"attention": 0, "trimul": 0}, counted
+    assert set(counted.values()) == {0}, counted
     for got, want in zip(ours, own):
         assert set(got) == set(want)
         for key, ref in want.items():
@@ -325,7 +441,8 @@ def test_which_inputs_our_ops_take():
     CPU and CUDA; on CUDA, 16-bit attention only with the kernels' head dims (forward 8..128 in
     8s, backward 8..64 in 8s), the triangle multiplication with D a multiple of 8 up to 128."""
     from turbopairformer.integrations._patching import (attention_rule, attention_takes,
-                                                        trimul_rule, trimul_takes)
+                                                        glue_rule, glue_takes, trimul_rule,
+                                                        trimul_takes)
     f32, bf16, f16, f64 = torch.float32, torch.bfloat16, torch.float16, torch.float64
     for dtype in (f32, bf16, f16):
         for D in (4, 8, 12, 32, 160):
@@ -352,6 +469,13 @@ def test_which_inputs_our_ops_take():
         assert not attention_takes(x.double(), 8)
     meta = torch.empty(1, 4, 4, 8, device="meta")
     assert not attention_takes(meta, 8) and not trimul_takes(meta)
+    # The fused glue (LayerNorm, gate, SwiGLU): the three dtypes, up to 1024 channels.
+    for dtype in (f32, bf16, f16):
+        for device in ("cpu", "cuda"):
+            assert glue_rule(dtype, device, 128) and glue_rule(dtype, device, 1024)
+            assert not glue_rule(dtype, device, 1025)
+    assert not glue_rule(f64, "cpu", 128) and not glue_rule(f32, "mps", 128)
+    assert glue_takes(x) and not glue_takes(x.double()) and not glue_takes(meta)
 
 
 def _client_namespace(package: str) -> dict:
@@ -426,7 +550,7 @@ def test_disable_restores_every_module_exactly(name, seed, counted):
         model.train()
     finally:
         module.disable()
-    assert counted["attention"] > 0 and counted["trimul"] > 0, counted
+    assert all(counted[k] > 0 for k in ("attention", "trimul", "gate", "swiglu")), counted
     assert not module.is_enabled()
 
     after_state = model.state_dict()

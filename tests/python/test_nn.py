@@ -335,13 +335,11 @@ def test_turbo_backend_runs_our_ops_and_reference_does_not(monkeypatch):
                         counted("attention", attention_module.triangle_attention))
     monkeypatch.setattr(trimul_module, "triangle_multiplicative_update",
                         counted("trimul", trimul_module.triangle_multiplicative_update))
-    import turbopairformer.nn.transition as transition_module
     import turbopairformer.ops.fused as fused_module
 
     calls.update(gate=0, swiglu=0, layer_norm=0)
-    monkeypatch.setattr(attention_module, "gated_output",
-                        counted("gate", attention_module.gated_output))
-    monkeypatch.setattr(transition_module, "swiglu", counted("swiglu", transition_module.swiglu))
+    monkeypatch.setattr(fused_module, "gated_output", counted("gate", fused_module.gated_output))
+    monkeypatch.setattr(fused_module, "swiglu", counted("swiglu", fused_module.swiglu))
     monkeypatch.setattr(fused_module, "layer_norm", counted("layer_norm", fused_module.layer_norm))
     block = PairFormerBlock(8, c_s=4, c_hidden_pair_att=4, no_heads_pair=2, c_hidden_pair_bias=2,
                             no_heads_pair_bias=2)

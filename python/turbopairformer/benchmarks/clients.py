@@ -7,6 +7,11 @@ A client's `build(**config)` takes its PairFormer's own argument names; DEFAULTS
 configuration (AlphaFold3's widths), blocks aside. `inputs(N, ...)` makes s, z and masks with the
 last tokens padded, in the layout the client's stack takes; `run(model, inputs, path)` is one
 forward on that path and returns (s, z).
+
+The modules of its pair stack alone (MODULES: the triangle attention from the starting and the
+ending node, the pair transition): `module(kind, c_z, config)` builds one with the stack's own
+classes and arguments, `run_module(kind, module, z, pair_mask, path)` is one forward of it as the
+client's pair stack calls it (the ending node's transposes included) and returns its update of z.
 """
 from __future__ import annotations
 
@@ -17,6 +22,7 @@ from typing import Any, Callable
 import torch
 
 PATHS = ("pytorch", "cuequivariance", "ours")
+MODULES = ("tri_att_start", "tri_att_end", "pair_transition")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -28,6 +34,10 @@ class Client:
     batched: bool                         # whether its stack takes a batch dimension
     build: Callable[..., torch.nn.Module]
     forward: Callable[..., tuple]         # forward(model, inputs, kernels: bool) -> (s, z)
+    # build_module(kind, c_z, config) -> a module of its pair stack (MODULES), config its stack's;
+    # forward_module(kind, module, z, pair_mask, kernels) -> its update of z
+    build_module: Callable[..., torch.nn.Module] = None
+    forward_module: Callable[..., torch.Tensor] = None
 
     def integration_module(self):
         return importlib.import_module(f"turbopairformer.integrations.{self.integration}")
@@ -50,6 +60,22 @@ class Client:
             out = {k: v[0] for k, v in out.items()}
         return {k: v.to(device=device, dtype=dtype) for k, v in out.items()}
 
+    def module(self, kind: str, config: dict) -> torch.nn.Module:
+        """One module of the pair stack of `config` (MODULES), built as the stack builds it."""
+        if kind not in MODULES:
+            raise ValueError(f"kind must be one of {MODULES}, got {kind!r}")
+        return self.build_module(kind, widths(self, config)[1], config)
+
+    def run_module(self, kind: str, module: torch.nn.Module, z: torch.Tensor,
+                   pair_mask: torch.Tensor, path: str) -> torch.Tensor:
+        """One forward of a pair-stack module on a path, as the client's stack calls it (ours:
+        with the kernel switch on, as the integration sets it in the stack)."""
+        if path not in PATHS:
+            raise ValueError(f"path must be one of {PATHS}, got {path!r}")
+        integration = self.integration_module()
+        with (integration.enabled() if path == "ours" else integration.disabled()):
+            return self.forward_module(kind, module, z, pair_mask, kernels=path != "pytorch")
+
     def run(self, model: torch.nn.Module, inputs: dict, path: str) -> tuple:
         if path not in PATHS:
             raise ValueError(f"path must be one of {PATHS}, got {path!r}")
@@ -71,6 +97,29 @@ def _openfold3_forward(model, x, kernels):
                  use_cueq_triangle_kernels=kernels)
 
 
+def _openfold3_module(kind, c_z, config):
+    from openfold3.core.model.latent.base_blocks import PairBlock
+    # The stack's own PairBlock builds the modules with its arguments and initializations.
+    block = PairBlock(c_z=c_z, c_hidden_mul=config["c_hidden_mul"],
+                      c_hidden_pair_att=config["c_hidden_pair_att"],
+                      no_heads_pair=config["no_heads_pair"],
+                      transition_type=config["transition_type"],
+                      transition_n=config["transition_n"], pair_dropout=0.0,
+                      fuse_projection_weights=config["fuse_projection_weights"], inf=config["inf"])
+    return getattr(block, kind)
+
+
+def _openfold3_module_forward(kind, module, z, pair_mask, kernels):
+    if kind == "pair_transition":
+        return module(z, mask=pair_mask)
+    if kind == "tri_att_start":
+        return module(z, mask=pair_mask, use_cueq_triangle_kernels=kernels)
+    # PairBlock.tri_att_start_end: the ending node on z transposed, with transpose_bias.
+    out = module(z.transpose(-2, -3), mask=pair_mask.transpose(-1, -2), transpose_bias=True,
+                 use_cueq_triangle_kernels=kernels)
+    return out.transpose(-2, -3)
+
+
 def _boltz_build(**config: Any) -> torch.nn.Module:
     from boltz.model.layers.pairformer import PairformerModule
     return PairformerModule(**config)
@@ -78,6 +127,19 @@ def _boltz_build(**config: Any) -> torch.nn.Module:
 
 def _boltz_forward(model, x, kernels):
     return model(x["s"], x["z"], x["token_mask"], x["pair_mask"], use_kernels=kernels)
+
+
+def _boltz_module(kind, c_z, config):
+    # A one-block stack builds its layer as the stack does (boltz-community's layer takes other
+    # arguments).
+    layer = _boltz_build(**{**config, "num_blocks": 1, "dropout": 0.0}).layers[0]
+    return layer.transition_z if kind == "pair_transition" else getattr(layer, kind)
+
+
+def _boltz_module_forward(kind, module, z, pair_mask, kernels):
+    if kind == "pair_transition":
+        return module(z)
+    return module(z, mask=pair_mask, use_kernels=kernels)
 
 
 def _protenix_build(**config: Any) -> torch.nn.Module:
@@ -89,6 +151,26 @@ def _protenix_forward(model, x, kernels):
     kernel = "cuequivariance" if kernels else "torch"
     return model(x["s"], x["z"], x["pair_mask"], triangle_multiplicative=kernel,
                  triangle_attention=kernel)
+
+
+def _protenix_module(kind, c_z, config):
+    from protenix.model.modules.pairformer import PairformerBlock
+    block = PairformerBlock(n_heads=config["n_heads"], c_z=c_z, c_s=0,
+                            num_intermediate_factor=config["num_intermediate_factor"],
+                            dropout=0.0, hidden_scale_up=config.get("hidden_scale_up", False))
+    return getattr(block, kind)
+
+
+def _protenix_module_forward(kind, module, z, pair_mask, kernels):
+    if kind == "pair_transition":
+        return module(z)
+    kernel = "cuequivariance" if kernels else "torch"
+    if kind == "tri_att_start":
+        return module(z, mask=pair_mask, triangle_attention=kernel)
+    # PairformerBlock: the ending node (a starting-node module) on z transposed.
+    out = module(z.transpose(-2, -3).contiguous(), mask=pair_mask.transpose(-1, -2),
+                 triangle_attention=kernel)
+    return out.transpose(-2, -3)
 
 
 CLIENTS = {
@@ -104,7 +186,8 @@ CLIENTS = {
                    c_hidden_pair_att=8, no_heads_pair=2, no_blocks=2, transition_type="swiglu",
                    transition_n=2, pair_dropout=0.0, fuse_projection_weights=False,
                    blocks_per_ckpt=None, inf=1e9),
-        build=_openfold3_build, forward=_openfold3_forward),
+        build=_openfold3_build, forward=_openfold3_forward, build_module=_openfold3_module,
+        forward_module=_openfold3_module_forward),
     "boltz": Client(
         name="boltz", integration="boltz", batched=True,
         # Boltz-2's trunk: PairformerModule(token_s=384, token_z=128, v2=True), 64 blocks there.
@@ -112,7 +195,8 @@ CLIENTS = {
                       pairwise_head_width=32, pairwise_num_heads=4, v2=True),
         small=dict(token_s=24, token_z=16, num_blocks=2, num_heads=4, dropout=0.0,
                    pairwise_head_width=8, pairwise_num_heads=2, v2=True),
-        build=_boltz_build, forward=_boltz_forward),
+        build=_boltz_build, forward=_boltz_forward, build_module=_boltz_module,
+        forward_module=_boltz_module_forward),
     "protenix": Client(
         name="protenix", integration="protenix", batched=False,
         # protenix 2.0.0's PairformerStack defaults (48 blocks there).
@@ -122,7 +206,8 @@ CLIENTS = {
         # needs them equal) and the triangle heads c_z / 32 of head dim 32.
         small=dict(n_blocks=2, n_heads=4, c_z=64, c_s=24, num_intermediate_factor=2, dropout=0.0,
                    hidden_scale_up=True),
-        build=_protenix_build, forward=_protenix_forward),
+        build=_protenix_build, forward=_protenix_forward, build_module=_protenix_module,
+        forward_module=_protenix_module_forward),
 }
 
 

@@ -1,9 +1,10 @@
 """What the client integrations share: a set of attribute changes applied together and undone
 together, checks that a client's call sites are where the integration expects them (with the
 installed version in the error), a wrapper that forces a keyword argument of a method, and the one
-rule of which inputs our ops take (attention_takes, trimul_takes): a patched layer given others
-runs the client's own PyTorch path (Fallback), decided up front from the inputs' dtype, device and
-shapes, never by catching our ops' errors (a real bug still raises)."""
+rule of which inputs our ops take (attention_takes, trimul_takes, glue_takes): a patched layer
+given others runs the client's own PyTorch path (Fallback; fusing() for the fused module forwards),
+decided up front from the inputs' dtype, device and shapes, never by catching our ops' errors (a
+real bug still raises)."""
 from __future__ import annotations
 
 import contextlib
@@ -29,6 +30,8 @@ _DEVICES = ("cpu", "cuda")
 _ATTENTION_FORWARD_HEAD_DIMS = frozenset(range(8, 129, 8))
 _ATTENTION_BACKWARD_HEAD_DIMS = frozenset(range(8, 65, 8))
 _TRIMUL_MAX_D = 128
+# The fused LayerNorm (ops.fused.layer_norm, include/tpf/fused.h) takes up to 1024 channels.
+_LAYER_NORM_MAX_C = 1024
 
 
 def op_dtype(x: torch.Tensor) -> torch.dtype:
@@ -60,6 +63,12 @@ def trimul_rule(dtype: torch.dtype, device: str, width: int) -> bool:
     return device != "cuda" or (width % 8 == 0 and width <= _TRIMUL_MAX_D)
 
 
+def glue_rule(dtype: torch.dtype, device: str, width: int) -> bool:
+    """Whether our fused glue (LayerNorm, SwiGLU, the attention gate) takes x of this dtype
+    (op_dtype), device type and width C (the LayerNorm's channels)."""
+    return dtype in _DTYPES and device in _DEVICES and 1 <= width <= _LAYER_NORM_MAX_C
+
+
 def _needs_grad(x: torch.Tensor, layer: Optional[torch.nn.Module]) -> bool:
     if not torch.is_grad_enabled():
         return False
@@ -84,6 +93,40 @@ def trimul_takes(x: torch.Tensor) -> bool:
     """Whether our triangle multiplication takes a layer's input x [*, S, S, D]."""
     return (isinstance(x, torch.Tensor) and x.dim() >= 3 and
             trimul_rule(op_dtype(x), x.device.type, x.shape[-1]))
+
+
+def glue_takes(x: torch.Tensor) -> bool:
+    """Whether our fused glue takes a module's input x [..., C] (a transition's, a triangle
+    attention's before its LayerNorm)."""
+    return (isinstance(x, torch.Tensor) and x.dim() >= 1 and
+            glue_rule(op_dtype(x), x.device.type, x.shape[-1]))
+
+
+def plain_linears(*layers: Any) -> bool:
+    """Whether the client's layers are linear layers the fused forwards run as they are: a weight
+    [out, in] and a bias or none, computed in the input's dtype (no `precision` of their own, as
+    Boltz's and Protenix's Linear may set)."""
+    return all(isinstance(getattr(layer, "weight", None), torch.Tensor) and
+               getattr(layer, "weight").dim() == 2 and
+               getattr(layer, "precision", None) is None for layer in layers)
+
+
+def triangle_attention_takes(layer: torch.nn.Module, x: torch.Tensor) -> bool:
+    """Whether a client's triangle attention module (layer_norm, a pair-bias projection, mha with
+    linear_q, linear_k, linear_v, linear_g, linear_o, c_hidden, no_heads) runs its fused forward
+    (functional.triangle_attention_update) on x: our attention and glue take x, and its layers are
+    plain (a gated mha). `bias` names the module's pair-bias projection."""
+    mha = getattr(layer, "mha", None)
+    projections = [getattr(mha, name, None) for name in
+                   ("linear_q", "linear_k", "linear_v", "linear_g", "linear_o")]
+    return (mha is not None and plain_linears(*projections, pair_bias_linear(layer)) and
+            attention_takes(x, mha.c_hidden, layer) and glue_takes(x))
+
+
+def pair_bias_linear(layer: torch.nn.Module) -> Optional[torch.nn.Module]:
+    """A triangle attention module's pair-bias projection: OpenFold3's linear_z, Boltz's and
+    Protenix's linear."""
+    return getattr(layer, "linear_z", None) or getattr(layer, "linear", None)
 
 
 class Fallback(NamedTuple):
@@ -245,6 +288,40 @@ class Integration:
                     args, kwargs = setting(args, kwargs, values)
                 return original(*args, **kwargs)
             return forced
+
+        return owner, method, make
+
+    def fusing(self, owner: type, method: str, fused: Callable[..., Any],
+               base: Optional[tuple[type, str, Callable[[Any], Any]]] = None,
+               ignoring: tuple[str, ...] = ()) -> tuple[type, str, Callable[[Any], Any]]:
+        """The change that makes owner.method run `fused` (our fused forward on the client's
+        parameters, given the method's arguments by name), which returns NotImplemented for
+        inputs it does not take, decided up front; those run the method as `base` (a change of the
+        same method, e.g. forcing()'s) makes it, or the client's own. `fused` names the method's
+        parameters; `ignoring`: the method's parameters it may lack (ones that do not change what
+        the fused path computes, e.g. a switch the kernel path overrides). An installed version
+        whose method has other parameters is an IntegrationError."""
+        original = self.attribute(owner, method)
+        if base is not None and base[:2] != (owner, method):
+            raise ValueError(f"base must change {_name(owner)}.{method}")
+        signature = inspect.signature(original)
+        parameters = list(signature.parameters)
+        named = list(inspect.signature(fused).parameters)
+        if [p for p in parameters if p not in ignoring] != named:
+            raise self.missing(f"{_name(owner)}.{method}({', '.join(named)}) (it has "
+                               f"({', '.join(parameters)}))")
+        positions = [(name, parameters.index(name), signature.parameters[name].default)
+                     for name in named]
+
+        def make(original):
+            slow = original if base is None else base[2](original)
+
+            @functools.wraps(original)
+            def forward(*args, **kwargs):
+                out = fused(**{name: args[i] if i < len(args) else kwargs.get(name, default)
+                               for name, i, default in positions})
+                return slow(*args, **kwargs) if out is NotImplemented else out
+            return forward
 
         return owner, method, make
 

@@ -14,12 +14,22 @@ as cuEquivariance does (that last one in the autocast dtype). boltz-community re
 kernel call and then stays on PyTorch; enable() starts it with a clean record (disable() restores
 the old one). Inputs our ops do not take (float64, say, or on CUDA a head dim our kernels do not
 cover: _patching.attention_takes and trimul_takes) run the layers' PyTorch path (`use_kernels=False`).
-The single track (AttentionPairBias, transitions) runs as Boltz runs it.
+
+The glue around the triangle attention and the transitions runs fused on Boltz's own modules and
+parameters (turbopairformer.nn.functional, the same code as our nn modules): a TriangleAttention
+runs one fused LayerNorm, its q, k, v, gate and pair-bias projections as one GEMM, our attention,
+the gate fused with the heads' re-layout and the output projection; a Transition (the SwiGLU MLP,
+pair and single track) a fused LayerNorm, one GEMM for fc1 and fc2, our SwiGLU and fc3. The
+dropout stays where Boltz applies it, on the modules' outputs. Inputs the glue does not take
+(_patching.glue_takes) run Boltz's forwards, as does a Transition chunked for inference. The single
+track's attention (AttentionPairBias) runs as Boltz runs it.
 """
 from __future__ import annotations
 
 from turbopairformer.integrations._patching import (Fallback, Integration, attention_takes,
-                                                    replace, trimul_takes)
+                                                    glue_takes, plain_linears, replace,
+                                                    triangle_attention_takes, trimul_takes)
+from turbopairformer.nn import functional as F
 from turbopairformer.ops.attention import triangle_attention
 from turbopairformer.ops.trimul import triangle_multiplicative_update
 
@@ -37,6 +47,38 @@ _ATTENTION_FALLBACK = Fallback(("x",), lambda layer, x: attention_takes(x, layer
 _TRIMUL_FALLBACK = Fallback(("x",), lambda layer, x: trimul_takes(x), {"use_kernels": False})
 
 
+def _core(q, k, v, bias, mask):
+    return triangle_attention(q, k, v, bias, mask)
+
+
+def _triangle_attention_forward(self, x, mask=None, chunk_size=None, use_kernels=False):
+    """TriangleAttention.forward fused (functional.triangle_attention_update), as its kernel path
+    runs it (unchunked, whatever chunk_size says); NotImplemented for inputs our ops do not take."""
+    if not triangle_attention_takes(self, x):
+        return NotImplemented
+    keep = None if mask is None else mask.bool()  # as Boltz hands its mask to the kernel
+    if not self.starting:
+        x = x.transpose(-2, -3)
+        keep = None if keep is None else keep.transpose(-1, -2)
+    mha = self.mha
+    out = F.triangle_attention_update(
+        x, keep, norm=self.layer_norm, q=mha.linear_q, k=mha.linear_k, v=mha.linear_v,
+        g=mha.linear_g, bias=self.linear, out=mha.linear_o, heads=mha.no_heads,
+        head_dim=mha.c_hidden, fused=F.fusable(), core=_core)
+    return out if self.starting else out.transpose(-2, -3)
+
+
+def _transition_forward(self, x, chunk_size=None):
+    """Transition.forward (the SwiGLU MLP of the pair and single tracks) fused
+    (functional.swiglu_transition); NotImplemented where Boltz chunks it (inference with a
+    chunk size) and for inputs our glue does not take."""
+    if (chunk_size is not None and not self.training) or not (
+            glue_takes(x) and plain_linears(self.fc1, self.fc2, self.fc3)):
+        return NotImplemented
+    return F.swiglu_transition(x, norm=self.norm, a=self.fc1, b=self.fc2, out=self.fc3,
+                               fused=F.fusable())
+
+
 def _calls_kernel(it: Integration, module, function, kernel: str) -> None:
     """function calls kernel, or (boltz-community) the module's _kernel_or_none, which does."""
     wrapper = vars(module).get("_kernel_or_none")
@@ -50,6 +92,7 @@ def _plan(it: Integration):
     primitives = it.module("boltz.model.layers.triangular_attention.primitives")
     attention = it.module("boltz.model.layers.triangular_attention.attention")
     trimul = it.module("boltz.model.layers.triangular_mult")
+    transition = it.module("boltz.model.layers.transition")
     it.attribute(primitives, "kernel_triangular_attn")
     it.attribute(trimul, "kernel_triangular_mult")
     _calls_kernel(it, primitives, it.attribute(primitives.Attention, "forward"),
@@ -57,8 +100,12 @@ def _plan(it: Integration):
     changes = [
         replace(primitives, "kernel_triangular_attn", _kernel_triangular_attn),
         replace(trimul, "kernel_triangular_mult", triangle_multiplicative_update),
-        it.forcing(attention.TriangleAttention, "forward", fallback=_ATTENTION_FALLBACK,
-                   use_kernels=True),
+        # boltz-community's use_flash_attn (PyTorch's SDPA) yields to the kernel path.
+        it.fusing(attention.TriangleAttention, "forward", _triangle_attention_forward,
+                  base=it.forcing(attention.TriangleAttention, "forward",
+                                  fallback=_ATTENTION_FALLBACK, use_kernels=True),
+                  ignoring=("use_flash_attn",)),
+        it.fusing(it.attribute(transition, "Transition"), "forward", _transition_forward),
     ]
     for name in ("TriangleMultiplicationOutgoing", "TriangleMultiplicationIncoming"):
         layer = it.attribute(trimul, name)

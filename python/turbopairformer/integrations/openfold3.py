@@ -15,14 +15,26 @@ kernels do not cover: _patching.attention_takes and trimul_takes) run OpenFold3'
 the pair stack's caller asked for it (`use_cueq_triangle_kernels=False`, its other arguments as
 given), and so does an Attention called with `use_cueq_triangle_kernels=True` directly. The
 triangle multiplication keeps OpenFold3's rule that its kernel path takes pair widths that are
-multiples of 32. The single track (AttentionPairBias, transitions) runs as OpenFold3 runs it.
+multiples of 32.
+
+The glue around the triangle attention and the SwiGLU transitions runs fused on OpenFold3's own
+modules and parameters (turbopairformer.nn.functional, the same code as our nn modules): a
+TriangleAttention asked for the kernel path unchunked runs one fused LayerNorm, its q, k, v, gate
+and pair-bias projections as one GEMM, our attention, the gate fused with the heads' re-layout and
+the output projection; SwiGLUTransition._transition (each chunk, where OpenFold3 chunks) runs a
+fused LayerNorm, one GEMM for both SwiGLU projections, our SwiGLU and the output projection. The
+pair stack's dropout stays where OpenFold3 applies it, on the modules' outputs. Inputs the glue
+does not take (_patching.glue_takes) and the other paths (chunked, LMA, Triton) run OpenFold3's
+forwards. The single track's attention (AttentionPairBias) runs as OpenFold3 runs it.
 """
 from __future__ import annotations
 
 import torch
 
 from turbopairformer.integrations._patching import (Fallback, Integration, attention_takes,
-                                                    replace, trimul_takes)
+                                                    glue_takes, plain_linears, replace,
+                                                    triangle_attention_takes, trimul_takes)
+from turbopairformer.nn import functional as F
 from turbopairformer.ops.attention import triangle_attention
 from turbopairformer.ops.trimul import triangle_multiplicative_update
 
@@ -47,6 +59,42 @@ _ATTENTION_FALLBACK = Fallback(
     lambda mha, q_x, kernels: not kernels or attention_takes(q_x, mha.c_hidden, mha), _OFF)
 
 
+def _core(q, k, v, bias, mask):
+    return triangle_attention(q, k, v, bias, mask)
+
+
+def _triangle_attention_forward(self, x, mask=None, transpose_bias=False, chunk_size=None,
+                                use_deepspeed_evo_attention=False, use_cueq_triangle_kernels=False,
+                                use_triton_triangle_kernels=False, use_lma=False,
+                                inplace_safe=False):
+    """TriangleAttention.forward fused (functional.triangle_attention_update) where the kernel
+    path is asked for (the pair stack asks for it, above) unchunked; otherwise NotImplemented."""
+    if not (use_cueq_triangle_kernels and chunk_size is None and not use_lma and
+            not use_triton_triangle_kernels and triangle_attention_takes(self, x)):
+        return NotImplemented
+    # OpenFold3 masks keys by a bias inf * (mask - 1): those where it is not 0.
+    keep = None if mask is None else mask == 1
+    if not self.starting:
+        x = x.transpose(-2, -3)
+        keep = None if keep is None else keep.transpose(-1, -2)
+    mha = self.mha
+    out = F.triangle_attention_update(
+        x, keep, norm=self.layer_norm, q=mha.linear_q, k=mha.linear_k, v=mha.linear_v,
+        g=mha.linear_g, bias=self.linear_z, out=mha.linear_o, heads=mha.no_heads,
+        head_dim=mha.c_hidden, fused=F.fusable(), core=_core, transpose_bias=transpose_bias)
+    return out if self.starting else out.transpose(-2, -3)
+
+
+def _swiglu_transition(self, x, mask):
+    """SwiGLUTransition._transition (each chunk's, where OpenFold3 chunks) fused
+    (functional.swiglu_transition); NotImplemented for inputs our glue does not take."""
+    swiglu = self.swiglu
+    if not (glue_takes(x) and plain_linears(swiglu.linear_a, swiglu.linear_b, self.linear_out)):
+        return NotImplemented
+    return F.swiglu_transition(x, norm=self.layer_norm, a=swiglu.linear_a, b=swiglu.linear_b,
+                               out=self.linear_out, fused=F.fusable()) * mask
+
+
 def _pair_width_of_32s(self, z, *args, **kwargs) -> bool:
     return z.shape[-1] % 32 == 0
 
@@ -55,6 +103,8 @@ def _plan(it: Integration):
     attention = it.module("openfold3.core.model.primitives.attention")
     trimul = it.module("openfold3.core.model.layers.triangular_multiplicative_update")
     blocks = it.module("openfold3.core.model.latent.base_blocks")
+    triangular = it.module("openfold3.core.model.layers.triangular_attention")
+    transition = it.module("openfold3.core.model.layers.transition")
     it.attribute(attention, "cueq_is_installed")
     it.calls(it.attribute(attention, "_cueq_triangle_attn"), "triangle_attention")
     forward = it.attribute(it.attribute(attention, "Attention"), "forward")
@@ -72,6 +122,9 @@ def _plan(it: Integration):
         # _cueq_triangle_mult raises for other pair widths; those keep OpenFold3's PyTorch path.
         it.forcing(blocks.PairBlock, "tri_mul_out_in", use_cueq_triangle_kernels=True,
                    when=_pair_width_of_32s, fallback=_PAIR_TRIMUL_FALLBACK),
+        it.fusing(it.attribute(triangular, "TriangleAttention"), "forward",
+                  _triangle_attention_forward),
+        it.fusing(it.attribute(transition, "SwiGLUTransition"), "_transition", _swiglu_transition),
     ]
 
 

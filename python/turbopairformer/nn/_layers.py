@@ -1,4 +1,5 @@
-"""Linear layers with AlphaFold3's initializations, and the backend names the modules accept."""
+"""Linear layers with AlphaFold3's initializations, the backend names the modules accept, and
+whether a module runs the fused glue (the glue itself: turbopairformer.nn.functional)."""
 from __future__ import annotations
 
 import math
@@ -6,8 +7,8 @@ import math
 import torch
 from torch import nn
 
-from turbopairformer.ops import fused as fused_ops
-from turbopairformer.ops._common import autocast_dtype
+from turbopairformer.nn.functional import fusable, layer_norm  # noqa: F401  (the modules' LayerNorm)
+from turbopairformer.ops._common import autocast_dtype  # noqa: F401
 
 BACKENDS = ("reference", "turbo")
 
@@ -53,14 +54,4 @@ def fused_glue(module: nn.Module) -> bool:
     PyTorch's eager ops (bench/notes-train.md), unless set_backend(..., fused_glue=False) chose
     PyTorch's ops to compare against; never under torch.compile, whose generated kernels fuse this
     glue into its neighbours."""
-    return (module.backend == "turbo" and module.fused_glue
-            and not torch.compiler.is_compiling())
-
-
-def layer_norm(ln: nn.LayerNorm, x: torch.Tensor, glue: bool) -> torch.Tensor:
-    """ln(x); with the fused glue (`glue`), in one kernel that reads x in place and writes the
-    dtype the next GEMM casts to under autocast (every consumer of these LayerNorms is a linear
-    layer)."""
-    if not glue or ln.weight is None or ln.bias is None:
-        return ln(x)
-    return fused_ops.layer_norm(x, ln.weight, ln.bias, ln.eps, autocast_dtype(x) or x.dtype)
+    return module.backend == "turbo" and module.fused_glue and fusable()

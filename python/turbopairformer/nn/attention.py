@@ -11,9 +11,9 @@ from typing import Optional
 import torch
 from torch import nn
 
+from turbopairformer.nn import functional as F
 from turbopairformer.nn._layers import check_backend, fused_glue, layer_norm, linear
 from turbopairformer.ops.attention import triangle_attention
-from turbopairformer.ops.fused import gated_output
 from turbopairformer.ops.torch_reference import triangle_attention_torch
 
 
@@ -41,28 +41,16 @@ class GatedAttention(nn.Module):
                 mask: Optional[torch.Tensor] = None) -> torch.Tensor:
         """x [B, N, S, C]: N slices of S tokens; bias [B, H, S, S] shared by the slices;
         mask bool [B, N, S], True = attend. Returns [B, N, S, C]."""
-        B, N, S, _ = x.shape
-        H, D = self.no_heads, self.c_hidden
-
-        def heads(t: torch.Tensor) -> torch.Tensor:  # [B, N, S, H*D] -> [B, N, H, S, D], a view
-            return t.unflatten(-1, (H, D)).transpose(2, 3)
-
-        # q, k, v and the gate in one GEMM over x (one read of x, one autocast cast of it, and
-        # its gradient summed inside the GEMM instead of four tensors added); the parameters stay
+        # q, k, v and the gate in one GEMM over x (functional.linears); the parameters stay
         # OpenFold3's four layers.
-        layers = (self.linear_q, self.linear_k, self.linear_v, self.linear_g)
-        weight = torch.cat([layer.weight for layer in layers])
-        if self.linear_q.bias is None:
-            qkvg_bias = None
-        else:
-            qkvg_bias = torch.cat([self.linear_q.bias, self.linear_q.bias.new_zeros(3 * H * D)])
-        q, k, v, g = nn.functional.linear(x, weight, qkvg_bias).split(H * D, dim=-1)
-        q, k, v = heads(q), heads(k), heads(v)
-        o = self.attention(q, k, v, bias.to(q.dtype), mask)
-        if fused_glue(self):  # the heads back to rows and the gate, in one pass
-            return self.linear_o(gated_output(g, o))
-        o = o.transpose(2, 3).reshape(B, N, S, H * D)
-        return self.linear_o(torch.sigmoid(g) * o)
+        q, k, v, g = F.linears(x, self.projections).split(self.no_heads * self.c_hidden, dim=-1)
+        return F.gated_attention(q, k, v, g, bias, mask, self.linear_o, self.no_heads,
+                                 self.c_hidden, fused_glue(self), self.attention)
+
+    @property
+    def projections(self) -> tuple[nn.Linear, ...]:
+        """The layers of q, k, v and the gate, in the order of their one GEMM's output."""
+        return (self.linear_q, self.linear_k, self.linear_v, self.linear_g)
 
     def attention(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Tensor,
                   mask: Optional[torch.Tensor]) -> torch.Tensor:
@@ -96,9 +84,13 @@ class TriangleAttention(nn.Module):
         if not self.starting:
             z = self.transpose(z)
             mask = None if mask is None else self.transpose(mask)
-        x = layer_norm(self.layer_norm, z, fused_glue(self.mha))
-        bias = self.linear_z(x).permute(0, 3, 1, 2)  # [B, H, I, J]
-        out = self.mha(x, bias, mask)
+        # The LayerNorm, the q, k, v, gate and pair-bias projections in one GEMM, the attention,
+        # the gate and the output projection: the glue the client integrations run too.
+        mha = self.mha
+        out = F.triangle_attention_update(
+            z, mask, norm=self.layer_norm, q=mha.linear_q, k=mha.linear_k, v=mha.linear_v,
+            g=mha.linear_g, bias=self.linear_z, out=mha.linear_o, heads=mha.no_heads,
+            head_dim=mha.c_hidden, fused=fused_glue(mha), core=mha.attention)
         return out if self.starting else self.transpose(out)
 
     def transpose(self, z: torch.Tensor) -> torch.Tensor:

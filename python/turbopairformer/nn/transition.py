@@ -6,8 +6,8 @@ from typing import Optional
 import torch
 from torch import nn
 
-from turbopairformer.nn._layers import check_backend, fused_glue, layer_norm, linear
-from turbopairformer.ops.fused import swiglu
+from turbopairformer.nn import functional as F
+from turbopairformer.nn._layers import check_backend, fused_glue, linear
 
 
 class SwiGLU(nn.Module):
@@ -17,22 +17,15 @@ class SwiGLU(nn.Module):
         self.linear_b = linear(c_in, c_hidden, init="relu")
 
     def forward(self, x: torch.Tensor, fused: bool = False) -> torch.Tensor:
-        # Both projections in one GEMM (one read and one autocast cast of x); with `fused`, silu(a)
-        # * b and its gradient in one kernel each (turbopairformer.ops.fused.swiglu).
-        weight = torch.cat([self.linear_a.weight, self.linear_b.weight])
-        ab = nn.functional.linear(x, weight)
-        if fused:
-            return swiglu(ab)
-        a, b = ab.chunk(2, dim=-1)
-        return nn.functional.silu(a) * b
+        return F.swiglu(x, a=self.linear_a, b=self.linear_b, fused=fused)
 
 
 class Transition(nn.Module):
     """LayerNorm, SwiGLU to n * c_in channels, back to c_in; masked rows give zeros.
 
-    Parameter names follow OpenFold3's SwiGLUTransition (layer_norm, swiglu, linear_out). It has no
-    custom op: both backends run the same PyTorch code, and `backend` exists so that a whole trunk
-    switches with one argument.
+    Parameter names follow OpenFold3's SwiGLUTransition (layer_norm, swiglu, linear_out). Both
+    backends run the same GEMMs (functional.swiglu_transition, which the client integrations run
+    too); the turbo backend's LayerNorm and SwiGLU are our fused kernels.
     """
 
     def __init__(self, c_in: int, n: int = 4, backend: str = "reference"):
@@ -45,9 +38,9 @@ class Transition(nn.Module):
 
     def forward(self, x: torch.Tensor, mask: Optional[torch.Tensor] = None) -> torch.Tensor:
         """x [..., c_in]; mask bool [...] (True = valid)."""
-        glue = fused_glue(self)
-        h = self.swiglu(layer_norm(self.layer_norm, x, glue), glue)
-        out = self.linear_out(h)
+        out = F.swiglu_transition(x, norm=self.layer_norm, a=self.swiglu.linear_a,
+                                  b=self.swiglu.linear_b, out=self.linear_out,
+                                  fused=fused_glue(self))
         return out if mask is None else out * mask.unsqueeze(-1).to(out.dtype)
 
 

@@ -297,7 +297,7 @@ TEST(Errors, NameTheArgument) {
   };
   expect_errors(g, cuda_inputs, forward);
   expect_errors(g, cuda_inputs, backward);
-  // Head dims: the forward takes multiples of 8 up to 128, the backward 16, 32 and 64.
+  // Head dims: the forward takes multiples of 8 up to 128, the backward multiples of 8 up to 64.
   auto head_dim = [](int64_t D) {
     return [D](auto& a) {
       on_cuda(a);
@@ -310,10 +310,12 @@ TEST(Errors, NameTheArgument) {
                   head_dim(20)},
                  {"q must have one of the CUDA forward's head dims", head_dim(136)}},
                 forward);
-  expect_errors(g,
-                {{"q must have one of the CUDA backward's head dims D = 16, 32 and 64, got D = 24",
-                  head_dim(24)}},
-                backward);
+  expect_errors(
+      g,
+      {{"q must have one of the CUDA backward's head dims D = 8, 16, 24, ..., 64 (multiples "
+        "of 8), got D = 72",
+        head_dim(72)}},
+      backward);
   expect_errors(g,
                 {{"o must have q's dtype bfloat16, got float32",
                   [](auto& a) { on_cuda(a), a.o.dtype = DType::f32; }},
@@ -330,14 +332,18 @@ TEST(Errors, NameTheArgument) {
                  {"workspace (an allocator) is required for CUDA tensors",
                   [](auto& a) { on_cuda(a), a.workspace = nullptr; }}},
                 forward);
-  // A float32 bias with 16-bit q, k, v: read by the CUDA forward, refused by the CUDA backward.
+  // A float32 bias with 16-bit q, k, v is read by both CUDA kernels; its gradient is float32.
   expect_errors(g,
-                {{"bias must have q's dtype bfloat16 for the CUDA backward (a float32 bias: the "
-                  "CUDA forward only), got float32",
-                  [](auto& a) { on_cuda(a), a.bias.dtype = DType::f32; }}},
+                {{"dbias must have bias's dtype float32, got bfloat16",
+                  [](auto& a) { on_cuda(a), a.bias.dtype = DType::f32; }},
+                 {cuda_available() ? "no workspace in this test" : "has no CUDA kernels",
+                  [](auto& a) {
+                    on_cuda(a);
+                    a.bias.dtype = a.dbias.dtype = DType::f32;
+                  }}},
                 backward);
   expect_errors(g,
-                {{"dbias must have q's dtype bfloat16, got float32",
+                {{"dbias must have bias's dtype bfloat16, got float32",
                   [](auto& a) { on_cuda(a), a.dbias.dtype = DType::f32; }},
                  {"grad_out must have q's dtype bfloat16, got float16",
                   [](auto& a) { on_cuda(a), a.dout.dtype = DType::f16; }},

@@ -47,11 +47,7 @@ __device__ __forceinline__ void store_dq4(T* dst, float4 x, float scale, bool al
 }
 
 // Warp 2: per query tile, waits for its turn among the key blocks of its slice group (once for all
-// the group's slices), then takes each slice's staged sum (both warpgroups', stage_dq) as the
-// consumers leave it: the first key block stores it and the middle ones add it by bulk copies and
-// bulk reductions (the TMA unit: two instructions a lane per slice, none per element), the last
-// reads the total, adds its own and writes dq. Before passing the turn, this block's copies are
-// complete (bulk_wait) and ordered before the release.
+// the group's slices), then takes each slice's staged partials as the consumers leave them.
 template <typename T, int D, typename BT>
 __device__ __forceinline__ void sm90_backward_write_dq(const AttentionBackwardParams& p,
                                                        Sm90BackwardSmem<T, D, BT>& sm, int g, int b,
@@ -68,49 +64,42 @@ __device__ __forceinline__ void sm90_backward_write_dq(const AttentionBackwardPa
   for (int i = 0; i < T_tiles; ++i) {
     int* sem = p.dq_sem + ((int64_t(g) * f.B + b) * f.H + h) * T_tiles + i;
     wait_turn(sem, jb);
-    fence_proxy_async_global();  // the lower key blocks' sums, before this block's bulk reductions
     const int q0 = i * kTileQ, qrows = min(kTileQ, f.Sq - q0);
 #pragma unroll 1
     for (int u = 0; u < A; ++u, ++staged) {
       const int buf = staged % DQS;
       mbar_wait(&sm.dq_full[buf], (staged / DQS) & 1);
       const int n = g * A + u;
-      const bool valid = sm.dq_valid[buf][0] != 0 || sm.dq_valid[buf][1] != 0;
-      const float* stage = sm.dq_stage[buf];
-      float* acc = p.dq_acc + ((int64_t(n - chunk_first_slice) * f.B + b) * f.H + h) * sq_pad * D +
-                   int64_t(q0) * D;
-      if (n < f.N && last) {
+      const bool v0 = sm.dq_valid[buf][0] != 0, v1 = sm.dq_valid[buf][1] != 0;
+      if (n < f.N && (first || last || v0 || v1)) {
+        const float* s0 = sm.dq_stage[buf][0];
+        const float* s1 = sm.dq_stage[buf][1];
+        float* acc = p.dq_acc +
+                     ((int64_t(n - chunk_first_slice) * f.B + b) * f.H + h) * sq_pad * D +
+                     int64_t(q0) * D;
         T* out = static_cast<T*>(p.dq) + b * p.dq_stride.b + int64_t(n) * p.dq_stride.n +
                  h * p.dq_stride.h;
 #pragma unroll 4
         for (int e = lane; e < kTileQ * C4; e += 32) {
           const int row = e / C4, c = (e % C4) * 4;
-          float4 x = valid ? *reinterpret_cast<const float4*>(stage + row * S::LDQ + c)
-                           : make_float4(0.f, 0.f, 0.f, 0.f);
-          if (!first) x = add4(__ldcg(reinterpret_cast<const float4*>(acc + row * D + c)), x);
-          if (row < qrows && c < p.head_dim)
-            store_dq4(out + int64_t(q0 + row) * p.dq_stride.s + c, x, f.scale, p.dq_aligned);
+          float4 x = make_float4(0.f, 0.f, 0.f, 0.f);
+          if (v0) x = add4(x, *reinterpret_cast<const float4*>(s0 + row * S::LDQ + c));
+          if (v1) x = add4(x, *reinterpret_cast<const float4*>(s1 + row * S::LDQ + c));
+          float* a = acc + row * D + c;
+          if (last) {
+            if (!first) x = add4(__ldcg(reinterpret_cast<const float4*>(a)), x);
+            if (row < qrows && c < p.head_dim)
+              store_dq4(out + int64_t(q0 + row) * p.dq_stride.s + c, x, f.scale, p.dq_aligned);
+          } else if (first) {
+            *reinterpret_cast<float4*>(a) = x;
+          } else {
+            red_add4(a, x);
+          }
         }
-      } else if (n < f.N && valid) {
-#pragma unroll
-        for (int row = lane; row < kTileQ; row += 32) {
-          if (first)
-            bulk_copy_s2g(acc + row * D, stage + row * S::LDQ, D * 4);
-          else
-            bulk_reduce_add_s2g(acc + row * D, stage + row * S::LDQ, D * 4);
-        }
-        bulk_commit();
-        bulk_wait_read<0>();          // the stage may be written again
-      } else if (n < f.N && first) {  // no partial: the sum starts at zero
-        for (int e = lane; e < kTileQ * C4; e += 32)
-          *reinterpret_cast<float4*>(acc + (e / C4) * D + (e % C4) * 4) =
-              make_float4(0.f, 0.f, 0.f, 0.f);
       }
       __syncwarp();
       mbar_arrive(&sm.dq_empty[buf]);
     }
-    bulk_wait<0>();              // this block's copies and reductions are done
-    fence_proxy_async_global();  // and ordered before the release
     pass_turn(sem, lane);
   }
 }

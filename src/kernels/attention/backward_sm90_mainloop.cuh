@@ -43,7 +43,7 @@ struct Sm90BackwardSmem {
   static constexpr bool kF32Bias = sizeof(BT) == 4;
   static constexpr int TILE = kTileQ * D;             // a 64-row core-matrix tile, elements
   static constexpr int LDBIAS = kBwdKeyBlock + kPad;  // bias rows [query][key], padded
-  static constexpr int LDQ = D + 8;  // dQ staging rows (floats): conflict-free float2, 16-byte rows
+  static constexpr int LDQ = D + 8;        // dQ staging rows (floats): conflict-free float2
   static constexpr int LDDB = kTileQ + 4;  // dbias^T staging rows [key][query] (floats)
   alignas(128) T k[A][2][TILE];            // [slice][warpgroup]: its 64 keys, core-matrix layout
   alignas(128) T v[A][2][TILE];
@@ -52,14 +52,14 @@ struct Sm90BackwardSmem {
   alignas(
       128) T ds[2][2][kTileQ * kBwdKeysPerWarpgroup];  // [warpgroup][parity]: dS, [key/8][query][8]
   alignas(16) T bias[kF32Bias ? 1 : 2][kF32Bias ? 8 : kTileQ * LDBIAS];  // [stage]; 16-bit only
-  alignas(16) float dq_stage[DQS][kTileQ * LDQ];  // [stage], [query][feature]: both warpgroups' sum
+  alignas(16) float dq_stage[DQS][2][kTileQ * LDQ];  // [stage][warpgroup], [query][feature]
   alignas(16) float dbias_stage[2][kBwdKeysPerWarpgroup * LDDB];  // [warpgroup], [key][query]
   alignas(16) float lse2[2][A][kTileQ];  // lse log2e (+inf past Sq: no probability)
   alignas(16) float delta[2][A][kTileQ];
   uint8_t key_ok[A][kBwdKeyBlock];
   uint8_t tile_state[A][2];  // kTileSkip / kTileMasked / kTileWhole per slice and warpgroup
   int cta_alive;             // some tile is not kTileSkip
-  int dq_valid[DQS][2];      // [stage][warpgroup]: its partial is in the staged sum
+  int dq_valid[DQS][2];      // the staged dQ partial holds data (else: zero)
   int dbias_valid[2];
   uint64_t kv_full, full[2], empty[2], dq_full[DQS], dq_empty[DQS], dbias_full, dbias_empty;
 };
@@ -74,8 +74,7 @@ __device__ __forceinline__ const T* slice_of(const void* base, const Strides4& s
 // ---- producer: warps 0 and 1 (64 threads; load_tile indexes by threadIdx.x) -----------------------
 
 constexpr int kBwdLoadThreads = 64;
-constexpr int kBwdLoadBarrier = 3;     // named barrier of the 64 load threads
-constexpr int kBwdDqMergeBarrier = 4;  // + the dQ stage: warpgroup 0's partial is in (stage_dq)
+constexpr int kBwdLoadBarrier = 3;  // named barrier of the 64 load threads
 
 template <typename T, int D, typename BT>
 __device__ __forceinline__ void sm90_backward_load(const AttentionBackwardParams& p,
@@ -164,30 +163,20 @@ __device__ __forceinline__ void sm90_backward_load(const AttentionBackwardParams
         load_tile<T, kTileQ, kBwdKeyBlock, kBwdLoadThreads>(
             sm.bias[stage], bias_base + int64_t(q0) * f.bias_stride_q, f.bias_stride_q, qrows,
             kcols, f.bias_aligned, safe);
-      // lse and delta of each query row, copied as the tiles are (a load and its use here would
-      // cost a round trip to L2 per row and tile); rows past Sq read nothing.
       for (int e = tid; e < A * kTileQ; e += kBwdLoadThreads) {
         const int u = e / kTileQ, r = e % kTileQ, n = g * A + u;
-        const bool valid = (slice_alive >> u & 1u) && r < qrows;
-        const int64_t row = valid ? int64_t(q0 + r) : 0;
-        cp_async_4(&sm.lse2[stage][u][r],
-                   f.lse + b * f.lse_stride_b + int64_t(n < f.N ? n : 0) * f.lse_stride_n +
-                       h * f.lse_stride_h + row * f.lse_stride_s,
-                   valid ? 4 : 0);
-        cp_async_4(&sm.delta[stage][u][r],
-                   p.delta + ((int64_t(b) * f.N + (n < f.N ? n : 0)) * f.H + h) * f.Sq + row,
-                   valid ? 4 : 0);
+        float lse2 = INFINITY, delta = 0.f;
+        if ((slice_alive >> u & 1u) && r < qrows) {
+          lse2 = f.lse[b * f.lse_stride_b + int64_t(n) * f.lse_stride_n + h * f.lse_stride_h +
+                       int64_t(q0 + r) * f.lse_stride_s] *
+                 kBwdLog2e;
+          delta = p.delta[((int64_t(b) * f.N + n) * f.H + h) * f.Sq + q0 + r];
+        }
+        sm.lse2[stage][u][r] = lse2;
+        sm.delta[stage][u][r] = delta;
       }
       cp_async_commit();
       cp_async_wait<0>();
-      // Each thread's own copies have landed: lse to the log2 domain, +inf where no row (no
-      // probability there).
-      for (int e = tid; e < A * kTileQ; e += kBwdLoadThreads) {
-        const int u = e / kTileQ, r = e % kTileQ;
-        const bool valid = (slice_alive >> u & 1u) && r < qrows;
-        float& l2 = sm.lse2[stage][u][r];
-        l2 = valid ? l2 * kBwdLog2e : INFINITY;
-      }
       fence_proxy_async();
     }
     mbar_arrive(&sm.full[stage]);
@@ -219,47 +208,6 @@ __device__ __forceinline__ void store_ds_core(void* ds, int kk, int warp, const 
   asm volatile("stmatrix.sync.aligned.m8n8.x4.trans.shared.b16 [%0], {%1,%2,%3,%4};\n" ::"r"(addr),
                "r"(r[0]), "r"(r[1]), "r"(r[2]), "r"(r[3])
                : "memory");
-}
-
-// Stages a warpgroup's dQ partial of one (query tile, slice) for the dQ writer, summed with the
-// other warpgroup's in one order: warpgroup 0 stores its partial (if it computed one) and goes on,
-// warpgroup 1 waits for it, then adds its own (or stores it where warpgroup 0 had none). The
-// barrier is one per stage, so warpgroup 0 cannot arrive twice at one before warpgroup 1 has
-// waited there (the stage comes back to it only once the writer has taken both). dq: rows
-// 16 warp + lane / 4 (+ 8), columns 8 c + 2 (lane % 4) (+ 1) of the 64 x D tile.
-template <typename S, int D>
-__device__ __forceinline__ void stage_dq(S& sm, int buf, int parity, int w, int ctid,
-                                         const float (&dq)[D / 8][4], bool has) {
-  const int warp = ctid >> 5, lane = ctid & 31;
-  mbar_wait(&sm.dq_empty[buf], parity);
-  float* sq = sm.dq_stage[buf];
-  bool add = false;
-  if (w == 0) {
-    if (ctid == 0) sm.dq_valid[buf][0] = has;
-  } else {
-    named_barrier(kBwdDqMergeBarrier + buf, 256);
-    add = sm.dq_valid[buf][0] != 0;
-    if (ctid == 0) sm.dq_valid[buf][1] = has;
-  }
-  if (has) {
-#pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      const int row = warp * kWarpRows + (lane >> 2) + r * 8;
-#pragma unroll
-      for (int c = 0; c < D / 8; ++c) {
-        float2* p = reinterpret_cast<float2*>(sq + row * S::LDQ + c * 8 + (lane & 3) * 2);
-        float2 x = make_float2(dq[c][2 * r], dq[c][2 * r + 1]);
-        if (add) {
-          const float2 y = *p;  // warpgroup 0's
-          x = make_float2(y.x + x.x, y.y + x.y);
-        }
-        *p = x;
-      }
-    }
-  }
-  if (w == 0) named_barrier_arrive(kBwdDqMergeBarrier + buf, 256);
-  fence_proxy_async();  // the writer's bulk copies read the stage
-  mbar_arrive(&sm.dq_full[buf]);
 }
 
 // A consumer's state across the query tiles: dK and dV of its 64 keys in each slice.
@@ -349,8 +297,9 @@ __device__ __forceinline__ void sm90_backward_consume(
     for (int u = 0; u < A; ++u) {
       const int buf = staged % DQS;
       if (state[u] == kTileSkip) {
-        const float(&none)[D / 8][4] = acc.dk[u];  // not read
-        stage_dq<S, D>(sm, buf, ((staged / DQS) & 1) ^ 1, w, ctid, none, false);
+        mbar_wait(&sm.dq_empty[buf], ((staged / DQS) & 1) ^ 1);
+        if (ctid == 0) sm.dq_valid[buf][w] = 0;
+        mbar_arrive(&sm.dq_full[buf]);
         ++staged;
         continue;
       }
@@ -453,7 +402,18 @@ __device__ __forceinline__ void sm90_backward_consume(
       fence_regs(da);
       ++computed;
 
-      stage_dq<S, D>(sm, buf, ((staged / DQS) & 1) ^ 1, w, ctid, dq, true);
+      mbar_wait(&sm.dq_empty[buf], ((staged / DQS) & 1) ^ 1);
+      float* sq = sm.dq_stage[buf][w];
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        const int row = warp * kWarpRows + (lane >> 2) + r * 8;
+#pragma unroll
+        for (int c = 0; c < D / 8; ++c)
+          *reinterpret_cast<float2*>(sq + row * S::LDQ + c * 8 + (lane & 3) * 2) =
+              make_float2(dq[c][2 * r], dq[c][2 * r + 1]);
+      }
+      if (ctid == 0) sm.dq_valid[buf][w] = 1;
+      mbar_arrive(&sm.dq_full[buf]);
       ++staged;
     }
     mbar_arrive(&sm.empty[stage]);  // this stage's Q, dO, bias, lse, delta are read

@@ -185,43 +185,6 @@ __device__ __forceinline__ void pass_turn(int* sem, int lane) {
     asm volatile("red.relaxed.gpu.global.add.s32 [%0], 1;\n" ::"l"(sem) : "memory");
   }
 }
-// ---- bulk asynchronous copies and reductions shared -> global (the TMA unit, non-tensor form):
-// `bytes` a multiple of 16, both addresses 16-byte aligned. The issuing thread commits them as a
-// bulk group; bulk_wait_read<N> returns once all but N groups have read their shared memory (it
-// may be written again), bulk_wait<N> once their writes are done. Shared memory written with
-// generic stores needs the writers' fence_proxy_async() before a bulk copy reads it.
-__device__ __forceinline__ void bulk_copy_s2g(void* dst, const void* src, int bytes) {
-  asm volatile("cp.async.bulk.global.shared::cta.bulk_group [%0], [%1], %2;\n" ::"l"(dst),
-               "r"(smem_addr(src)), "r"(bytes)
-               : "memory");
-}
-__device__ __forceinline__ void bulk_reduce_add_s2g(float* dst, const float* src, int bytes) {
-  asm volatile(
-      "cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32 [%0], [%1], %2;\n" ::"l"(dst),
-      "r"(smem_addr(src)), "r"(bytes)
-      : "memory");
-}
-__device__ __forceinline__ void bulk_commit() {
-  asm volatile("cp.async.bulk.commit_group;\n" ::: "memory");
-}
-template <int N>
-__device__ __forceinline__ void bulk_wait_read() {
-  asm volatile("cp.async.bulk.wait_group.read %0;\n" ::"n"(N) : "memory");
-}
-template <int N>
-__device__ __forceinline__ void bulk_wait() {
-  asm volatile("cp.async.bulk.wait_group %0;\n" ::"n"(N) : "memory");
-}
-// Orders this thread's generic-proxy global accesses (and what it acquired) with its later
-// async-proxy ones, and its completed async-proxy writes with its later release.
-__device__ __forceinline__ void fence_proxy_async_global() {
-  asm volatile("fence.proxy.async.global;\n" ::: "memory");
-}
-// Arrives at named barrier `id` of `threads` threads without waiting (the others named_barrier).
-__device__ __forceinline__ void named_barrier_arrive(int id, int threads) {
-  asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
-}
-
 // x added to four consecutive floats in global memory (one 16-byte reduction at L2).
 __device__ __forceinline__ void red_add4(float* p, float4 x) {
   asm volatile("red.global.add.v4.f32 [%0], {%1,%2,%3,%4};\n" ::"l"(p), "f"(x.x), "f"(x.y),

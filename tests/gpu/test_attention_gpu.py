@@ -9,7 +9,7 @@ import turbopairformer as tpf
 from turbopairformer.ops.torch_reference import triangle_attention_torch
 
 from accuracy import assert_accurate
-from attention_cases import (GRADS, ROUNDINGS_16BIT, attention_finite_rows_torch, check_fa3_rule,
+from attention_cases import (BAD_INPUTS, GRADS, ROUNDINGS_16BIT, attention_finite_rows_torch, check_fa3_rule,
                              make_case, max_err, reference_fp64, run_with_grads,
                              with_minus_inf_bias)
 from conftest import poison_allocator
@@ -359,37 +359,18 @@ def test_float32_bias_backward_matches_fp64_reference(S, D, dtype, seed):
 
 def test_bad_input_names_the_argument_on_cuda():
     """Every bad input of the CPU test (attention_cases.BAD_INPUTS) raises the same message on
-    CUDA (bfloat16 and float16, a gradient to come), before any launch. Run in a child process, so
-    that an input that crashes the process fails this test instead of ending the run."""
+    CUDA (bfloat16 and float16, a gradient to come), before any launch. Run in a child process
+    (attention_bad_inputs.py), so that an input that crashes the process fails this test instead
+    of ending the run; the child prints each case before it runs it."""
     import json
     import os
     import subprocess
     import sys
     here = os.path.dirname(os.path.abspath(__file__))
-    script = """
-import faulthandler, json, torch, turbopairformer as tpf
-faulthandler.enable()
-from attention_cases import BAD_INPUTS, bad_input_message, make_case
-rows = []
-for dtype in (torch.bfloat16, torch.float16):
-    g = torch.Generator().manual_seed(0)
-    q, k, v, b, m, _ = make_case(1, 3, 2, 6, 8, dtype, "cuda", g)
-    for i, (template, mutate) in enumerate(BAD_INPUTS):
-        print("CASE", dtype, i, template, flush=True)  # the last one printed is the one that crashed
-        leaves = [t.clone().requires_grad_(True) for t in (q, k, v, b)]
-        try:
-            tpf.triangle_attention(*mutate(*leaves, m)).sum().backward()
-            torch.cuda.synchronize()
-            got = None
-        except (ValueError, TypeError) as e:
-            got = str(e)
-        rows.append([str(dtype), i, bad_input_message(template, q), got])
-print("ROWS" + json.dumps(rows))
-"""
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(
         [os.path.join(here, "..", "python"), os.environ.get("PYTHONPATH", "")]))
-    run = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env,
-                         timeout=300)
+    run = subprocess.run([sys.executable, os.path.join(here, "attention_bad_inputs.py")],
+                         capture_output=True, text=True, env=env, timeout=300)
     assert run.returncode == 0, (f"the child process ended with {run.returncode} after\n"
                                  f"{run.stdout[-600:]}\n{run.stderr[-3000:]}")
     rows = json.loads(run.stdout.split("ROWS", 1)[1])

@@ -148,7 +148,7 @@ BAD_INPUTS = [
      lambda q, k, v, b, m: (q[:, :, :, :0], k[:, :, :, :0], v[:, :, :, :0], b[..., :0, :0], m[..., :0])),
     ("q must have B, N and H of at least 1",
      lambda q, k, v, b, m: (q[:, :0], k[:, :0], v[:, :0], b, m[:, :0])),
-    ("v must be a torch.Tensor, got ndarray", lambda q, k, v, b, m: (q, k, v.detach().cpu().numpy(), b, m)),
+    ("v must be a torch.Tensor, got ndarray", lambda q, k, v, b, m: (q, k, v.detach().cpu().float().numpy(), b, m)),
     ("mask must be a torch.Tensor, got list", lambda q, k, v, b, m: (q, k, v, b, [True] * 6)),
 ]
 

@@ -27,6 +27,16 @@ parameters, on each path):
 
     python bench/clients.py --module tri_att_start --paths ours cuequivariance \
         --json OUT/clients-tri-att.json          # N = 384, 768, 1024 by default
+
+Breakdown (issue 30, --breakdown; stack or module rows): after the timed steps, one more step of
+each row under torch.profiler, its kernels classified by name (turbopairformer.benchmarks.
+breakdown.CLASSES: our attention, our trimul, our fused glue, cuBLAS/GEMM, cuEquivariance, other
+PyTorch): ms and share of the step per class in each row's "breakdown", printed as a table with
+the largest kernel names no pattern matched, and stacked bars in the plot. On the CPU it runs too
+(ops' self CPU times), for testing: `--config small` builds the clients' small test configurations.
+
+    python bench/clients.py --breakdown --sizes 384 768 --json OUT/clients-breakdown.json \
+        --plot OUT/clients-breakdown.png
 """
 from __future__ import annotations
 
@@ -46,6 +56,7 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
+from turbopairformer.benchmarks import breakdown
 from turbopairformer.benchmarks.attention import git_commit
 from turbopairformer.benchmarks.clients import CLIENTS, MODULES, PATHS, widths
 
@@ -151,10 +162,22 @@ def measure_steps(forward, leaves, device, args) -> dict:
                                 (a is not None and b is not None and torch.equal(a, b))
                                 for a, b in zip(first, grads))
     peak = torch.cuda.max_memory_allocated(device) if cuda else 0
-    return {"status": "ok", "step_ms": statistics.median(times), "step_ms_all": times,
-            "peak_gib": peak / 2**30 if cuda else None,
-            "peak_above_inputs_gib": (peak - base) / 2**30 if cuda else None,
-            "bitwise_repeatable": same, "steps": args.steps}
+    out = {"status": "ok", "step_ms": statistics.median(times), "step_ms_all": times,
+           "peak_gib": peak / 2**30 if cuda else None,
+           "peak_above_inputs_gib": (peak - base) / 2**30 if cuda else None,
+           "bitwise_repeatable": same, "steps": args.steps}
+    if getattr(args, "breakdown", False):  # one more step, profiled (after the peak is read)
+        try:
+            out["breakdown"] = breakdown.profile_step(step, device, out["step_ms"])
+        except Exception as e:  # noqa: BLE001  (the row's timings stand without it)
+            out["breakdown_error"] = f"{type(e).__name__}: {str(e)[:300]}"
+            release()
+    return out
+
+
+def configuration(client, args) -> dict:
+    """The client's default configuration (AlphaFold3's widths), or its small test one."""
+    return client.small if getattr(args, "config", "default") == "small" else client.defaults
 
 
 def run(args) -> list[dict]:
@@ -181,10 +204,10 @@ def run(args) -> list[dict]:
             models.clear()
             release()
             torch.manual_seed(args.seed)
-            config = {**client.defaults}
+            config = {**configuration(client, args)}
             models[client_name] = client.build(**config).to(device).train()
         model = models[client_name]
-        c_s, c_z = widths(client, client.defaults)
+        c_s, c_z = widths(client, configuration(client, args))
         gen = torch.Generator().manual_seed(args.seed + N)
         padded = int(N * PAD_FRACTION) if client.batched else 0
         inputs = client.inputs(N, c_s, c_z, padded=padded, generator=gen, device=device)
@@ -222,8 +245,8 @@ def run_modules(args) -> list[dict]:
             row["status"] = "not run: cuequivariance_ops_torch is not installed"
             continue
         torch.manual_seed(args.seed)
-        module = client.module(args.module, client.defaults).to(device).train()
-        c_s, c_z = widths(client, client.defaults)
+        module = client.module(args.module, configuration(client, args)).to(device).train()
+        c_s, c_z = widths(client, configuration(client, args))
         gen = torch.Generator().manual_seed(args.seed + N)
         padded = int(N * PAD_FRACTION) if client.batched else 0
         inputs = client.inputs(N, c_s, c_z, padded=padded, generator=gen, device=device)
@@ -309,7 +332,9 @@ def plot(rows: list[dict], path: Path, title: str) -> None:
     import matplotlib.pyplot as plt
 
     clients = sorted({r["client"] for r in rows})
-    fig, axes = plt.subplots(2, len(clients), figsize=(4.5 * len(clients), 7), dpi=120,
+    bars = any(r.get("breakdown") for r in rows)  # a third row: the --breakdown's stacked bars
+    fig, axes = plt.subplots(3 if bars else 2, len(clients),
+                             figsize=(4.5 * len(clients), 10.5 if bars else 7), dpi=120,
                              squeeze=False)
     for j, client in enumerate(clients):
         for i, (key, label) in enumerate((("step_ms", "fwd+bwd step (ms)"),
@@ -324,11 +349,42 @@ def plot(rows: list[dict], path: Path, title: str) -> None:
             ax.set_ylabel(label)
             ax.set_title(client)
             ax.grid(alpha=0.3)
-            ax.legend()
+            if ax.lines:  # no memory on the CPU
+                ax.legend()
+        if bars:
+            ax = axes[2][j]
+            breakdown.plot_bars(ax, sorted(
+                (r for r in rows if r["client"] == client and r.get("breakdown")),
+                key=lambda r: (r["N"], PATHS.index(r["path"]))))
+            ax.set_title(f"{client}: one profiled step by component")
+            ax.grid(alpha=0.3, axis="y")
+            ax.legend(fontsize=6)
     fig.suptitle(title, fontsize=10)
     fig.tight_layout()
     fig.savefig(path)
     plt.close(fig)
+
+
+def print_breakdown(rows: list[dict]) -> None:
+    """The --breakdown table (ms and share of the step per class) and the largest unknown names."""
+    for r in rows:
+        if r.get("breakdown_error"):
+            print(f"breakdown of {r['client']} N={r['N']} {r['path']} failed: "
+                  f"{r['breakdown_error']}")
+    rows = sorted((r for r in rows if r.get("breakdown")),
+                  key=lambda r: (r["client"], r["N"], PATHS.index(r["path"])))
+    if not rows:
+        return
+    print(f"\nbreakdown of one profiled step ({rows[0]['breakdown']['source']}; ms and share "
+          f"of the step; outside: the median step's time outside them):")
+    for line in breakdown.table(rows):
+        print("  " + line)
+    unknown = breakdown.unknown_top(rows)
+    print("\nlargest names no pattern of breakdown.CLASSES matched (counted as other PyTorch):")
+    for name, ms, count in unknown:
+        print(f"  {ms:9.3f} ms  x{count:<5d} {name[:160]}")
+    if not unknown:
+        print("  none")
 
 
 def main(argv=None) -> int:
@@ -341,6 +397,12 @@ def main(argv=None) -> int:
                              "bwd), not the stack; e.g. --module tri_att_start --paths ours "
                              "cuequivariance")
     parser.add_argument("--paths", nargs="+", default=list(PATHS), choices=PATHS)
+    parser.add_argument("--breakdown", action="store_true",
+                        help="also profile one step per row and break its time down by component "
+                             "(our kernels, fused glue, GEMMs, cuEquivariance, other PyTorch)")
+    parser.add_argument("--config", choices=("default", "small"), default="default",
+                        help="the clients' default configurations (AlphaFold3's widths) or their "
+                             "small test ones (CPU smoke runs)")
     parser.add_argument("--steps", type=int, default=5, help="timed steps (and the repeatability check)")
     parser.add_argument("--warmup", type=int, default=2)
     parser.add_argument("--seed", type=int, default=0)
@@ -359,7 +421,8 @@ def main(argv=None) -> int:
     gpu = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
     meta = {"commit": git_commit(), "gpu": gpu, "date": datetime.date.today().isoformat(),
             "torch": torch.__version__, "precision": "bf16 autocast, fp32 parameters",
-            "placeholders": placeholders, "module": args.module}
+            "placeholders": placeholders, "module": args.module, "config": args.config,
+            "breakdown_classes": dict(breakdown.CLASSES) if args.breakdown else None}
     for name in ("openfold3", "boltz", "protenix", "cuequivariance_torch",
                  "cuequivariance_ops_torch"):
         try:
@@ -380,6 +443,7 @@ def main(argv=None) -> int:
         print("\nours against cuEquivariance:")
         for line in module_lines(rows):
             print("  " + line)
+        print_breakdown(rows)
         return 0
     if args.plot:
         plot(rows, args.plot, f"client PairFormer stacks (4 blocks, bf16 autocast), {gpu}, "
@@ -390,6 +454,7 @@ def main(argv=None) -> int:
     print("\nacceptance (issue 21):")
     for line in acceptance(rows):
         print("  " + line)
+    print_breakdown(rows)
     return 0
 
 

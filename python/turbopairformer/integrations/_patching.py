@@ -129,6 +129,28 @@ def pair_bias_linear(layer: torch.nn.Module) -> Optional[torch.nn.Module]:
     return getattr(layer, "linear_z", None) or getattr(layer, "linear", None)
 
 
+def fused_triangle_attention(layer: torch.nn.Module, x: torch.Tensor,
+                             keep: Optional[torch.Tensor], bias: torch.nn.Module, core: Callable,
+                             **extra: Any) -> torch.Tensor:
+    """A client's TriangleAttention module (fields starting, layer_norm and mha with linear_q, _k,
+    _v, _g, _o, no_heads, c_hidden: the three clients share them) through
+    functional.triangle_attention_update, the ending node transposed in and out as the clients do.
+    keep: the bool key mask [*, I, J] (True = attend) or None; bias: the module's pair-bias
+    projection; core: the attention (each integration's own, so tests can watch it); extra: e.g.
+    OpenFold3's transpose_bias."""
+    from turbopairformer.nn import functional as F  # nn imports the ops, which import nothing here
+
+    if not layer.starting:
+        x = x.transpose(-2, -3)
+        keep = None if keep is None else keep.transpose(-1, -2)
+    mha = layer.mha
+    out = F.triangle_attention_update(
+        x, keep, norm=layer.layer_norm, q=mha.linear_q, k=mha.linear_k, v=mha.linear_v,
+        g=mha.linear_g, bias=bias, out=mha.linear_o, heads=mha.no_heads, head_dim=mha.c_hidden,
+        fused=F.fusable(), core=core, **extra)
+    return out if layer.starting else out.transpose(-2, -3)
+
+
 class Fallback(NamedTuple):
     """A patched method's way back to the client's own path: takes(self, *inputs) says whether
     our ops take the inputs (the method's arguments of those names); when not, the method runs

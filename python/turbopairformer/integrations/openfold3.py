@@ -32,7 +32,8 @@ from __future__ import annotations
 import torch
 
 from turbopairformer.integrations._patching import (Fallback, Integration, attention_takes,
-                                                    glue_takes, plain_linears, replace,
+                                                    fused_triangle_attention, glue_takes,
+                                                    plain_linears, replace,
                                                     triangle_attention_takes, trimul_takes)
 from turbopairformer.nn import functional as F
 from turbopairformer.ops.attention import triangle_attention
@@ -74,15 +75,8 @@ def _triangle_attention_forward(self, x, mask=None, transpose_bias=False, chunk_
         return NotImplemented
     # OpenFold3 masks keys by a bias inf * (mask - 1): those where it is not 0.
     keep = None if mask is None else mask == 1
-    if not self.starting:
-        x = x.transpose(-2, -3)
-        keep = None if keep is None else keep.transpose(-1, -2)
-    mha = self.mha
-    out = F.triangle_attention_update(
-        x, keep, norm=self.layer_norm, q=mha.linear_q, k=mha.linear_k, v=mha.linear_v,
-        g=mha.linear_g, bias=self.linear_z, out=mha.linear_o, heads=mha.no_heads,
-        head_dim=mha.c_hidden, fused=F.fusable(), core=_core, transpose_bias=transpose_bias)
-    return out if self.starting else out.transpose(-2, -3)
+    return fused_triangle_attention(self, x, keep, self.linear_z, _core,
+                                    transpose_bias=transpose_bias)
 
 
 def _swiglu_transition(self, x, mask):

@@ -27,7 +27,8 @@ runs as Protenix runs it.
 from __future__ import annotations
 
 from turbopairformer.integrations._patching import (Fallback, Integration, attention_takes,
-                                                    glue_takes, plain_linears, replace,
+                                                    fused_triangle_attention, glue_takes,
+                                                    plain_linears, replace,
                                                     triangle_attention_takes, trimul_takes)
 from turbopairformer.nn import functional as F
 from turbopairformer.ops.attention import triangle_attention
@@ -63,15 +64,7 @@ def _triangle_attention_forward(self, x, mask=None, chunk_size=None, triangle_at
         return NotImplemented
     # Protenix masks keys by a bias inf * (mask - 1), and hands the kernel those where it is 0.
     keep = None if mask is None else mask == 1
-    if not self.starting:
-        x = x.transpose(-2, -3)
-        keep = None if keep is None else keep.transpose(-1, -2)
-    mha = self.mha
-    out = F.triangle_attention_update(
-        x, keep, norm=self.layer_norm, q=mha.linear_q, k=mha.linear_k, v=mha.linear_v,
-        g=mha.linear_g, bias=self.linear, out=mha.linear_o, heads=mha.no_heads,
-        head_dim=mha.c_hidden, fused=F.fusable(), core=_core)
-    return out if self.starting else out.transpose(-2, -3)
+    return fused_triangle_attention(self, x, keep, self.linear, _core)
 
 
 def _transition_forward(self, x):

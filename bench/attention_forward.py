@@ -9,16 +9,14 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
-import os
 import sys
 
 import torch
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from attention import IMPLS  # noqa: E402  (bench/attention.py: the peers' layouts)
 
-from turbopairformer.benchmarks.attention import git_commit, make_inputs  # noqa: E402
-from turbopairformer.benchmarks.timing import kernel_times, median_ms  # noqa: E402
+from turbopairformer.benchmarks.attention import git_commit, make_inputs
+from turbopairformer.benchmarks.attention_gpu import IMPLS  # the peers' layouts
+from turbopairformer.benchmarks.timing import kernel_times, median_ms
 
 
 def library_digest() -> str:

@@ -20,6 +20,7 @@ import pytest
 import torch
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "python"))
+import seeds  # noqa: E402
 from seeds import seed_for, sweep_start, without_seed_id  # noqa: E402
 
 
@@ -66,7 +67,7 @@ def _seeded(request):
     torch.manual_seed(value)
     np.random.seed(value % 2**32)
     random.seed(value)
-    os.environ["TPF_TEST_SEED"] = str(value)
+    seeds.current = value
     yield value
 
 

@@ -14,7 +14,7 @@ namespace nb = nanobind;
 namespace tpf::py {
 void bind_attention(nb::module_& m);
 void bind_trimul(nb::module_& m);
-void bind_fused(nb::module_& m);
+void bind_glue(nb::module_& m);
 #ifdef TPF_WITH_DATA
 void bind_store(nb::module_& m);
 void bind_stream(nb::module_& m);
@@ -64,7 +64,7 @@ NB_MODULE(_C, m) {
   m.def("num_threads", &tpf::num_threads);
   tpf::py::bind_attention(m);
   tpf::py::bind_trimul(m);
-  tpf::py::bind_fused(m);
+  tpf::py::bind_glue(m);
 #ifdef TPF_WITH_DATA
   tpf::py::bind_store(m);
   tpf::py::bind_stream(m);

@@ -1,4 +1,4 @@
-// Index arithmetic of the fused glue ops (tpf/fused.h), shared by the CPU path and the kernels so
+// Index arithmetic of the fused glue ops (tpf/glue.h), shared by the CPU path and the kernels so
 // that both walk the same elements.
 #pragma once
 #include <cstdint>
@@ -9,7 +9,7 @@
 #define TPF_HD inline
 #endif
 
-namespace tpf::fused {
+namespace tpf::glue {
 
 // The rows of a layer norm's input: up to three leading dims (n0 x n1 x n2 rows, any strides in
 // elements), channels contiguous. Row r is the r-th in logical (row-major) order.
@@ -33,4 +33,4 @@ struct Heads {
 
 TPF_HD float silu_grad_factor(float a, float s) { return s * (1.0f + a * (1.0f - s)); }
 
-}  // namespace tpf::fused
+}  // namespace tpf::glue

@@ -1,6 +1,6 @@
 // Linked into builds without the CUDA library: every CUDA entry point says so.
 #include "kernels/attention/api.h"
-#include "kernels/fused/api.h"
+#include "kernels/glue/api.h"
 #include "kernels/info.h"
 #include "kernels/trimul/api.h"
 #include "tpf/error.h"
@@ -23,15 +23,15 @@ void attention_backward(const AttentionBackwardArgs&, const AttentionDims&, void
 }
 void trimul_forward(const TrimulForwardArgs&, const TrimulDims&, void*) { unavailable(); }
 void trimul_backward(const TrimulBackwardArgs&, const TrimulDims&, void*) { unavailable(); }
-void layer_norm_forward(const LayerNormForwardArgs&, const fused::Rows&, int64_t, void*) {
+void layer_norm_forward(const LayerNormForwardArgs&, const glue::Rows&, int64_t, void*) {
   unavailable();
 }
-void layer_norm_backward(const LayerNormBackwardArgs&, const fused::Rows&, int64_t, void*) {
+void layer_norm_backward(const LayerNormBackwardArgs&, const glue::Rows&, int64_t, void*) {
   unavailable();
 }
 void swiglu_forward(const SwigluArgs&, void*) { unavailable(); }
 void swiglu_backward(const SwigluArgs&, void*) { unavailable(); }
-void gated_output_forward(const GatedOutputArgs&, const fused::Heads&, void*) { unavailable(); }
-void gated_output_backward(const GatedOutputArgs&, const fused::Heads&, void*) { unavailable(); }
+void gated_output_forward(const GatedOutputArgs&, const glue::Heads&, void*) { unavailable(); }
+void gated_output_backward(const GatedOutputArgs&, const glue::Heads&, void*) { unavailable(); }
 
 }  // namespace tpf::cuda

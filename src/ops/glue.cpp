@@ -1,20 +1,20 @@
-// The fused glue ops (tpf/fused.h): the one validation of each, then the CPU loops
-// (src/reference/glue_cpu.cpp) or the CUDA kernels (src/kernels/fused).
+// The fused glue ops (tpf/glue.h): the one validation of each, then the CPU loops
+// (src/reference/glue_cpu.cpp) or the CUDA kernels (src/kernels/glue).
 #include <cmath>
 #include <string>
 
 #include "core/checks.h"
 #include "core/glue_geometry.h"
-#include "kernels/fused/api.h"
+#include "kernels/glue/api.h"
 #include "reference/cpu.h"
 #include "tpf/error.h"
-#include "tpf/fused.h"
+#include "tpf/glue.h"
 
 namespace tpf {
 namespace {
 
-using fused::Heads;
-using fused::Rows;
+using glue::Heads;
+using glue::Rows;
 
 std::string str(const char* name, const char* what) { return std::string(name) + what; }
 

@@ -6,7 +6,7 @@
 
 #include "core/glue_geometry.h"
 #include "tpf/attention.h"
-#include "tpf/fused.h"
+#include "tpf/glue.h"
 #include "tpf/trimul.h"
 
 namespace tpf::cpu {
@@ -21,10 +21,10 @@ void trimul_backward(const TrimulBackwardArgs& a, const TrimulDims& d);
 void trimul_forward_f64(const TrimulForwardArgs& a, const TrimulDims& d);
 void trimul_backward_f64(const TrimulBackwardArgs& a, const TrimulDims& d);
 
-void layer_norm_forward(const LayerNormForwardArgs& a, const fused::Rows& rows, int64_t n_rows);
-void layer_norm_backward(const LayerNormBackwardArgs& a, const fused::Rows& rows, int64_t n_rows);
+void layer_norm_forward(const LayerNormForwardArgs& a, const glue::Rows& rows, int64_t n_rows);
+void layer_norm_backward(const LayerNormBackwardArgs& a, const glue::Rows& rows, int64_t n_rows);
 // Forward (h from ab) or backward (dab from dh and ab): M rows of H columns.
 void swiglu(const SwigluArgs& a, bool backward, int64_t M, int64_t H);
-void gated_output(const GatedOutputArgs& a, const fused::Heads& heads, bool backward);
+void gated_output(const GatedOutputArgs& a, const glue::Heads& heads, bool backward);
 
 }  // namespace tpf::cpu

@@ -1,4 +1,4 @@
-// CPU loops of the fused glue ops (tpf/fused.h): FP64 arithmetic, one rounding per output, walking
+// CPU loops of the fused glue ops (tpf/glue.h): FP64 arithmetic, one rounding per output, walking
 // the elements the kernels walk (core/glue_geometry.h).
 #include <algorithm>
 #include <cmath>
@@ -17,7 +17,7 @@ constexpr int64_t kCpuRowsPerChunk = 256;
 
 }  // namespace
 
-void layer_norm_forward(const LayerNormForwardArgs& a, const fused::Rows& rows, int64_t n_rows) {
+void layer_norm_forward(const LayerNormForwardArgs& a, const glue::Rows& rows, int64_t n_rows) {
   const int64_t C = a.x.shape[a.x.ndim - 1];
   const float* w = static_cast<const float*>(a.weight.data);
   const float* b = static_cast<const float*>(a.bias.data);
@@ -43,7 +43,7 @@ void layer_norm_forward(const LayerNormForwardArgs& a, const fused::Rows& rows, 
   });
 }
 
-void layer_norm_backward(const LayerNormBackwardArgs& a, const fused::Rows& rows, int64_t n_rows) {
+void layer_norm_backward(const LayerNormBackwardArgs& a, const glue::Rows& rows, int64_t n_rows) {
   const int64_t C = a.x.shape[a.x.ndim - 1];
   const float* w = static_cast<const float*>(a.weight.data);
   const float* mean = static_cast<const float*>(a.mean.data);
@@ -111,7 +111,7 @@ void swiglu(const SwigluArgs& a, bool backward, int64_t M, int64_t H) {
   });
 }
 
-void gated_output(const GatedOutputArgs& a, const fused::Heads& heads, bool backward) {
+void gated_output(const GatedOutputArgs& a, const glue::Heads& heads, bool backward) {
   const int64_t R = a.g.shape[0], HD = a.g.shape[1];
   parallel_for(R, [&](int64_t r) {
     // FP64, one rounding per output.

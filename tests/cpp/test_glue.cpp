@@ -1,5 +1,5 @@
 // The fused glue ops' validation: each bad argument gets an Error that names it and what was
-// expected (their arithmetic is tested against FP64 in tests/python/test_fused.py).
+// expected (their arithmetic is tested against FP64 in tests/python/test_glue.py).
 #include <gtest/gtest.h>
 
 #include <functional>
@@ -7,7 +7,7 @@
 #include <vector>
 
 #include "tpf/error.h"
-#include "tpf/fused.h"
+#include "tpf/glue.h"
 
 namespace tpf {
 namespace {

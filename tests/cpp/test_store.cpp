@@ -24,9 +24,18 @@ using testing::MemorySource;
 using testing::TempDir;
 using testing::TestRecord;
 
+// The test's seed, as in the Python suite (tests/conftest.py): TPF_SEED when it is an integer, a
+// fresh one when it is "random", else fixed per test (FNV-1a of its name).
 uint64_t test_seed() {
-  if (const char* s = std::getenv("TPF_TEST_SEED")) return std::strtoull(s, nullptr, 10);
-  return std::random_device{}();
+  const std::string env = std::getenv("TPF_SEED") ? std::getenv("TPF_SEED") : "";
+  if (env == "random") return std::random_device{}();
+  if (!env.empty()) return std::strtoull(env.c_str(), nullptr, 10);
+  const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
+  uint64_t h = 1469598103934665603ull;
+  for (char c : std::string(info->test_suite_name()) + "." + info->name()) {
+    h = (h ^ static_cast<unsigned char>(c)) * 1099511628211ull;
+  }
+  return h;
 }
 
 void write_records(const std::string& path, uint64_t seed, uint64_t begin, uint64_t end,
@@ -61,7 +70,7 @@ void flip_byte(const std::string& path, uint64_t offset) {
 
 TEST(Store, RoundTripEveryCodecThroughMmapAndByteSource) {
   const uint64_t seed = test_seed();
-  SCOPED_TRACE("seed=" + std::to_string(seed));
+  SCOPED_TRACE("TPF_SEED=" + std::to_string(seed));
   TempDir dir;
   for (Codec codec : {Codec::none, Codec::zstd, Codec::lz4}) {
     const std::string path = dir.file(std::string("rt-") + codec_name(codec) + ".tpf");
@@ -117,7 +126,7 @@ TEST(Store, CompressionShrinksCompressibleRecordsAndKeepsIncompressibleOnesRaw) 
 
 TEST(Store, EmptyRecordsZeroAtomsAndEveryDtype) {
   const uint64_t seed = test_seed();
-  SCOPED_TRACE("seed=" + std::to_string(seed));
+  SCOPED_TRACE("TPF_SEED=" + std::to_string(seed));
   std::mt19937_64 rng(seed);
   TempDir dir;
   TestRecord empty, zero_atoms, all;
@@ -155,7 +164,7 @@ TEST(Store, EmptyRecordsZeroAtomsAndEveryDtype) {
 
 TEST(Store, UncommittedRecordsAreInvisibleAndDroppedOnReopen) {
   const uint64_t seed = test_seed();
-  SCOPED_TRACE("seed=" + std::to_string(seed));
+  SCOPED_TRACE("TPF_SEED=" + std::to_string(seed));
   TempDir dir;
   const std::string path = dir.file("u.tpf");
   {
@@ -177,7 +186,7 @@ TEST(Store, UncommittedRecordsAreInvisibleAndDroppedOnReopen) {
 
 TEST(Store, ReaderIsSafeFromManyThreads) {
   const uint64_t seed = test_seed();
-  SCOPED_TRACE("seed=" + std::to_string(seed));
+  SCOPED_TRACE("TPF_SEED=" + std::to_string(seed));
   TempDir dir;
   const std::string path = dir.file("t.tpf");
   WriterOptions o;
@@ -230,7 +239,7 @@ struct BatchBuffers {
 
 TEST(StoreBatch, MatchesRecordByRecordReadsForEveryCodecAndAnySplit) {
   const uint64_t seed = test_seed();
-  SCOPED_TRACE("seed=" + std::to_string(seed));
+  SCOPED_TRACE("TPF_SEED=" + std::to_string(seed));
   std::mt19937_64 rng(seed);
   TempDir dir;
   for (Codec codec : {Codec::none, Codec::zstd, Codec::lz4}) {
@@ -294,7 +303,7 @@ TEST(StoreBatch, MatchesRecordByRecordReadsForEveryCodecAndAnySplit) {
 
 TEST(StoreBatch, StacksEqualShapesAndWidensText) {
   const uint64_t seed = test_seed();
-  SCOPED_TRACE("seed=" + std::to_string(seed));
+  SCOPED_TRACE("TPF_SEED=" + std::to_string(seed));
   std::mt19937_64 rng(seed);
   TempDir dir;
   const std::string path = dir.file("s.tpf");
@@ -479,7 +488,7 @@ TEST_F(StoreFailure, TruncatedFile) {
 }
 
 TEST_F(StoreFailure, FlippedByteInRecord) {
-  SCOPED_TRACE("seed=" + std::to_string(seed_));
+  SCOPED_TRACE("TPF_SEED=" + std::to_string(seed_));
   flip_byte(path_, record5_.offset + record5_.stored_length / 2);
   auto r = Reader::open(path_);
   EXPECT_NE(error_of([&] { r->read(5); }).find("record 5 is corrupt (checksum mismatch)"),
@@ -525,7 +534,7 @@ TEST_F(StoreFailure, FlippedByteInIndex) {
 // Issue 20, item 3: a damaged current slot is an error, not a silent step back to the previous
 // commit; recover reads the previous commit, and says so in headers().
 TEST_F(StoreFailure, FlippedByteInCurrentHeaderIsAnErrorUnlessRecovering) {
-  SCOPED_TRACE("seed=" + std::to_string(seed_));
+  SCOPED_TRACE("TPF_SEED=" + std::to_string(seed_));
   flip_byte(path_, uint64_t(current_) * 64 + 20);
   const std::string err = error_of([&] { Reader::open(path_); });
   EXPECT_NE(err.find("header slot " + std::to_string(current_) + " is damaged: checksum mismatch"),
@@ -555,7 +564,7 @@ TEST_F(StoreFailure, FlippedByteInCurrentHeaderIsAnErrorUnlessRecovering) {
 // Issue 20, item 2: the version field is believed only from a slot whose checksum holds, so a
 // flipped byte anywhere in the older slot leaves the file readable.
 TEST_F(StoreFailure, FlippedByteInOlderHeaderIsHarmless) {
-  SCOPED_TRACE("seed=" + std::to_string(seed_));
+  SCOPED_TRACE("TPF_SEED=" + std::to_string(seed_));
   const uint64_t older = uint64_t(1 - current_) * 64;
   for (uint64_t at : {older + 8, older + 9, older + 11, older + 20, older + 40, older + 60}) {
     SCOPED_TRACE("flipped byte " + std::to_string(at));
@@ -645,7 +654,7 @@ TEST_F(StoreFailure, UnfinishedFirstCommit) {
 }
 
 TEST_F(StoreFailure, FlippedByteInARecordOfABatch) {
-  SCOPED_TRACE("seed=" + std::to_string(seed_));
+  SCOPED_TRACE("TPF_SEED=" + std::to_string(seed_));
   flip_byte(path_, record5_.offset + record5_.stored_length / 3);
   auto r = Reader::open(path_);
   const std::vector<uint64_t> indices = {
@@ -689,7 +698,7 @@ bool killed_in_child(Fn child) {
 
 TEST(StoreCrash, KillAtEveryStepOfACommit) {
   const uint64_t seed = test_seed();
-  SCOPED_TRACE("seed=" + std::to_string(seed));
+  SCOPED_TRACE("TPF_SEED=" + std::to_string(seed));
   TempDir dir;
   for (int step = kWriteIndex; step <= kSyncHeader; ++step) {
     SCOPED_TRACE("commit step " + std::to_string(step));
@@ -739,7 +748,7 @@ std::vector<std::string> other_files(const TempDir& dir, const std::vector<std::
 // dead writer's partial file.
 TEST(StoreCrash, KillAtEveryStepOfTheFirstCommit) {
   const uint64_t seed = test_seed();
-  SCOPED_TRACE("seed=" + std::to_string(seed));
+  SCOPED_TRACE("TPF_SEED=" + std::to_string(seed));
   for (int step = kWriteIndex; step <= kReplace; ++step) {
     SCOPED_TRACE("commit step " + std::to_string(step));
     TempDir dir;
@@ -764,7 +773,7 @@ TEST(StoreCrash, KillAtEveryStepOfTheFirstCommit) {
 // place leaves the old contents whole; once that commit returns, the new file is there, complete.
 TEST(StoreCrash, KillAtEveryStepOfAnOverwrite) {
   const uint64_t seed = test_seed();
-  SCOPED_TRACE("seed=" + std::to_string(seed));
+  SCOPED_TRACE("TPF_SEED=" + std::to_string(seed));
   TempDir dir;
   const std::string path = dir.file("o.tpf");
   const uint64_t new_seed = seed + 1;
@@ -808,7 +817,7 @@ TEST(StoreCrash, KillAtEveryStepOfAnOverwrite) {
 // a smaller one (it used to be truncated under the reader's mapping: SIGBUS).
 TEST(StoreCrash, OverwriteLeavesTheReadersFileAlone) {
   const uint64_t seed = test_seed();
-  SCOPED_TRACE("seed=" + std::to_string(seed));
+  SCOPED_TRACE("TPF_SEED=" + std::to_string(seed));
   TempDir dir;
   const std::string path = dir.file("r.tpf");
   write_records(path, seed, 0, 300);
@@ -840,7 +849,7 @@ TEST(StoreCrash, OverwriteLeavesTheReadersFileAlone) {
 
 TEST(StoreCrash, TornHeaderWriteFallsBackToThePreviousCommit) {
   const uint64_t seed = test_seed();
-  SCOPED_TRACE("seed=" + std::to_string(seed));
+  SCOPED_TRACE("TPF_SEED=" + std::to_string(seed));
   TempDir dir;
   const std::string path = dir.file("torn.tpf");
   write_records(path, seed, 0, 12);
@@ -860,7 +869,7 @@ TEST(StoreCrash, TornHeaderWriteFallsBackToThePreviousCommit) {
 
 TEST(StoreCrash, KillDuringAppendsKeepsEveryCommittedRecord) {
   const uint64_t seed = test_seed();
-  SCOPED_TRACE("seed=" + std::to_string(seed));
+  SCOPED_TRACE("TPF_SEED=" + std::to_string(seed));
   TempDir dir;
   std::mt19937_64 rng(seed);
   constexpr uint64_t kCommitEvery = 25;

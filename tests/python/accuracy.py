@@ -59,6 +59,8 @@ import os
 import torch
 import torch.nn.functional as F
 
+import seeds
+
 UNIT_ROUNDOFF = {torch.float64: 2.0**-53, torch.float32: 2.0**-24, torch.bfloat16: 2.0**-8,
                  torch.float16: 2.0**-11}
 
@@ -155,7 +157,7 @@ def _record(name: str, ratio: float) -> None:
         return
     test = os.environ.get("PYTEST_CURRENT_TEST", os.environ.get("TPF_ACCURACY_TEST", "?"))
     test = test.rsplit(" ", 1)[0]  # drop pytest's " (call)"
-    row = {"test": test, "tensor": name, "ratio": ratio, "seed": os.environ.get("TPF_TEST_SEED"),
+    row = {"test": test, "tensor": name, "ratio": ratio, "seed": None if seeds.current is None else str(seeds.current),
            "threads": os.environ.get("TPF_NUM_THREADS")}
     with open(path, "a") as f:
         f.write(json.dumps(row) + "\n")

@@ -28,6 +28,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import seeds  # noqa: E402
 from accuracy import accuracy_failure  # noqa: E402
 
 # Roundings of one sharded op's own chain (its output and the one stored intermediate, as the
@@ -427,6 +428,7 @@ class Env:
 
 
 def worker(rank: int, world: int, args) -> None:
+    seeds.current = args.seed  # what accuracy.py logs with each check
     os.environ["TPF_NUM_THREADS"] = "1"
     torch.set_num_threads(1)
     if args.backend == "nccl":

@@ -5,6 +5,12 @@ from __future__ import annotations
 import os
 import random
 import zlib
+from typing import Optional
+
+# The running test's seed: tests/conftest.py sets it per test, distributed_checks.py per rank, and
+# accuracy.py logs it with each check (tests/sweep_accuracy.py reads the log). Not an input: what
+# users set is TPF_SEED.
+current: Optional[int] = None
 
 
 def seed_for(key: str) -> int:

@@ -5,9 +5,9 @@ rows, the classes add up to the profiled total, ours show where they run and onl
 the table and the plot's bars are written. No timings are asserted."""
 from __future__ import annotations
 
-import importlib.util
 import json
 import re
+import types
 from pathlib import Path
 
 import pytest
@@ -15,7 +15,7 @@ import pytest
 from turbopairformer.benchmarks import breakdown
 
 ROOT = Path(__file__).resolve().parents[2]
-KERNEL_CLASS = {"attention": "ours_attention", "trimul": "ours_trimul", "fused": "ours_fused"}
+KERNEL_CLASS = {"attention": "ours_attention", "trimul": "ours_trimul", "glue": "ours_glue"}
 
 
 def our_kernels() -> list[tuple[str, str]]:
@@ -54,7 +54,7 @@ def test_every_kernel_of_ours_is_in_its_class():
     ("Memcpy DtoD (Device -> Device)", "other_pytorch", True),
     ("turbopairformer::attention_backward", "ours_attention", True),
     ("turbopairformer::trimul_forward", "ours_trimul", True),
-    ("turbopairformer::swiglu", "ours_fused", True),
+    ("turbopairformer::swiglu", "ours_glue", True),
     ("some_kernel_nobody_named", "other_pytorch", False),
 ])
 def test_classify(name, cls, known):
@@ -63,10 +63,9 @@ def test_classify(name, cls, known):
 
 @pytest.fixture(scope="module")
 def bench():
-    spec = importlib.util.spec_from_file_location("bench_clients", ROOT / "bench" / "clients.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    """bench/clients.py's program (`tpf bench clients-gpu`), called with an argument list."""
+    from turbopairformer.benchmarks.cli import script_main
+    return types.SimpleNamespace(main=lambda argv: script_main("clients-gpu", argv))
 
 
 def check_breakdown(row: dict) -> dict:
@@ -102,9 +101,9 @@ def test_breakdown_of_a_client_stack(bench, tmp_path, capsys):
     rows = {r["path"]: r for r in data["rows"] if r["status"] == "ok"}
     assert set(rows) == {"pytorch", "ours"}
     ours, torch_path = check_breakdown(rows["ours"]), check_breakdown(rows["pytorch"])
-    assert ours["ours_attention"] > 0 and ours["ours_trimul"] > 0 and ours["ours_fused"] > 0
+    assert ours["ours_attention"] > 0 and ours["ours_trimul"] > 0 and ours["ours_glue"] > 0
     assert torch_path["ours_attention"] == torch_path["ours_trimul"] == 0
-    assert torch_path["ours_fused"] == 0
+    assert torch_path["ours_glue"] == 0
     printed = capsys.readouterr().out
     assert "breakdown of one profiled step" in printed and "largest names no pattern" in printed
     assert png.stat().st_size > 0
@@ -116,7 +115,7 @@ def test_breakdown_of_a_module(bench, tmp_path):
                        "--module", "pair_transition", "--sizes", "16", "--paths", "ours",
                        "--steps", "1", "--warmup", "1", "--breakdown", "--json", str(out)]) == 0
     (row,) = json.loads(out.read_text())["rows"]
-    assert check_breakdown(row)["ours_fused"] > 0
+    assert check_breakdown(row)["ours_glue"] > 0
 
 
 def test_no_breakdown_unless_asked(bench, tmp_path):

@@ -64,19 +64,19 @@ def protenix_layer_norm():
 @pytest.fixture
 def counted(monkeypatch):
     """Counts the calls of our two ops made through the integrations, and of our fused glue
-    (ops.fused: the LayerNorm, the attention gate, the SwiGLU) made anywhere."""
+    (ops.glue: the LayerNorm, the attention gate, the SwiGLU) made anywhere."""
     counts = {"attention": 0, "trimul": 0, "layer_norm": 0, "gate": 0, "swiglu": 0}
     import turbopairformer.integrations.boltz as boltz
     import turbopairformer.integrations.openfold3 as openfold3
     import turbopairformer.integrations.protenix as protenix
-    import turbopairformer.ops.fused as fused
+    import turbopairformer.ops.glue as glue_ops
 
     for name, key in (("layer_norm", "layer_norm"), ("gated_output", "gate"),
                       ("swiglu", "swiglu")):
-        def glue(*args, _op=getattr(fused, name), _key=key, **kwargs):
+        def counted(*args, _op=getattr(glue_ops, name), _key=key, **kwargs):
             counts[_key] += 1
             return _op(*args, **kwargs)
-        monkeypatch.setattr(fused, name, glue)
+        monkeypatch.setattr(glue_ops, name, counted)
 
     for module in (openfold3, boltz, protenix):
         for name, key in (("triangle_attention", "attention"),

@@ -335,12 +335,12 @@ def test_turbo_backend_runs_our_ops_and_reference_does_not(monkeypatch):
                         counted("attention", attention_module.triangle_attention))
     monkeypatch.setattr(trimul_module, "triangle_multiplicative_update",
                         counted("trimul", trimul_module.triangle_multiplicative_update))
-    import turbopairformer.ops.fused as fused_module
+    import turbopairformer.ops.glue as glue_module
 
     calls.update(gate=0, swiglu=0, layer_norm=0)
-    monkeypatch.setattr(fused_module, "gated_output", counted("gate", fused_module.gated_output))
-    monkeypatch.setattr(fused_module, "swiglu", counted("swiglu", fused_module.swiglu))
-    monkeypatch.setattr(fused_module, "layer_norm", counted("layer_norm", fused_module.layer_norm))
+    monkeypatch.setattr(glue_module, "gated_output", counted("gate", glue_module.gated_output))
+    monkeypatch.setattr(glue_module, "swiglu", counted("swiglu", glue_module.swiglu))
+    monkeypatch.setattr(glue_module, "layer_norm", counted("layer_norm", glue_module.layer_norm))
     block = PairFormerBlock(8, c_s=4, c_hidden_pair_att=4, no_heads_pair=2, c_hidden_pair_bias=2,
                             no_heads_pair_bias=2)
     s, z = torch.randn(1, 5, 4), torch.randn(1, 5, 5, 8)

@@ -6,7 +6,6 @@ import hashlib
 import json
 import math
 import os
-import random
 import subprocess
 import sys
 
@@ -20,13 +19,6 @@ ELEMENT_Z = {"N": 7, "C": 6, "O": 8, "S": 16}
 RESIDUES = {"ALA": [("N", "N"), ("CA", "C"), ("C", "C"), ("O", "O"), ("CB", "C")],
             "GLY": [("N", "N"), ("CA", "C"), ("C", "C"), ("O", "O")],
             "CYS": [("N", "N"), ("CA", "C"), ("C", "C"), ("O", "O"), ("CB", "C"), ("SG", "S")]}
-
-
-@pytest.fixture
-def seed():
-    s = int(os.environ.get("TPF_TEST_SEED", random.SystemRandom().randrange(2**32)))
-    print(f"seed={s} (set TPF_TEST_SEED to rerun)")
-    return s
 
 
 def write_pdb(path, seed, name="1TST", resolution=2.1):

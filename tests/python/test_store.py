@@ -5,7 +5,6 @@ from __future__ import annotations
 import gc
 import multiprocessing as mp
 import os
-import random
 import threading
 
 import numpy as np
@@ -14,13 +13,6 @@ import pytest
 from turbopairformer.data import RecordReader, RecordWriter, atoms_to_record, record_to_atoms
 
 CODECS = ["none", "zstd", "lz4"]
-
-
-@pytest.fixture
-def seed():
-    s = int(os.environ.get("TPF_TEST_SEED", random.SystemRandom().randrange(2**32)))
-    print(f"seed={s} (set TPF_TEST_SEED to rerun)")
-    return s
 
 
 def make_record(rng: np.random.Generator, n_atoms: int, i: int) -> dict:

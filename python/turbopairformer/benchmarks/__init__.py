@@ -1,1 +1,1 @@
-"""Benchmarks shared by `tpf bench` and the scripts in bench/."""
+"""Every benchmark of an op: `tpf bench NAME` (cli.py) and the entry scripts in bench/ run them."""

@@ -1,6 +1,6 @@
 """Triangle attention: forward and forward+backward time against PyTorch (and peers on GPUs).
 
-B = 1, N = S, H = 4, tail keys masked. On the CPU the peer is plain PyTorch eager; bench/attention.py
+B = 1, N = S, H = 4, tail keys masked. On the CPU the peer is plain PyTorch eager; attention_gpu.py
 adds the GPU peers (SDPA, TriFast, cuEquivariance) and errors against FP64.
 """
 from __future__ import annotations

@@ -39,8 +39,8 @@ CLASSES: tuple[tuple[str, str], ...] = (
     # the column sums and the backward's finish (its cuBLAS calls are GEMMs, below).
     ("ours_trimul", r"(?<![A-Za-z])(input|output)_(forward|backward)\w*_kernel|pack_weights_kernel"
                     r"|reduce_sums_kernel|finish_backward_kernel|^turbopairformer::trimul_"),
-    # Ours (src/kernels/fused, turbopairformer.ops.fused): LayerNorm, SwiGLU, the gated output.
-    ("ours_fused", r"layer_norm_(forward|backward|finish)_kernel|swiglu_kernel|gated_output_kernel"
+    # Ours (src/kernels/glue, turbopairformer.ops.glue): LayerNorm, SwiGLU, the gated output.
+    ("ours_glue", r"layer_norm_(forward|backward|finish)_kernel|swiglu_kernel|gated_output_kernel"
                    r"|^turbopairformer::(layer_norm|swiglu|gated_output)"),
     # cuBLAS / cuBLASLt / CUTLASS GEMMs (PyTorch's matmuls and our trimul's contraction); the
     # CPU's matmul ops.
@@ -57,7 +57,7 @@ CLASSES: tuple[tuple[str, str], ...] = (
 OTHER = "other_pytorch"  # where a name no pattern matches goes (counted as unknown)
 NAMES = tuple(dict.fromkeys(c for c, _ in CLASSES))
 LABELS = {"ours_attention": "our attention", "ours_trimul": "our trimul",
-          "ours_fused": "our fused glue", "gemm": "cuBLAS/GEMM", "cuequivariance": "cuEquivariance",
+          "ours_glue": "our glue", "gemm": "cuBLAS/GEMM", "cuequivariance": "cuEquivariance",
           OTHER: "other PyTorch"}
 assert OTHER in NAMES and set(NAMES) == set(LABELS)
 _PATTERNS = tuple((c, re.compile(p)) for c, p in CLASSES)
@@ -79,7 +79,7 @@ def classify(name: str) -> tuple[str, bool]:
 def labelled_native_calls():
     """Every call into turbopairformer._C made by our ops inside a profiler range named
     turbopairformer::<entry point> (on the CPU they run no kernel the profiler would name)."""
-    from turbopairformer.ops import _common, attention, fused, trimul
+    from turbopairformer.ops import _common, attention, glue, trimul
 
     original = _common.native
 
@@ -87,7 +87,7 @@ def labelled_native_calls():
         with torch.profiler.record_function(f"turbopairformer::{getattr(fn, '__name__', fn)}"):
             return original(fn, *args)
 
-    modules = [m for m in (attention, fused, trimul) if getattr(m, "native", None) is original]
+    modules = [m for m in (attention, glue, trimul) if getattr(m, "native", None) is original]
     for m in modules:
         m.native = native
     try:
@@ -169,7 +169,7 @@ def breakdown(events: Iterable, cuda: bool, step_ms: float | None = None) -> dic
 
 # ---- reporting -----------------------------------------------------------------------------------
 
-SHORT = {"ours_attention": "attn", "ours_trimul": "trimul", "ours_fused": "glue", "gemm": "GEMM",
+SHORT = {"ours_attention": "attn", "ours_trimul": "trimul", "ours_glue": "glue", "gemm": "GEMM",
          "cuequivariance": "cuEq", OTHER: "other"}
 
 
@@ -203,7 +203,7 @@ def unknown_top(rows: list[dict], n: int = UNKNOWN_TOP) -> list[tuple[str, float
     return [(name, ms, c) for name, (ms, c) in sorted(total.items(), key=lambda kv: -kv[1][0])[:n]]
 
 
-COLORS = {"ours_attention": "tab:red", "ours_trimul": "tab:orange", "ours_fused": "tab:olive",
+COLORS = {"ours_attention": "tab:red", "ours_trimul": "tab:orange", "ours_glue": "tab:olive",
           "gemm": "tab:blue", "cuequivariance": "tab:green", OTHER: "tab:gray"}
 
 

@@ -1,7 +1,7 @@
 """The client packages' own PairFormer stacks (OpenFold3, Boltz, Protenix), built and run on each
 of three paths: the client's PyTorch code ("pytorch"), its cuEquivariance path ("cuequivariance",
 the client's kernel switch on) and ours ("ours", turbopairformer.integrations enabled). Shared by
-bench/clients.py and the integration tests.
+clients_gpu.py (bench/clients.py) and the integration tests.
 
 A client's `build(**config)` takes its PairFormer's own argument names; DEFAULTS are its default
 configuration (AlphaFold3's widths), blocks aside. `inputs(N, ...)` makes s, z and masks with the

@@ -2,7 +2,7 @@
 GPUs).
 
 B = 1, a tenth of the positions masked, weights scaled like trained ones. On the CPU the peer is plain
-PyTorch eager; bench/trimul.py adds the GPU peers (torch.compile, cuEquivariance), peak memory and
+PyTorch eager; trimul_gpu.py adds the GPU peers (torch.compile, cuEquivariance), peak memory and
 the error against FP64.
 """
 from __future__ import annotations

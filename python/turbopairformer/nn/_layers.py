@@ -50,7 +50,7 @@ def linear(c_in: int, c_out: int, bias: bool = False, init: str = "default") -> 
 
 def fused_glue(module: nn.Module) -> bool:
     """Whether `module` (one with a backend) runs LayerNorm, SwiGLU and the attention gate through
-    the fused ops (turbopairformer.ops.fused): on the turbo backend, where they are faster than
+    the fused ops (turbopairformer.ops.glue): on the turbo backend, where they are faster than
     PyTorch's eager ops (bench/notes-train.md), unless set_backend(..., fused_glue=False) chose
     PyTorch's ops to compare against; never under torch.compile, whose generated kernels fuse this
     glue into its neighbours."""

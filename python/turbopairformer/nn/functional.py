@@ -4,19 +4,19 @@ implementation that our nn modules (turbopairformer.nn) and the client integrati
 same path as ours on the client's own nn.Modules (their parameters, state dicts and autograd
 untouched: the concatenations below are inside the forward, so each parameter gets its gradient).
 
-- `layer_norm`: a LayerNorm module's math in one kernel (turbopairformer.ops.fused.layer_norm),
+- `layer_norm`: a LayerNorm module's math in one kernel (turbopairformer.ops.glue.layer_norm),
   writing the dtype the next GEMM casts to under autocast.
 - `linears`: several linear layers applied to the same x in ONE GEMM over their concatenated
   weights (and biases where any has one): one read and one autocast cast of x, and its gradient
   summed inside the GEMM instead of one tensor per layer added up.
 - `gated_attention`: q, k, v, gate [B, N, S, H*D] (column slices of one GEMM) -> the attention
-  core -> sigmoid gate with the heads laid back into rows (ops.fused.gated_output) -> the output
+  core -> sigmoid gate with the heads laid back into rows (ops.glue.gated_output) -> the output
   projection.
 - `triangle_attention_update`: a triangle attention module (AlphaFold3 algorithms 14 and 15 as the
   clients write them): LayerNorm, the q/k/v/gate projections and the pair-bias projection's H
   outputs in one GEMM, then `gated_attention`.
 - `swiglu`, `swiglu_transition`: (LayerNorm,) both SwiGLU projections in one GEMM, silu(a) * b in
-  one kernel (ops.fused.swiglu)(, the output projection).
+  one kernel (ops.glue.swiglu)(, the output projection).
 
 `fused` chooses our fused kernels for LayerNorm, SwiGLU and the gate (True) or PyTorch's eager ops
 (False: our nn's reference backend, and under torch.compile, whose generated kernels fuse this glue
@@ -29,7 +29,7 @@ from typing import Callable, Optional, Sequence
 import torch
 from torch import nn
 
-from turbopairformer.ops import fused as fused_ops
+from turbopairformer.ops import glue as glue_ops
 from turbopairformer.ops._common import autocast_dtype
 from turbopairformer.ops.attention import triangle_attention
 
@@ -52,7 +52,7 @@ def layer_norm(ln: nn.Module, x: torch.Tensor, fused: bool) -> torch.Tensor:
     weight, bias, eps = (getattr(ln, name, None) for name in ("weight", "bias", "eps"))
     if not fused or weight is None or bias is None or eps is None:
         return ln(x)
-    return fused_ops.layer_norm(x, weight, bias, eps, autocast_dtype(x) or x.dtype)
+    return glue_ops.layer_norm(x, weight, bias, eps, autocast_dtype(x) or x.dtype)
 
 
 def linears(x: torch.Tensor, layers: Sequence[nn.Module]) -> torch.Tensor:
@@ -91,7 +91,7 @@ def gated_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.
     H, D = heads, head_dim
     o = core(_heads(q, H, D), _heads(k, H, D), _heads(v, H, D), bias.to(q.dtype), mask)
     if fused:  # the heads back to rows and the gate, in one pass
-        h = fused_ops.gated_output(g, o)
+        h = glue_ops.gated_output(g, o)
     else:
         B, N, S, _ = g.shape
         h = torch.sigmoid(g) * o.transpose(2, 3).reshape(B, N, S, H * D)
@@ -126,10 +126,10 @@ def triangle_attention_update(x: torch.Tensor, mask: Optional[torch.Tensor], *, 
 
 def swiglu(x: torch.Tensor, *, a: nn.Module, b: nn.Module, fused: bool) -> torch.Tensor:
     """silu(a(x)) * b(x): both projections in one GEMM, then (with `fused`) silu(a) * b and its
-    gradient in one kernel each (ops.fused.swiglu)."""
+    gradient in one kernel each (ops.glue.swiglu)."""
     ab = linears(x, (a, b))
     if fused:
-        return fused_ops.swiglu(ab)
+        return glue_ops.swiglu(ab)
     a_, b_ = ab.chunk(2, dim=-1)
     return nn.functional.silu(a_) * b_
 

@@ -33,18 +33,36 @@ def native(fn, *args):
     return fn(*[_capsule(a) for a in args])
 
 
-def eager_autograd(op, impl, setup_context, backward):
+def eager_autograd(op, impl, setup_context, backward, list_arg: Optional[int] = None):
     """The custom op `op` (whose body is `impl`) dispatched by mode: under torch.compile the custom
     op, which the compiler sees through its fake implementation; in eager mode a plain
     autograd.Function over impl with op's setup_context and a backward that calls the backward
     op's body directly. A custom op costs 100-200 us of host time per call
-    and backward in eager mode, more than the short kernels behind it take on the GPU."""
+    and backward in eager mode, more than the short kernels behind it take on the GPU.
+
+    list_arg: the position of an input that is a list of tensors (and of its gradients, a list, in
+    backward's result). Autograd does not look inside a list, so the eager route passes its
+    tensors as arguments of their own, preceded by their count, and gathers them back."""
+
+    def nest(flat):
+        if list_arg is None:
+            return flat
+        n = flat[list_arg]
+        end = list_arg + 1 + n
+        return (*flat[:list_arg], list(flat[list_arg + 1:end]), *flat[end:])
+
+    def flatten(inputs, fill):
+        if list_arg is None:
+            return inputs
+        items = inputs[list_arg]
+        return (*inputs[:list_arg], fill(items), *items, *inputs[list_arg + 1:])
 
     class Eager(torch.autograd.Function):
         # forward takes ctx (no separate setup_context): apply() then skips binding the arguments
         # to forward's signature through inspect, 20 us a call.
         @staticmethod
-        def forward(ctx, *inputs):
+        def forward(ctx, *flat):
+            inputs = nest(flat)
             output = impl(*inputs)
             ctx.set_materialize_grads(False)  # outputs kept for the backward get no gradient
             setup_context(ctx, inputs, output)
@@ -52,10 +70,12 @@ def eager_autograd(op, impl, setup_context, backward):
 
         @staticmethod
         def backward(ctx, *grads):
-            return backward(ctx, *grads)
+            return flatten(backward(ctx, *grads), lambda items: None)
 
     def call(*inputs):
-        return op(*inputs) if torch.compiler.is_compiling() else Eager.apply(*inputs)
+        if torch.compiler.is_compiling():
+            return op(*inputs)
+        return Eager.apply(*flatten(inputs, len))
 
     return call
 

@@ -29,6 +29,7 @@ from turbopairformer import _C
 from turbopairformer.ops._common import (
     FLOAT_DTYPES,
     autocast_dtype,
+    eager_autograd,
     load_named,
     native,
     require_tensor,
@@ -141,32 +142,8 @@ def _backward(bwd):  # through the backward custom op (torch.compile) or its bod
 
 
 _trimul_fwd.register_autograd(_backward(_trimul_bwd), setup_context=_setup_context)
-
-
-class _TrimulEager(torch.autograd.Function):
-    """Eager mode's route to the same forward and backward (see _common.eager_autograd), with the
-    weights as separate arguments: autograd does not look inside a list."""
-
-    @staticmethod
-    def forward(ctx, x, mask, outgoing, eps, *weights):
-        output = _trimul_fwd_impl(x, mask, list(weights), outgoing, eps)
-        ctx.set_materialize_grads(False)
-        _setup_context(ctx, (x, mask, list(weights), outgoing, eps), output)
-        return output
-
-    @staticmethod
-    def backward(ctx, *grads):
-        dx, _, dweights, _, _ = _eager_backward(ctx, *grads)
-        return (dx, None, None, None, *dweights)
-
-
-_eager_backward = _backward(_trimul_bwd_impl)
-
-
-def _trimul_call(x, mask, weights, outgoing, eps):
-    if torch.compiler.is_compiling():
-        return _trimul_fwd(x, mask, weights, outgoing, eps)
-    return _TrimulEager.apply(x, mask, outgoing, eps, *weights)
+_trimul_call = eager_autograd(_trimul_fwd, _trimul_fwd_impl, _setup_context,
+                             _backward(_trimul_bwd_impl), list_arg=2)
 
 
 def _lecun_normal(shape: tuple[int, int], device: torch.device) -> torch.Tensor:

@@ -122,7 +122,7 @@ struct InputForwardOccupancySmem {
 
 template <typename T>
 __global__ void __launch_bounds__(kThreads, kOccupancyCtas)
-    input_forward_occupancy_kernel(const Params p) {
+    input_forward_16bit_kernel(const Params p) {
   using Acc = WarpTileLdsm<T>;
   constexpr int kLdAB = kRows + kPad;
   extern __shared__ __align__(128) unsigned char smem_raw[];
@@ -205,7 +205,7 @@ void launch_input_forward(const Params& p, cudaStream_t stream) {
     launch_kernel(input_forward_f32_kernel, dim3(unsigned(p.tiles)),
                   InputForwardF32Smem(nullptr, p.Dp).bytes, p, stream, "trimul input_forward");
   else
-    launch_kernel(input_forward_occupancy_kernel<T>, dim3(unsigned(p.tiles)),
+    launch_kernel(input_forward_16bit_kernel<T>, dim3(unsigned(p.tiles)),
                   InputForwardOccupancySmem<T>(nullptr, p.Dp).bytes, p, stream,
                   "trimul input_forward");
 }

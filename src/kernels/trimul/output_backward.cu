@@ -320,7 +320,7 @@ __device__ __forceinline__ unsigned char* smem_base_here(unsigned char* base) {
 // kPaired: D is even (go, dy and dgo in 32-bit pairs; scalar otherwise, for the C++ API's odd D).
 template <typename T, bool kPaired>
 __global__ void __launch_bounds__(kThreads, kOccupancyCtas)
-    output_backward_occupancy_kernel(const Params p) {
+    output_backward_16bit_kernel(const Params p) {
   using Acc = WarpTileLdsm<T>;
   using Smem = OutputBackwardOccupancySmem<T>;
   extern __shared__ __align__(128) unsigned char smem_raw[];
@@ -623,8 +623,8 @@ void launch_output_backward(const Params& p, cudaStream_t stream) {
     launch_kernel(output_backward_f32_kernel, dim3(unsigned(p.grid_backward)),
                   OutputBackwardF32Smem(nullptr, p.Dp).bytes, p, stream, "trimul output_backward");
   } else {
-    const auto kernel = p.D % 2 == 0 ? output_backward_occupancy_kernel<T, true>
-                                     : output_backward_occupancy_kernel<T, false>;
+    const auto kernel = p.D % 2 == 0 ? output_backward_16bit_kernel<T, true>
+                                     : output_backward_16bit_kernel<T, false>;
     launch_kernel(kernel, dim3(unsigned(p.grid_backward)),
                   OutputBackwardOccupancySmem<T>(nullptr, p.Dp).bytes, p, stream,
                   "trimul output_backward");

@@ -95,7 +95,7 @@ struct OutputForwardOccupancySmem {
 
 template <typename T>
 __global__ void __launch_bounds__(kThreads, kOccupancyCtas)
-    output_forward_occupancy_kernel(const Params p) {
+    output_forward_16bit_kernel(const Params p) {
   using Acc = WarpTileLdsm<T>;
   extern __shared__ __align__(128) unsigned char smem_raw[];
   OutputForwardOccupancySmem<T> s(smem_raw, p.Dp);
@@ -143,7 +143,7 @@ void launch_output_forward(const Params& p, cudaStream_t stream) {
     launch_kernel(output_forward_f32_kernel, dim3(unsigned(p.tiles)),
                   OutputForwardF32Smem(nullptr, p.Dp).bytes, p, stream, "trimul output_forward");
   else
-    launch_kernel(output_forward_occupancy_kernel<T>, dim3(unsigned(p.tiles)),
+    launch_kernel(output_forward_16bit_kernel<T>, dim3(unsigned(p.tiles)),
                   OutputForwardOccupancySmem<T>(nullptr, p.Dp).bytes, p, stream,
                   "trimul output_forward");
 }

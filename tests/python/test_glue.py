@@ -5,8 +5,8 @@ import re
 import pytest
 import torch
 
-from fused_cases import GATE_CASES, LN_CASES, SWIGLU_CASES, gate_case, layer_norm_case, swiglu_case
-from turbopairformer.ops import fused
+from glue_cases import GATE_CASES, LN_CASES, SWIGLU_CASES, gate_case, layer_norm_case, swiglu_case
+from turbopairformer.ops import glue
 
 DTYPES = [torch.float32, torch.bfloat16]
 
@@ -58,7 +58,7 @@ LAYER_NORM_BAD_INPUTS = [  # x [2, 3, 8], weight and bias [8]
 def test_layer_norm_bad_input_names_the_argument(kind, message, mutate):
     args, kwargs = mutate(torch.randn(2, 3, 8), torch.ones(8), torch.zeros(8))
     with pytest.raises(kind, match=re.escape(message)):
-        fused.layer_norm(*args, **kwargs)
+        glue.layer_norm(*args, **kwargs)
 
 
 def test_layer_norm_reads_overlapping_and_high_rank_inputs():
@@ -66,27 +66,27 @@ def test_layer_norm_reads_overlapping_and_high_rank_inputs():
     w, b = torch.randn(8), torch.randn(8)
     for x in (torch.randn(1, 3, 8).expand(4, 3, 8), torch.randn(2, 2, 2, 2, 3, 8)):
         want = torch.nn.functional.layer_norm(x, (8,), w, b)
-        torch.testing.assert_close(fused.layer_norm(x, w, b), want, rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(glue.layer_norm(x, w, b), want, rtol=1e-5, atol=1e-5)
 
 
 GLUE_BAD_INPUTS = [  # o [1, 2, 4, 3, 8]: g [1, 2, 3, 32]
     (ValueError, "ab must have shape [M, 2H] (a then b: an even last dim), got [3, 5]",
-     lambda o: (fused.swiglu, torch.randn(3, 5))),
+     lambda o: (glue.swiglu, torch.randn(3, 5))),
     (ValueError, "ab must have shape [..., 2H] (a then b), got []",
-     lambda o: (fused.swiglu, torch.tensor(1.0))),
+     lambda o: (glue.swiglu, torch.tensor(1.0))),
     (ValueError, "ab must be float32, bfloat16 or float16, got int64",
-     lambda o: (fused.swiglu, torch.ones(3, 4, dtype=torch.long))),
+     lambda o: (glue.swiglu, torch.ones(3, 4, dtype=torch.long))),
     (ValueError, "g must have shape [1, 2, 3, 32] (o's [..., H, S, D] as [..., S, H*D]), got "
                  "[1, 2, 3, 31]",
-     lambda o: (fused.gated_output, torch.randn(1, 2, 3, 31), o)),
+     lambda o: (glue.gated_output, torch.randn(1, 2, 3, 31), o)),
     (ValueError, "o must have shape [..., H, S, D], got [4, 8]",
-     lambda o: (fused.gated_output, torch.randn(4, 8), o[0, 0, :, 0])),
+     lambda o: (glue.gated_output, torch.randn(4, 8), o[0, 0, :, 0])),
     (ValueError, "o must have g's dtype bfloat16, got float32",
-     lambda o: (fused.gated_output, torch.randn(1, 2, 3, 32, dtype=torch.bfloat16), o)),
+     lambda o: (glue.gated_output, torch.randn(1, 2, 3, 32, dtype=torch.bfloat16), o)),
     (ValueError, "g must be float32, bfloat16 or float16, got float64",
-     lambda o: (fused.gated_output, torch.randn(1, 2, 3, 32, dtype=torch.float64), o.double())),
+     lambda o: (glue.gated_output, torch.randn(1, 2, 3, 32, dtype=torch.float64), o.double())),
     (TypeError, "o must be a torch.Tensor, got NoneType",
-     lambda o: (fused.gated_output, torch.randn(1, 2, 3, 32), None)),
+     lambda o: (glue.gated_output, torch.randn(1, 2, 3, 32), None)),
 ]
 
 
@@ -102,10 +102,10 @@ def test_custom_ops_pass_opcheck():
     g = torch.Generator().manual_seed(0)
     x = torch.randn(2, 5, 6, 16, generator=g, requires_grad=True)
     w, b = torch.randn(16, requires_grad=True), torch.randn(16, requires_grad=True)
-    torch.library.opcheck(fused._ln_fwd, (x.transpose(1, 2), w, b, 1e-5, torch.bfloat16))
-    torch.library.opcheck(fused._swiglu_fwd, (torch.randn(7, 10, requires_grad=True),))
+    torch.library.opcheck(glue._ln_fwd, (x.transpose(1, 2), w, b, 1e-5, torch.bfloat16))
+    torch.library.opcheck(glue._swiglu_fwd, (torch.randn(7, 10, requires_grad=True),))
     wide = torch.randn(6, 32, requires_grad=True)
-    torch.library.opcheck(fused._gate_fwd, (wide[:, 24:], torch.randn(2, 2, 3, 4, requires_grad=True)))
+    torch.library.opcheck(glue._gate_fwd, (wide[:, 24:], torch.randn(2, 2, 3, 4, requires_grad=True)))
 
 
 def test_glue_under_torch_compile_matches_eager():
@@ -116,7 +116,7 @@ def test_glue_under_torch_compile_matches_eager():
     ab = torch.randn(9, 12, generator=g)
 
     def f(x, w, b, ab):
-        return fused.layer_norm(x.transpose(1, 2), w, b).sum() + fused.swiglu(ab).sum()
+        return glue.layer_norm(x.transpose(1, 2), w, b).sum() + glue.swiglu(ab).sum()
 
     compiled = torch.compile(f, fullgraph=True, backend="eager")
     torch.testing.assert_close(compiled(x, w, b, ab), f(x, w, b, ab))

@@ -1,15 +1,15 @@
-// The fused glue ops (tpf/fused.h): LayerNorm, SwiGLU and the attention's output gate. Outputs come
+// The fused glue ops (tpf/glue.h): LayerNorm, SwiGLU and the attention's output gate. Outputs come
 // from the caller, scratch through its allocator `workspace`; `stream` is its cudaStream_t as an
 // integer (0 on the CPU).
 #include <nanobind/nanobind.h>
 
 #include "arrays.h"
 #include "tpf/error.h"
-#include "tpf/fused.h"
+#include "tpf/glue.h"
 
 namespace tpf::py {
 
-void bind_fused(nb::module_& m) {
+void bind_glue(nb::module_& m) {
   m.def(
       "layer_norm_forward",
       [](const Array& x, const Array& weight, const Array& bias, double eps, const Array& y,

@@ -1,4 +1,4 @@
-// The fused glue ops (tpf/fused.h) through the C++ API with no Python, for compute-sanitizer and as
+// The fused glue ops (tpf/glue.h) through the C++ API with no Python, for compute-sanitizer and as
 // a test: each op runs on the GPU (outputs poisoned with NaN first) and on the CPU path from the
 // same inputs, and every output element must agree. Cases: LayerNorm over a transposed pair tensor
 // (strided rows), 40 channels (partly idle lanes) and 384, float32 in and bfloat16 out, with the
@@ -16,7 +16,7 @@
 
 #include "core/numeric.h"
 #include "device_workspace.h"
-#include "tpf/fused.h"
+#include "tpf/glue.h"
 
 namespace {
 
@@ -219,10 +219,10 @@ int main() {
   gate_case(rng, 6, 4, 37, 32);
   gate_case(rng, 3, 3, 11, 5);
   if (failures) {
-    std::fprintf(stderr, "sanitize_fused: %d outputs differ between the GPU and the CPU path\n",
+    std::fprintf(stderr, "sanitize_glue: %d outputs differ between the GPU and the CPU path\n",
                  failures);
     return 1;
   }
-  std::printf("sanitize_fused: ok\n");
+  std::printf("sanitize_glue: ok\n");
   return 0;
 }

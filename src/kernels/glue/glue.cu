@@ -1,4 +1,4 @@
-// The fused glue kernels (tpf/fused.h): LayerNorm forward and backward (one warp per row, the row
+// The fused glue kernels (tpf/glue.h): LayerNorm forward and backward (one warp per row, the row
 // in registers), SwiGLU and the attention's output gate (elementwise, 16-byte accesses where the
 // shapes and pointers allow). Every reduction runs in a fixed order: LayerNorm's weight gradients
 // are summed per warp over a fixed set of rows, then over a block's warps, then over the blocks, so
@@ -12,14 +12,14 @@
 
 #include "kernels/common/column_sums.cuh"
 #include "kernels/common/device_guard.h"
-#include "kernels/fused/api.h"
+#include "kernels/glue/api.h"
 #include "tpf/error.h"
 
 namespace tpf::cuda {
 namespace {
 
-using fused::Heads;
-using fused::Rows;
+using glue::Heads;
+using glue::Rows;
 
 __device__ __forceinline__ float to_f(float v) { return v; }
 __device__ __forceinline__ float to_f(__half v) { return __half2float(v); }
@@ -167,7 +167,7 @@ __global__ void __launch_bounds__(kThreads)
 }
 
 // The blocks' partials summed in FP64 in a fixed order (deterministic): a float sum of 1000-odd
-// partials lost up to 4x PyTorch's accuracy on dweight (tests/gpu/test_fused_gpu.py).
+// partials lost up to 4x PyTorch's accuracy on dweight (tests/gpu/test_glue_gpu.py).
 __global__ void __launch_bounds__(kColumnSumCols* kColumnSumRowGroups)
     layer_norm_finish_kernel(const float* __restrict__ partial, int blocks, int C,
                              float* __restrict__ dweight, float* __restrict__ dbias) {
@@ -238,7 +238,7 @@ __global__ void __launch_bounds__(kThreads)
 #pragma unroll
       for (int i = 0; i < V; ++i) {
         const float s = sigmoid(a[i]);
-        da[i] = d[i] * b[i] * fused::silu_grad_factor(a[i], s);
+        da[i] = d[i] * b[i] * glue::silu_grad_factor(a[i], s);
         dbv[i] = d[i] * a[i] * s;
       }
       store<T, V>(out + m * 2 * H + j, da);

@@ -1,5 +1,5 @@
 """Fused glue around the big ops, as torch custom ops with autograd (validated and dispatched in
-src/ops/glue.cpp; CUDA kernels in src/kernels/fused/fused.cu, the CPU path's loops of the same
+src/ops/glue.cpp; CUDA kernels in src/kernels/glue/glue.cu, the CPU path's loops of the same
 arithmetic in src/reference/glue_cpu.cpp).
 
 - `layer_norm(x, weight, bias, eps, out_dtype)`: LayerNorm over the last dim, reading x in place

@@ -1,4 +1,4 @@
-"""Cases for the fused glue ops (turbopairformer.ops.fused), shared by the CPU tests and the GPU
+"""Cases for the fused glue ops (turbopairformer.ops.glue), shared by the CPU tests and the GPU
 tests: each op against an FP64 evaluation of the same math, with PyTorch's own ops at the same
 precision as the yardstick (FlashAttention-3's rule: our error at most twice theirs, plus a floor)."""
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 
 from accuracy import assert_accurate
-from turbopairformer.ops import fused
+from turbopairformer.ops import glue
 
 # (B, I, J, C, transposed rows): sizes off every tile, 40 channels (idle lanes), 384, 1000.
 LN_CASES = [(2, 37, 29, 128, True), (1, 5, 13, 40, False), (1, 3, 7, 384, False),
@@ -47,7 +47,7 @@ def layer_norm_case(B, I, J, C, transposed, x_dtype, y_dtype, device, g):
         y.backward(dy.to(y.dtype))
         return y.detach(), zz.grad, ww.grad, bb.grad
 
-    ours = run(lambda x, ww, bb: fused.layer_norm(x, ww, bb, 1e-5, y_dtype))
+    ours = run(lambda x, ww, bb: glue.layer_norm(x, ww, bb, 1e-5, y_dtype))
     # PyTorch's LayerNorm at x's precision: a module in x's dtype (its CUDA kernel takes no float32
     # weights with 16-bit x)
     base = run(lambda x, ww, bb: torch.nn.functional.layer_norm(
@@ -71,7 +71,7 @@ def swiglu_case(M, H, dtype, device, g):
         a, b = x.chunk(2, dim=-1)
         return torch.nn.functional.silu(a) * b
 
-    ours = run(fused.swiglu)
+    ours = run(glue.swiglu)
     _check(f"swiglu M={M} H={H} {dtype}", ours, run(torch_swiglu), run(torch_swiglu, torch.float64),
            "swiglu")
     return ours
@@ -92,7 +92,7 @@ def gate_case(B, N, H, S, D, dtype, device, g):
     def torch_gate(gate, heads):
         return torch.sigmoid(gate) * heads.transpose(2, 3).reshape(B, N, S, H * D)
 
-    ours = run(fused.gated_output)
+    ours = run(glue.gated_output)
     _check(f"gated_output {B, N, H, S, D} {dtype}", ours, run(torch_gate),
            run(torch_gate, torch.float64), "gated_output")
     return ours

@@ -129,11 +129,15 @@ void check_cuda(const TensorView& q, const AttentionDims& d, bool forward) {
             std::string("q must be bfloat16 or float16 for the CUDA kernels (float32 CUDA inputs "
                         "take PyTorch's math in the torch layer), got ") +
                 dtype_name(q.dtype));
-  if (forward)
+  if (forward) {
     TPF_CHECK(cuda::attention_forward_head_dim_supported(d.D),
               std::string("q must have one of the CUDA forward's head dims D = ") +
                   cuda::kAttentionForwardHeadDims + ", got D = " + std::to_string(d.D));
-  else
+    TPF_CHECK(d.Sk <= cuda::attention_forward_max_keys(d.D),
+              "k must have at most " + std::to_string(cuda::attention_forward_max_keys(d.D)) +
+                  " keys for the CUDA forward at D = " + std::to_string(d.D) +
+                  ", got Sk = " + std::to_string(d.Sk));
+  } else
     TPF_CHECK(cuda::attention_head_dim_supported(d.D),
               std::string("q must have one of the CUDA backward's head dims D = ") +
                   cuda::kAttentionHeadDims + ", got D = " + std::to_string(d.D));

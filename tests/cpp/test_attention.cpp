@@ -316,6 +316,16 @@ TEST(Errors, NameTheArgument) {
         "of 8), got D = 72",
         head_dim(72)}},
       backward);
+  // The CUDA forward's most keys (its key tiles' mask words in shared memory): before any launch.
+  expect_errors(g,
+                {{"keys for the CUDA forward at D = 16, got Sk = 4194304",
+                  [](auto& a) {
+                    on_cuda(a);
+                    const int64_t sk = int64_t(1) << 22;
+                    a.k.shape[3] = a.v.shape[3] = a.bias.shape[3] = a.dbias.shape[3] = sk;
+                    a.mask.view.shape[2] = sk;
+                  }}},
+                forward);
   expect_errors(g,
                 {{"o must have q's dtype bfloat16, got float32",
                   [](auto& a) { on_cuda(a), a.o.dtype = DType::f32; }},

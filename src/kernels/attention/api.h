@@ -5,6 +5,7 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "kernels/attention/forward_sm90_layout.h"
 #include "kernels/attention/tile_config.h"
 #include "tpf/attention.h"
 
@@ -19,6 +20,8 @@ constexpr const char* kAttentionForwardHeadDims = "8, 16, 24, ..., 128 (multiple
 inline bool attention_forward_head_dim_supported(int64_t D) {
   return D >= 8 && D <= 128 && D % 8 == 0;
 }
+// The most keys the CUDA forward takes at head dim D (its key tiles' mask words in shared memory).
+inline int64_t attention_forward_max_keys(int64_t D) { return fwd90::max_keys(int(D)); }
 constexpr const char* kAttentionHeadDims = "8, 16, 24, ..., 64 (multiples of 8)";
 inline bool attention_head_dim_supported(int64_t D) { return D >= 8 && D <= 64 && D % 8 == 0; }
 // TMA's requirements on a [B, N, H, S, D] tensor: a 16-byte aligned start and every stride but the

@@ -7,6 +7,8 @@
 
 namespace tpf::cuda::fwd90 {
 
+constexpr size_t kMaxSmemBytes = 227 * 1024;  // sm_90's opt-in limit per block
+
 template <int DP>
 struct Layout {
   static_assert(DP % 16 == 0 && DP >= 16 && DP <= kMaxHeadDim, "padded head dims 16..128");
@@ -30,7 +32,23 @@ struct Layout {
   static constexpr uint32_t kWords = kBarriers + 2 * kStages * 8;
   // + 1024: the base is rounded up to 1024 bytes (the 128-byte swizzle's period).
   static size_t smem_bytes(int key_tiles) { return kWords + size_t(G) * key_tiles * 8 + 1024; }
+  // The most keys whose mask words still fit (smem_bytes <= kMaxSmemBytes).
+  static constexpr int64_t kMaxKeys = int64_t((kMaxSmemBytes - kWords - 1024) / (8 * G)) * kKeys;
   static_assert(kBiasBytes % 1024 == 0 && kBlockBytes % 1024 == 0, "swizzled tiles 1 KB aligned");
 };
+
+// The most keys (Sk) the forward takes at head dim d (a multiple of 8 up to kMaxHeadDim).
+inline int64_t max_keys(int d) {
+  switch (padded_head_dim(d)) {
+    case 16: return Layout<16>::kMaxKeys;
+    case 32: return Layout<32>::kMaxKeys;
+    case 48: return Layout<48>::kMaxKeys;
+    case 64: return Layout<64>::kMaxKeys;
+    case 80: return Layout<80>::kMaxKeys;
+    case 96: return Layout<96>::kMaxKeys;
+    case 112: return Layout<112>::kMaxKeys;
+    default: return Layout<128>::kMaxKeys;
+  }
+}
 
 }  // namespace tpf::cuda::fwd90

@@ -18,22 +18,12 @@
 namespace tpf::cuda {
 namespace {
 
-Strides4 strides4(const TensorView& t) {
-  return {t.stride[0], t.stride[1], t.stride[2], t.stride[3]};
-}
-
 bool rows_aligned(const TensorView& t, int row_dim) {
   const int64_t elem = dtype_size(t.dtype);
   if (reinterpret_cast<uintptr_t>(t.data) % 16 != 0) return false;
   for (int i = 0; i <= row_dim; ++i)
     if ((t.stride[i] * elem) % 16 != 0) return false;
   return true;
-}
-
-void check_launch(const char* what) {
-  const cudaError_t err = cudaGetLastError();
-  if (err != cudaSuccess)
-    throw RuntimeError(std::string(what) + ": CUDA launch failed: " + cudaGetErrorString(err));
 }
 
 AttentionForwardParams forward_params(const TensorView& q, const TensorView& k, const TensorView& v,

@@ -166,10 +166,6 @@ CUtensorMap key_tensor_map(const TensorView& x, bool fp16, const char* name, uin
   return map;
 }
 
-Strides4 strides4(const TensorView& t) {
-  return {t.stride[0], t.stride[1], t.stride[2], t.stride[3]};
-}
-
 template <typename TB>
 void launch_prepass(const AttentionForwardArgs& a, const AttentionDims& d, const Params& p,
                     float* out, cudaStream_t stream) {

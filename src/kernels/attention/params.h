@@ -3,12 +3,17 @@
 #pragma once
 #include <cstdint>
 
+#include "tpf/tensor.h"
+
 namespace tpf::cuda {
 
 // Strides of a [B, N, H, S, D] tensor (the feature stride is 1).
 struct Strides4 {
   int64_t b, n, h, s;
 };
+inline Strides4 strides4(const TensorView& t) {
+  return {t.stride[0], t.stride[1], t.stride[2], t.stride[3]};
+}
 
 // The backward's view of the forward's tensors (the Hopper forward has its own, forward_sm90_params.h).
 struct AttentionForwardParams {

@@ -306,7 +306,7 @@ void layer_norm_forward(const LayerNormForwardArgs& a, const Rows& rows, int64_t
       });
     });
   });
-  check_cuda_call(cudaGetLastError(), "layer_norm_forward_kernel");
+  check_cuda(cudaGetLastError(), "layer_norm_forward_kernel");
 }
 
 void layer_norm_backward(const LayerNormBackwardArgs& a, const Rows& rows, int64_t n_rows,
@@ -323,7 +323,7 @@ void layer_norm_backward(const LayerNormBackwardArgs& a, const Rows& rows, int64
       using TD = decltype(td);
       with_per_lane(C, [&](auto pl) {
         auto kernel = layer_norm_backward_kernel<TX, TD, decltype(pl)::value>;
-        check_cuda_call(
+        check_cuda(
             cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)),
             "cudaFuncSetAttribute");
         kernel<<<unsigned(blocks), kThreads, smem, s>>>(
@@ -333,12 +333,12 @@ void layer_norm_backward(const LayerNormBackwardArgs& a, const Rows& rows, int64
       });
     });
   });
-  check_cuda_call(cudaGetLastError(), "layer_norm_backward_kernel");
+  check_cuda(cudaGetLastError(), "layer_norm_backward_kernel");
   layer_norm_finish_kernel<<<unsigned((2 * C + kColumnSumCols - 1) / kColumnSumCols),
                              dim3(kColumnSumCols, kColumnSumRowGroups), 0, s>>>(
       partial, int(blocks), C, static_cast<float*>(a.dweight.data),
       static_cast<float*>(a.dbias.data));
-  check_cuda_call(cudaGetLastError(), "layer_norm_finish_kernel");
+  check_cuda(cudaGetLastError(), "layer_norm_finish_kernel");
 }
 
 namespace {
@@ -361,7 +361,7 @@ void swiglu(const SwigluArgs& a, void* stream) {
     else
       swiglu_kernel<T, 1, Backward><<<grid_for(M * H, kThreads), kThreads, 0, s>>>(ab, dh, o, M, H);
   });
-  check_cuda_call(cudaGetLastError(), "swiglu_kernel");
+  check_cuda(cudaGetLastError(), "swiglu_kernel");
 }
 
 template <bool Backward>
@@ -387,7 +387,7 @@ void gated_output(const GatedOutputArgs& a, const Heads& heads, void* stream) {
       gated_output_kernel<T, 1, Backward>
           <<<grid_for(R * HD, kThreads), kThreads, 0, s>>>(g, gs, o, dy, res, d_o, R, HD, heads);
   });
-  check_cuda_call(cudaGetLastError(), "gated_output_kernel");
+  check_cuda(cudaGetLastError(), "gated_output_kernel");
 }
 }  // namespace
 

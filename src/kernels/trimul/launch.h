@@ -9,15 +9,12 @@
 #include <string>
 #include <type_traits>
 
+#include "kernels/common/device_guard.h"
 #include "kernels/trimul/params.h"
 #include "tpf/error.h"
 #include "tpf/tensor.h"
 
 namespace tpf::cuda::trimul {
-
-inline void check_cuda(cudaError_t e, const char* what) {
-  if (e != cudaSuccess) throw RuntimeError(std::string(what) + ": " + cudaGetErrorString(e));
-}
 
 // One kernel per job and element type. 16-bit types (bfloat16, float16) run the kernels bounded
 // for kOccupancyCtas CTAs per SM: GEMMs through mma.sync with ldmatrix fragments, epilogues from
@@ -29,8 +26,6 @@ inline void check_cuda(cudaError_t e, const char* what) {
 constexpr int kOccupancyCtas = 3;
 template <typename T>
 constexpr bool kIsF32 = std::is_same_v<T, float>;
-
-inline void check_launch(const char* kernel) { check_cuda(cudaGetLastError(), kernel); }
 
 // Allows the kernel `bytes` of dynamic shared memory on the current device (before each launch: the
 // attribute is per device, and setting it is a host-side call that does not synchronize).

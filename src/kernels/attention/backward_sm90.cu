@@ -79,11 +79,10 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
 }
 
 template <typename T, int D, typename BT>
-void launch(const AttentionBackwardParams& p, cudaStream_t stream) {
+void launch(const AttentionBackwardParams& p, const Sm90BackwardWorkspace& w, cudaStream_t stream) {
   using S = Sm90BackwardSmem<T, D, BT>;
   const AttentionForwardParams& f = p.fwd;
   launch_attention_delta<T, D>(p, stream);
-  const Sm90BackwardWorkspace w = sm90_backward_workspace(f.B, f.N, f.H, f.Sq, f.Sk, p.head_dim);
   cudaMemsetAsync(p.dq_sem, 0, w.sem_bytes, stream);  // dq_sem and dbias_sem are contiguous
   const Sm90BackwardGrid grid = sm90_backward_grid(f.N, f.Sq, f.Sk, S::A);
 
@@ -103,28 +102,32 @@ void launch(const AttentionBackwardParams& p, cudaStream_t stream) {
 }
 
 template <typename T, typename BT>
-void launch_head_dim(const AttentionBackwardParams& p, cudaStream_t stream) {
+void launch_head_dim(const AttentionBackwardParams& p, const Sm90BackwardWorkspace& w,
+                     cudaStream_t stream) {
   switch (sm90_backward_head_dim(p.head_dim)) {
-    case 16: return launch<T, 16, BT>(p, stream);
-    case 32: return launch<T, 32, BT>(p, stream);
-    case 64: return launch<T, 64, BT>(p, stream);
+    case 16: return launch<T, 16, BT>(p, w, stream);
+    case 32: return launch<T, 32, BT>(p, w, stream);
+    case 64: return launch<T, 64, BT>(p, w, stream);
   }
 }
 
 }  // namespace
 
 template <typename T>
-void attention_backward_sm90_launch(const AttentionBackwardParams& p, bool f32_bias,
+void attention_backward_sm90_launch(const AttentionBackwardParams& p,
+                                    const Sm90BackwardWorkspace& w, bool f32_bias,
                                     cudaStream_t stream) {
   if (f32_bias)
-    launch_head_dim<T, float>(p, stream);
+    launch_head_dim<T, float>(p, w, stream);
   else
-    launch_head_dim<T, T>(p, stream);
+    launch_head_dim<T, T>(p, w, stream);
 }
 
-template void attention_backward_sm90_launch<__nv_bfloat16>(const AttentionBackwardParams&, bool,
+template void attention_backward_sm90_launch<__nv_bfloat16>(const AttentionBackwardParams&,
+                                                            const Sm90BackwardWorkspace&, bool,
                                                             cudaStream_t);
-template void attention_backward_sm90_launch<__half>(const AttentionBackwardParams&, bool,
+template void attention_backward_sm90_launch<__half>(const AttentionBackwardParams&,
+                                                     const Sm90BackwardWorkspace&, bool,
                                                      cudaStream_t);
 
 }  // namespace tpf::cuda

@@ -119,9 +119,11 @@ inline Sm90BackwardWorkspace sm90_backward_workspace(int64_t B, int64_t N, int64
 
 // The launcher (backward_sm90.cu). T: __nv_bfloat16 or __half; p.head_dim: api.h's
 // attention_head_dim_supported;
-// f32_bias: the bias (and dbias) is float32, else T.
+// w: the workspace p's pointers were laid out by (sm90_backward_workspace, the one layout per
+// call); f32_bias: the bias (and dbias) is float32, else T.
 template <typename T>
-void attention_backward_sm90_launch(const AttentionBackwardParams& p, bool f32_bias,
+void attention_backward_sm90_launch(const AttentionBackwardParams& p,
+                                    const Sm90BackwardWorkspace& w, bool f32_bias,
                                     cudaStream_t stream);
 
 }  // namespace tpf::cuda

@@ -118,9 +118,9 @@ void attention_backward(const AttentionBackwardArgs& a, const AttentionDims& d, 
   auto s = static_cast<cudaStream_t>(stream);
   const bool f32_bias = a.bias.dtype == DType::f32;
   if (a.q.dtype == DType::bf16)
-    attention_backward_sm90_launch<__nv_bfloat16>(p, f32_bias, s);
+    attention_backward_sm90_launch<__nv_bfloat16>(p, w, f32_bias, s);
   else
-    attention_backward_sm90_launch<__half>(p, f32_bias, s);
+    attention_backward_sm90_launch<__half>(p, w, f32_bias, s);
   check_launch("triangle attention backward");
 }
 

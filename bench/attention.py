@@ -1,9 +1,9 @@
 #!/usr/bin/env python3
-"""`tpf bench attention-gpu` (turbopairformer/benchmarks/attention_gpu.py, whose docstring and --help say what it
+"""`tpf bench attention-gpu` (tpfkit/benchmarks/attention_gpu.py, whose docstring and --help say what it
 measures): the entry point that scripts/gpu-check and the README name."""
 import sys
 
-from turbopairformer.benchmarks.cli import script_main
+from tpfkit.benchmarks.cli import script_main
 
 if __name__ == "__main__":
     sys.exit(script_main("attention-gpu"))

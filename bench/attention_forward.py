@@ -14,9 +14,9 @@ import sys
 import torch
 
 
-from turbopairformer.benchmarks.attention import git_commit, make_inputs
-from turbopairformer.benchmarks.attention_gpu import IMPLS  # the peers' layouts
-from turbopairformer.benchmarks.timing import kernel_times, median_ms
+from tpfkit.benchmarks.attention import git_commit, make_inputs
+from tpfkit.benchmarks.attention_gpu import IMPLS  # the peers' layouts
+from tpfkit.benchmarks.timing import kernel_times, median_ms
 
 
 def library_digest() -> str:
@@ -41,7 +41,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--sizes", type=int, nargs="+", default=[384, 640, 768, 1024, 1536])
     parser.add_argument("--head-dims", type=int, nargs="+", default=[16, 32])
-    parser.add_argument("--impls", nargs="+", default=["turbopairformer", "trifast"])
+    parser.add_argument("--impls", nargs="+", default=["tpfkit", "trifast"])
     parser.add_argument("--repeats", type=int, default=20)
     parser.add_argument("--label", default="new", help="name of this library in the JSON")
     parser.add_argument("--json", default=None)
@@ -65,7 +65,7 @@ def main() -> int:
                     row[name + "_error"] = f"{type(e).__name__}: {e}"[:200]
                     continue
                 row[name] = ms
-                if name == "turbopairformer":
+                if name == "tpfkit":
                     per, _ = kernel_times(fn)
                     row["kernels"] = {k: round(v[0], 4) for k, v in per.items()}
                 torch.cuda.empty_cache()
@@ -85,12 +85,12 @@ def main() -> int:
 
 def compare(paths) -> int:
     runs = [json.load(open(p)) for p in paths]
-    print("forward ms (turbopairformer per library; TriFast from the first run); ratio = ours / TriFast")
+    print("forward ms (tpfkit per library; TriFast from the first run); ratio = ours / TriFast")
     for i, row in enumerate(runs[0]["rows"]):
         tri = row.get("trifast")
         cells = []
         for run in runs:
-            ours = run["rows"][i].get("turbopairformer")
+            ours = run["rows"][i].get("tpfkit")
             ratio = f" ({ours / tri:.2f}x)" if ours and tri else ""
             cells.append(f"{run['label']} {ours:.3f}{ratio}" if ours else f"{run['label']} -")
         print(f"D={row['D']} S={row['S']}: TriFast {tri if tri is None else round(tri, 3)} | "

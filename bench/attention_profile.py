@@ -7,9 +7,9 @@ import argparse
 
 import torch
 
-import turbopairformer as tpf
-from turbopairformer.benchmarks.attention import make_inputs
-from turbopairformer.benchmarks.timing import kernel_times, median_ms
+import tpfkit as tpf
+from tpfkit.benchmarks.attention import make_inputs
+from tpfkit.benchmarks.timing import kernel_times, median_ms
 
 
 def main() -> None:

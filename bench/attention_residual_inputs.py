@@ -33,13 +33,13 @@ import torch
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent / "tests" / "python"))
 
-import turbopairformer as tpf  # noqa: E402
+import tpfkit as tpf  # noqa: E402
 from attention_cases import GRADS, make_case, reference_fp64, run_with_grads  # noqa: E402
-from turbopairformer.nn.attention import GatedAttention  # noqa: E402
-from turbopairformer.train.checkpoint import load_checkpoint  # noqa: E402
-from turbopairformer.train.data import fixed_batches, load_chains, split_by_entry  # noqa: E402
-from turbopairformer.train.loop import TrainConfig  # noqa: E402
-from turbopairformer.train.model import DistogramModel  # noqa: E402
+from tpfkit.nn.attention import GatedAttention  # noqa: E402
+from tpfkit.train.checkpoint import load_checkpoint  # noqa: E402
+from tpfkit.train.data import fixed_batches, load_chains, split_by_entry  # noqa: E402
+from tpfkit.train.loop import TrainConfig  # noqa: E402
+from tpfkit.train.model import DistogramModel  # noqa: E402
 
 
 def capture_attention_calls(run: Path, batches: int) -> tuple[list[dict], int]:

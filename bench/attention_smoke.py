@@ -10,8 +10,8 @@ import sys
 
 import torch
 
-import turbopairformer as tpf
-from turbopairformer.ops.torch_reference import triangle_attention_torch
+import tpfkit as tpf
+from tpfkit.ops.torch_reference import triangle_attention_torch
 
 GRADS = ("dq", "dk", "dv", "dbias")
 

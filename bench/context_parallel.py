@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""`tpf bench context-parallel` (turbopairformer/benchmarks/context_parallel.py, whose docstring and
+"""`tpf bench context-parallel` (tpfkit/benchmarks/context_parallel.py, whose docstring and
 --help say what it measures), writing into bench/results/ by default:
 
     python bench/context_parallel.py                    # everything, about 5 minutes
@@ -9,7 +9,7 @@
 import sys
 from pathlib import Path
 
-from turbopairformer.benchmarks.cli import script_main
+from tpfkit.benchmarks.cli import script_main
 
 if __name__ == "__main__":
     sys.exit(script_main("context-parallel", out_dir=str(Path(__file__).resolve().parent / "results")))

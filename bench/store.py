@@ -79,12 +79,12 @@ def make_records(cols: dict[str, np.ndarray]) -> list[dict]:
 
 
 class TurboPairFormer:
-    name = "turbopairformer"
+    name = "tpfkit"
     suffix = ".tpf"
 
     @staticmethod
     def write_single(path, records, codec):
-        from turbopairformer.data import RecordWriter
+        from tpfkit.data import RecordWriter
 
         with RecordWriter(path, compression=codec, overwrite=True) as w:
             for r in records:
@@ -92,7 +92,7 @@ class TurboPairFormer:
 
     @staticmethod
     def write_batch(path, cols, codec):
-        from turbopairformer.data import RecordWriter
+        from tpfkit.data import RecordWriter
 
         n = len(cols["energy"])
         with RecordWriter(path, compression=codec, overwrite=True) as w:
@@ -101,7 +101,7 @@ class TurboPairFormer:
 
     @staticmethod
     def open(path):
-        from turbopairformer.data import RecordReader
+        from tpfkit.data import RecordReader
 
         return RecordReader(path)
 
@@ -272,13 +272,13 @@ def plot(result: dict, path: str) -> None:
     axes[0].axhline(1.0, color="k", lw=0.8)
     axes[0].axhline(1.5, color="tab:red", lw=0.8, ls="--", label="1.5x")
     axes[0].set_xticks(x, modes, rotation=15)
-    axes[0].set_ylabel("turbopairformer / atompack-db (per-repeat ratio: median, min-max)")
+    axes[0].set_ylabel("tpfkit / atompack-db (per-repeat ratio: median, min-max)")
     axes[0].legend(fontsize=8)
     axes[0].set_title("rate ratio (higher is better for us)")
     w = 0.8 / (2 * len(codecs))
     k = 0
     for codec in codecs:
-        for system in ("turbopairformer", "atompack"):
+        for system in ("tpfkit", "atompack"):
             rows = {r["mode"]: r for r in result["results"]
                     if r["codec"] == codec and r["system"] == system}
             axes[1].bar(x + (k - (2 * len(codecs) - 1) / 2) * w, [rows[m]["median"] for m in modes],
@@ -381,7 +381,7 @@ def main(argv=None) -> int:
                         **summarize(values), "cpu_median": statistics.median(cpu[codec, mode, system])})
     for codec in codecs:
         for mode in MODES:
-            ours, theirs = rates[codec, mode, "turbopairformer"], rates[codec, mode, "atompack"]
+            ours, theirs = rates[codec, mode, "tpfkit"], rates[codec, mode, "atompack"]
             per = [a / b for a, b in zip(ours, theirs)]
             ratios.append({"codec": codec, "mode": mode, **summarize(per),
                            "ratio_of_medians": statistics.median(ours) / statistics.median(theirs)})
@@ -395,7 +395,7 @@ def main(argv=None) -> int:
         "modes": MODES,
         "notes": ["rates are wall-clock records/s; cpu_median is records per CPU-second of this process",
                   "ours verifies every record's XXH3-64 checksum on read; atompack-db has none",
-                  "ratios are turbopairformer / atompack-db per repeat (adjacent measurements)"],
+                  "ratios are tpfkit / atompack-db per repeat (adjacent measurements)"],
         "sizes_bytes": sizes, "results": results, "ratios": ratios,
     }
     with open(out_json, "w") as f:
@@ -406,8 +406,8 @@ def main(argv=None) -> int:
         print(f"{r['codec']:5s} {r['mode']:13s} ours / atompack = {r['median']:.2f}x "
               f"(per repeat {r['min']:.2f}-{r['max']:.2f})")
     for codec, by in sizes.items():
-        print(f"{codec:5s} bytes: ours {by['turbopairformer']:,}, atompack {by['atompack']:,} "
-              f"({by['turbopairformer'] / by['atompack']:.3f})")
+        print(f"{codec:5s} bytes: ours {by['tpfkit']:,}, atompack {by['atompack']:,} "
+              f"({by['tpfkit'] / by['atompack']:.3f})")
     print(f"wrote {out_json}")
     return 0
 

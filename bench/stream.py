@@ -41,8 +41,8 @@ sys.path.insert(0, os.path.join(REPO, "tests", "python"))
 # The dataset: the Atompack paper's 64-atom workload (positions, numbers, energy, forces, cell, pbc)
 
 def write_dataset(directory: str, records: int, shard_records: int, seed: int) -> dict:
-    from turbopairformer.data import RecordWriter
-    from turbopairformer.data.pack import MANIFEST_FORMAT
+    from tpfkit.data import RecordWriter
+    from tpfkit.data.pack import MANIFEST_FORMAT
 
     manifest_path = os.path.join(directory, "manifest.json")
     if os.path.exists(manifest_path):
@@ -257,10 +257,10 @@ class PeakRss:
 def child(args: argparse.Namespace) -> None:
     """Prints JSON lines: the baseline RSS before streaming, then records, seconds and peak RSS."""
     peak = PeakRss()
-    if args.impl == "turbopairformer":
+    if args.impl == "tpfkit":
         import torch  # noqa: F401  (imported before the baseline: every DataLoader user has it)
 
-        from turbopairformer.data import StreamingDataset
+        from tpfkit.data import StreamingDataset
 
         def make():
             return StreamingDataset(args.location, cache_bytes=args.budget_mib << 20,
@@ -418,7 +418,7 @@ def litdata_copy(manifest: dict, data_dir: str, python: str) -> str | None:
 import json, os, sys
 import litdata
 sys.path.insert(0, {os.path.join(REPO, 'python')!r})
-from turbopairformer import _C
+from tpfkit import _C
 shards = {[os.path.join(data_dir, 'ds', s['path']) for s in manifest['shards']]!r}
 def records(path):
     r = _C.StoreReader(path, True)
@@ -450,7 +450,7 @@ def plot(rows: list[dict], series: dict, path: str) -> None:
     labels = [f"{r['impl']}\n{r['source']} {r['shuffle']}\n{r['budget_mib']} MiB" for r in rows]
     x = range(len(rows))
     ax1.bar(x, [r["records_per_s"] for r in rows],
-            color=["C0" if r["impl"] == "turbopairformer" else "C1" for r in rows])
+            color=["C0" if r["impl"] == "tpfkit" else "C1" for r in rows])
     ax1.set_xticks(x, labels, fontsize=6, rotation=90)
     ax1.set_ylabel("records/s (shuffled epoch, median of repeats)")
     ax1.set_title("throughput")
@@ -529,7 +529,7 @@ def main() -> int:
                         "(default: TPF_MACHINE, else the host name)")
     # internal: one measurement
     p.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
-    p.add_argument("--impl", default="turbopairformer", help=argparse.SUPPRESS)
+    p.add_argument("--impl", default="tpfkit", help=argparse.SUPPRESS)
     p.add_argument("--location", help=argparse.SUPPRESS)
     p.add_argument("--budget-mib", type=int, help=argparse.SUPPRESS)
     p.add_argument("--epoch", type=int, default=1, help=argparse.SUPPRESS)
@@ -544,7 +544,7 @@ def main() -> int:
         return 0
 
     import stream_harness as h
-    from turbopairformer import _C
+    from tpfkit import _C
 
     manifest = write_dataset(os.path.join(args.data_dir, "ds"), args.records, args.shard_records,
                              args.seed)
@@ -579,7 +579,7 @@ def main() -> int:
                 print("litdata is not importable with --peer-python: peer rows skipped")
         servers = {"nginx": [nginx.proc.pid] + children_of(nginx.proc.pid),
                    "proxy": [proc.pid for proc in procs]}
-        configs = [("turbopairformer", shuffle, budget, source) for shuffle in args.shuffles
+        configs = [("tpfkit", shuffle, budget, source) for shuffle in args.shuffles
                    for budget in args.budgets for source in args.sources]
         if peer_dir is not None:
             # LitData's own shuffle: chunks shuffled, then records in them.
@@ -611,7 +611,7 @@ def main() -> int:
                    "records_per_s_runs": r["records_per_s_runs"], "records": r["records"],
                    "cpu_s": r["cpu_s"], "cpu_us_per_record": r["cpu_us_per_record"],
                    "dataset_mib": data_mib, "commit": commit, "machine": machine, "date": date}
-            if impl == "turbopairformer":
+            if impl == "tpfkit":
                 st = r["stats"]
                 row.update(requests=st.get("requests"),
                            bytes_fetched=st.get("bytes_fetched"),
@@ -623,7 +623,7 @@ def main() -> int:
                            peak_reserved_mib=r["stats"].get("peak_reserved", 0) / 2**20,
                            shuffle_quality=quality[shuffle])
             rows.append(row)
-            series[f"{'ours' if impl == 'turbopairformer' else impl} {source} {shuffle} "
+            series[f"{'ours' if impl == 'tpfkit' else impl} {source} {shuffle} "
                    f"{budget}MiB"] = r["rss_series"]
             print(json.dumps({k: v for k, v in row.items() if k != "shuffle_quality"}))
     finally:
@@ -635,7 +635,7 @@ def main() -> int:
     # The acceptance measure: each remote source's rate as a fraction of local files', per shuffle
     # and budget.
     rate = {(r["shuffle"], r["budget_mib"], r["source"]): r["records_per_s"] for r in rows
-            if r["impl"] == "turbopairformer"}
+            if r["impl"] == "tpfkit"}
     summary = [{"shuffle": sh, "budget_mib": b, "source": src,
                 "fraction_of_local": rate[(sh, b, src)] / rate[(sh, b, "local")]}
                for (sh, b, src) in rate if src != "local" and (sh, b, "local") in rate]

@@ -29,7 +29,7 @@ sys.path.insert(0, os.path.join(REPO, "tests", "python"))
 
 
 def epoch(url: str, reference: list[dict], seed: int, epoch_index: int, args) -> dict:
-    from turbopairformer.data import StreamingDataset
+    from tpfkit.data import StreamingDataset
 
     ds = StreamingDataset(url, cache_bytes=args.budget_mib << 20, seed=seed, backoff_base_s=0.01,
                           backoff_max_s=0.2, verify_backoff_base_s=0.01, verify_backoff_max_s=0.2)

@@ -65,8 +65,8 @@ def main() -> int:
     p.add_argument("--json")
     args = p.parse_args()
 
-    from turbopairformer import _C
-    from turbopairformer.data import StreamingDataset
+    from tpfkit import _C
+    from tpfkit.data import StreamingDataset
 
     manifest = bench.write_dataset(os.path.join(args.data_dir, "ds"), args.records, 50_000, 0)
     work = tempfile.mkdtemp(prefix="tpf-probe-nginx-")

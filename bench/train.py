@@ -29,12 +29,12 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
-from turbopairformer.benchmarks.attention import git_commit
-from turbopairformer.benchmarks.timing import kernel_times, print_kernel_times
-from turbopairformer.nn import set_backend
-from turbopairformer.train.data import load_chains
-from turbopairformer.train.loop import Trainer, TrainConfig
-from turbopairformer.train.model import ModelConfig
+from tpfkit.benchmarks.attention import git_commit
+from tpfkit.benchmarks.timing import kernel_times, print_kernel_times
+from tpfkit.nn import set_backend
+from tpfkit.train.data import load_chains
+from tpfkit.train.loop import Trainer, TrainConfig
+from tpfkit.train.model import ModelConfig
 
 ROOT = Path(__file__).resolve().parents[1]
 BACKENDS = ("reference", "reference_compile", "turbo", "turbo_compile", "turbo_unfused")

@@ -15,9 +15,9 @@ import time
 
 import torch
 
-from turbopairformer.benchmarks.timing import kernel_name, median_ms
-from turbopairformer.benchmarks.trimul import forward_backward_call, make_inputs
-from turbopairformer.ops.trimul import triangle_multiplicative_update
+from tpfkit.benchmarks.timing import kernel_name, median_ms
+from tpfkit.benchmarks.trimul import forward_backward_call, make_inputs
+from tpfkit.ops.trimul import triangle_multiplicative_update
 
 # CUDA runtime calls (the profiler records those, not library calls such as cuBLAS's) that stall
 # the host or cost more than a launch.

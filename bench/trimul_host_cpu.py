@@ -9,8 +9,8 @@ import time
 
 import torch
 
-from turbopairformer.benchmarks.trimul import forward_backward_call, make_inputs
-from turbopairformer.ops.trimul import triangle_multiplicative_update as op
+from tpfkit.benchmarks.trimul import forward_backward_call, make_inputs
+from tpfkit.ops.trimul import triangle_multiplicative_update as op
 
 
 def main() -> None:

@@ -8,9 +8,9 @@ from __future__ import annotations
 import argparse
 import torch
 
-from turbopairformer.benchmarks.timing import kernel_times, print_kernel_times
-from turbopairformer.benchmarks.trimul import forward_backward_call, make_inputs, time_impl
-from turbopairformer.ops.trimul import triangle_multiplicative_update
+from tpfkit.benchmarks.timing import kernel_times, print_kernel_times
+from tpfkit.benchmarks.trimul import forward_backward_call, make_inputs, time_impl
+from tpfkit.ops.trimul import triangle_multiplicative_update
 
 
 def main() -> None:

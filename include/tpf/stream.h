@@ -380,9 +380,10 @@ struct Manifest {
 // True for a location that names a manifest (it ends in ".json") rather than a shard.
 bool is_manifest(const std::string& location);
 
-// Reads and checks a manifest: valid JSON, format "turbopairformer-manifest", a version this
-// reader knows, a non-empty list of shards each with `path` or `url`, and (version 2, which
-// `tpf pack` writes) its manifest_sha256. A download that fails these checks may have been damaged
+// Reads and checks a manifest: valid JSON, format "tpfkit-manifest" (or "turbopairformer-manifest",
+// the name written before the package was renamed), a version this reader knows, a non-empty list
+// of shards each with `path` or `url`, and (version 2, which `tpf pack` writes) its
+// manifest_sha256. A download that fails these checks may have been damaged
 // in transit: it is read again, with the source's backoff, up to options.max_attempts times in
 // all. Throws tpf::Error naming the manifest and what was checked when every download failed, and
 // tpf::RuntimeError when it cannot be read.

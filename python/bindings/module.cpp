@@ -1,4 +1,4 @@
-// turbopairformer._C: the library's entry points over DLPack arrays. No libtorch here.
+// tpfkit._C: the library's entry points over DLPack arrays. No libtorch here.
 #include <nanobind/nanobind.h>
 #include <nanobind/stl/string.h>
 

@@ -10,7 +10,7 @@ namespace tpf::cuda {
 namespace {
 [[noreturn]] void unavailable() {
   throw Error(
-      "this build of turbopairformer has no CUDA kernels; use CPU tensors or rebuild "
+      "this build of tpfkit has no CUDA kernels; use CPU tensors or rebuild "
       "with nvcc available (TPF_CUDA=ON)");
 }
 }  // namespace

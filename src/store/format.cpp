@@ -239,7 +239,7 @@ Headers parse_headers(std::span<const std::byte> region, uint64_t file_size,
     if (h.slot[s].newer)
       throw Error(name + " has format version " + std::to_string(h.slot[s].version) +
                   ", newer than this reader's version " + std::to_string(kFormatVersion) +
-                  "; upgrade turbopairformer to read it");
+                  "; upgrade tpfkit to read it");
   }
   if (!h.slot[0].valid && !h.slot[1].valid) {
     if (never_written(h.slot[0]) && never_written(h.slot[1]))

@@ -15,7 +15,10 @@ namespace tpf::stream {
 
 namespace {
 
-constexpr const char* kFormat = "turbopairformer-manifest";
+constexpr const char* kFormat = "tpfkit-manifest";
+// The name manifests were written under before the package was renamed tpfkit (the seed paper's
+// package holds "turbopairformer" on PyPI); still read, never written.
+constexpr const char* kFormatBefore = "turbopairformer-manifest";
 constexpr const char* kDigestKey = "\"manifest_sha256\"";
 constexpr int kNewestVersion = 2;
 constexpr size_t kDigestChars = 64;
@@ -56,7 +59,8 @@ uint64_t count_field(const nlohmann::json& shard, const char* key, size_t i) {
 Manifest parse(const std::string& location, std::string text) {
   const nlohmann::json j = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
   if (j.is_discarded()) throw Error("is not valid JSON");
-  if (!j.is_object() || j.value("format", std::string()) != kFormat)
+  const std::string format = j.is_object() ? j.value("format", std::string()) : std::string();
+  if (format != kFormat && format != kFormatBefore)
     throw Error(std::string("is not a JSON object with format = \"") + kFormat + "\"");
   const auto version = j.find("version");
   if (version == j.end() || !version->is_number_unsigned() || version->get<uint64_t>() < 1 ||

@@ -7,7 +7,7 @@ import json
 
 import torch
 
-import turbopairformer as tpf
+import tpfkit as tpf
 from attention_cases import BAD_INPUTS, bad_input_message, make_case
 
 faulthandler.enable()

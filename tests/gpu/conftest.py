@@ -4,7 +4,7 @@ import sys
 import pytest
 import torch
 
-import turbopairformer as tpf
+import tpfkit as tpf
 
 # Shared helpers (FP64 reference, FlashAttention-3's rule) live beside the CPU tests.
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "python"))
@@ -16,7 +16,7 @@ def pytest_collection_modifyitems(config, items):
     if not torch.cuda.is_available():
         reason = "no CUDA GPU on this machine"
     elif not tpf.cuda_available():
-        reason = "this build of turbopairformer has no CUDA kernels"
+        reason = "this build of tpfkit has no CUDA kernels"
     if reason:
         for item in items:
             if "tests/gpu" in str(item.fspath):

@@ -5,8 +5,8 @@ import math
 import pytest
 import torch
 
-import turbopairformer as tpf
-from turbopairformer.ops.torch_reference import triangle_attention_torch
+import tpfkit as tpf
+from tpfkit.ops.torch_reference import triangle_attention_torch
 
 from accuracy import assert_accurate
 from attention_cases import (BAD_INPUTS, GRADS, ROUNDINGS_16BIT, attention_finite_rows_torch, check_fa3_rule,
@@ -390,7 +390,7 @@ def forward_op(q, k, v, bias, mask, scale, keep_residual=True):
     B, N, H, Sq, D = q.shape
     Sk = k.shape[3]
     poison_allocator()
-    o, lse, res = torch.ops.turbopairformer.triangle_attention_fwd(
+    o, lse, res = torch.ops.tpfkit.triangle_attention_fwd(
         q, k, v, bias.reshape(B, H, Sq, Sk), None if mask is None else mask.reshape(B, N, Sk),
         scale, keep_residual)
     torch.cuda.synchronize()

@@ -9,7 +9,7 @@ import torch
 from conftest import poison_allocator
 from glue_cases import GATE_CASES, LN_CASES, SWIGLU_CASES, gate_case, layer_norm_case, swiglu_case
 from test_nn import BLOCK_ROUNDINGS, check_backends_agree, masks, randomize
-from turbopairformer.nn import PairFormerBlock
+from tpfkit.nn import PairFormerBlock
 
 DTYPES = [torch.float32, torch.bfloat16, torch.float16]
 

@@ -8,9 +8,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-import turbopairformer as tpf
-from turbopairformer import _C
-from turbopairformer.ops.trimul import _trimul_bwd, _trimul_fwd
+import tpfkit as tpf
+from tpfkit import _C
+from tpfkit.ops.trimul import _trimul_bwd, _trimul_fwd
 
 from conftest import poison_allocator
 from trimul_cases import (

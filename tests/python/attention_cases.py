@@ -7,8 +7,8 @@ import math
 import torch
 
 from accuracy import assert_accurate, largest, max_error
-from turbopairformer import _C
-from turbopairformer.ops.torch_reference import triangle_attention_torch
+from tpfkit import _C
+from tpfkit.ops.torch_reference import triangle_attention_torch
 
 GRADS = ("dq", "dk", "dv", "dbias")
 

@@ -1,4 +1,4 @@
-"""Multi-rank checks of turbopairformer.distributed, run by test_distributed.py (gloo, CPU) and
+"""Multi-rank checks of tpfkit.distributed, run by test_distributed.py (gloo, CPU) and
 tests/gpu/test_distributed_gpu.py (NCCL, one GPU per rank).
 
 `python distributed_checks.py --world P --out DIR --seed S [--backend nccl --dtype bfloat16]`
@@ -128,7 +128,7 @@ def grads_of(out, leaves, grad):
 # The checks. Each takes (checker, env) and returns nothing; env carries the rank's settings.
 
 def check_transpose(c: Checker, env) -> None:
-    from turbopairformer.distributed import RowSharding, transpose_pair
+    from tpfkit.distributed import RowSharding, transpose_pair
     s = env.sizes
     for n in token_counts(env.world, env.device.type):
         sh = RowSharding.of(n)
@@ -149,7 +149,7 @@ def check_transpose(c: Checker, env) -> None:
 def check_replication(c: Checker, env) -> None:
     """gather_rows into a replicated tensor (same gradient on every rank: each keeps its rows) and
     sum_gradients out of one (each rank's partial gradient: summed)."""
-    from turbopairformer.distributed import RowSharding, gather_rows, sum_gradients
+    from tpfkit.distributed import RowSharding, gather_rows, sum_gradients
     s = env.sizes
     n = token_counts(env.world, env.device.type)[0]
     sh = RowSharding.of(n)
@@ -171,7 +171,7 @@ def check_replication(c: Checker, env) -> None:
 
 
 def check_contraction(c: Checker, env) -> None:
-    from turbopairformer.distributed import RowSharding, sharded_triangle_contraction
+    from tpfkit.distributed import RowSharding, sharded_triangle_contraction
     s = env.sizes
     equations = {"outgoing": "bikc,bjkc->bijc", "incoming": "bkic,bkjc->bijc"}
     for n in token_counts(env.world, env.device.type):
@@ -196,9 +196,9 @@ def check_contraction(c: Checker, env) -> None:
 
 
 def check_ring_attention(c: Checker, env) -> None:
-    import turbopairformer as tpf
-    from turbopairformer.distributed import RowSharding, ring_triangle_attention
-    from turbopairformer.ops.torch_reference import triangle_attention_torch
+    import tpfkit as tpf
+    from tpfkit.distributed import RowSharding, ring_triangle_attention
+    from tpfkit.ops.torch_reference import triangle_attention_torch
     s = env.sizes
     for n in token_counts(env.world, env.device.type):
         sh = RowSharding.of(n)
@@ -237,9 +237,9 @@ def check_ring_attention(c: Checker, env) -> None:
 def check_subgroup(c: Checker, env) -> None:
     """The primitives on a process group that is not the default one: the last two ranks (group
     ranks differ from global ranks when there are 3), while the other ranks stay out."""
-    import turbopairformer as tpf
-    from turbopairformer.distributed import RowSharding, ring_triangle_attention, transpose_pair
-    from turbopairformer.ops.torch_reference import triangle_attention_torch
+    import tpfkit as tpf
+    from tpfkit.distributed import RowSharding, ring_triangle_attention, transpose_pair
+    from tpfkit.ops.torch_reference import triangle_attention_torch
     members = [env.world - 2, env.world - 1]
     group = dist.new_group(members)
     s, n = env.sizes, 2 * token_counts(env.world, env.device.type)[0] + 1
@@ -265,7 +265,7 @@ def check_subgroup(c: Checker, env) -> None:
 def make_pairformer(env):
     """A 2-block PairFormer with a single track and every weight perturbed (the zero "final"
     initializations would leave whole branches untested). Same weights on every rank."""
-    from turbopairformer.nn import PairFormer, TriangleMultiplication, set_backend
+    from tpfkit.nn import PairFormer, TriangleMultiplication, set_backend
     s = env.sizes
     torch.manual_seed(env.seed)
     model = PairFormer(2, s["c_z"], c_s=s["c_s"], c_hidden_pair_att=s["pair_dim"],
@@ -294,8 +294,8 @@ def run_model(model, inputs, grads):
 
 
 def check_pairformer(c: Checker, env) -> None:
-    from turbopairformer.distributed import ContextParallel
-    from turbopairformer.nn import set_backend
+    from tpfkit.distributed import ContextParallel
+    from tpfkit.nn import set_backend
     s = env.sizes
     n, B = token_counts(env.world, env.device.type)[0], s["model_B"]
     z = randn(env.gen, B, n, n, s["c_z"], dtype=env.dtype, device=env.device)
@@ -381,14 +381,14 @@ def check_pairformer(c: Checker, env) -> None:
 
 
 def check_errors(c: Checker, env) -> None:
-    from turbopairformer.distributed import (
+    from tpfkit.distributed import (
         ContextParallel,
         RowSharding,
         ring_triangle_attention,
         sharded_triangle_contraction,
         transpose_pair,
     )
-    from turbopairformer.nn import PairFormer, TriangleAttention
+    from tpfkit.nn import PairFormer, TriangleAttention
     sh = RowSharding.of(5)
     n, N = sh.n_local, sh.n_padded
     q = torch.zeros(1, n, 2, N, 4, device=env.device, dtype=env.dtype)

@@ -1,4 +1,4 @@
-"""Cases for the fused glue ops (turbopairformer.ops.glue), shared by the CPU tests and the GPU
+"""Cases for the fused glue ops (tpfkit.ops.glue), shared by the CPU tests and the GPU
 tests: each op against an FP64 evaluation of the same math, with PyTorch's own ops at the same
 precision as the yardstick (FlashAttention-3's rule: our error at most twice theirs, plus a floor)."""
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 
 from accuracy import assert_accurate
-from turbopairformer.ops import glue
+from tpfkit.ops import glue
 
 # (B, I, J, C, transposed rows): sizes off every tile, 40 channels (idle lanes), 384, 1000.
 LN_CASES = [(2, 37, 29, 128, True), (1, 5, 13, 40, False), (1, 3, 7, 384, False),

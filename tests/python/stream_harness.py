@@ -16,8 +16,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import numpy as np
 
-from turbopairformer.data import RecordWriter
-from turbopairformer.data.pack import MANIFEST_FORMAT, write_manifest
+from tpfkit.data import RecordWriter
+from tpfkit.data.pack import MANIFEST_FORMAT, write_manifest
 
 START_TIMEOUT_S = 20.0
 

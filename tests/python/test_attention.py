@@ -6,9 +6,9 @@ import re
 import pytest
 import torch
 
-import turbopairformer as tpf
-from turbopairformer.ops.attention import _attention_bwd, _attention_fwd
-from turbopairformer.ops.torch_reference import triangle_attention_torch
+import tpfkit as tpf
+from tpfkit.ops.attention import _attention_bwd, _attention_fwd
+from tpfkit.ops.torch_reference import triangle_attention_torch
 
 from attention_cases import (BAD_INPUTS, GRADS, bad_input_message, attention_finite_rows_torch, check_fa3_rule, make_case, max_err,
                              reference_fp64, run_with_grads, with_minus_inf_bias)
@@ -191,7 +191,7 @@ def test_float32_bias_is_read_unrounded(dtype, seed):
     # output rounding, which both biases can share at the same element (seed 991641002: equal).
     def unrounded_o(b):
         B, N, H, S, _ = q.shape
-        o, _, res = torch.ops.turbopairformer.triangle_attention_fwd(
+        o, _, res = torch.ops.tpfkit.triangle_attention_fwd(
             q, k, v, b.reshape(B, H, S, S), mask.reshape(B, N, S), 1 / math.sqrt(16), True)
         return o.double() + res.double()
     assert max_err(unrounded_o(bias), ref["o"]) < max_err(unrounded_o(bias.to(dtype)), ref["o"])

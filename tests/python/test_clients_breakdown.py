@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from turbopairformer.benchmarks import breakdown
+from tpfkit.benchmarks import breakdown
 
 ROOT = Path(__file__).resolve().parents[2]
 KERNEL_CLASS = {"attention": "ours_attention", "trimul": "ours_trimul", "glue": "ours_glue"}
@@ -52,9 +52,9 @@ def test_every_kernel_of_ours_is_in_its_class():
     ("void at::native::vectorized_elementwise_kernel<4, at::native::CUDAFunctor_add<float>>"
      "(int, at::native::CUDAFunctor_add<float>, std::array<char*, 3ul>)", "other_pytorch", True),
     ("Memcpy DtoD (Device -> Device)", "other_pytorch", True),
-    ("turbopairformer::attention_backward", "ours_attention", True),
-    ("turbopairformer::trimul_forward", "ours_trimul", True),
-    ("turbopairformer::swiglu", "ours_glue", True),
+    ("tpfkit::attention_backward", "ours_attention", True),
+    ("tpfkit::trimul_forward", "ours_trimul", True),
+    ("tpfkit::swiglu", "ours_glue", True),
     ("some_kernel_nobody_named", "other_pytorch", False),
 ])
 def test_classify(name, cls, known):
@@ -64,7 +64,7 @@ def test_classify(name, cls, known):
 @pytest.fixture(scope="module")
 def bench():
     """bench/clients.py's program (`tpf bench clients-gpu`), called with an argument list."""
-    from turbopairformer.benchmarks.cli import script_main
+    from tpfkit.benchmarks.cli import script_main
     return types.SimpleNamespace(main=lambda argv: script_main("clients-gpu", argv))
 
 

@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from turbopairformer.benchmarks import context_parallel as bench
+from tpfkit.benchmarks import context_parallel as bench
 
 
 class FakeRunner:

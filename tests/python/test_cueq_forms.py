@@ -7,10 +7,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-import turbopairformer as tpf
+import tpfkit as tpf
 from attention_cases import GRADS, check_fa3_rule, make_case, reference_fp64, run_with_grads
 from trimul_cases import make_inputs
-from turbopairformer.ops.torch_reference import triangle_attention_torch
+from tpfkit.ops.torch_reference import triangle_attention_torch
 
 
 def test_attention_batchless_form_returns_cuequivariance_shape(seed):

@@ -10,7 +10,7 @@ import torch
 
 from distributed_checks import CHECKS, failures_of, run_ranks
 from seeds import seed_for
-from turbopairformer.distributed import RowSharding
+from tpfkit.distributed import RowSharding
 
 WORLDS = (2, 3, 4, 8)
 

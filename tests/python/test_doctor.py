@@ -3,18 +3,18 @@ import os
 
 import torch
 
-import turbopairformer
-from turbopairformer import _C
-from turbopairformer.cli import main
+import tpfkit
+from tpfkit import _C
+from tpfkit.cli import main
 
 
 def test_doctor_reports_gpu_kernels_and_versions(capsys):
     assert main(["doctor"]) == 0
     out = capsys.readouterr().out
     info = _C.cuda_info()
-    assert f"turbopairformer {turbopairformer.__version__} at " in out
+    assert f"tpfkit {tpfkit.__version__} at " in out
     assert f"PyTorch: {torch.__version__} " in out
-    assert f"turbopairformer.cuda_available() = {turbopairformer.cuda_available()}" in out
+    assert f"tpfkit.cuda_available() = {tpfkit.cuda_available()}" in out
     if torch.cuda.is_available() or info["devices"]:
         assert "GPU 0: " in out and "compute capability " in out
     else:

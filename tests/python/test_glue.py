@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from glue_cases import GATE_CASES, LN_CASES, SWIGLU_CASES, gate_case, layer_norm_case, swiglu_case
-from turbopairformer.ops import glue
+from tpfkit.ops import glue
 
 DTYPES = [torch.float32, torch.bfloat16]
 

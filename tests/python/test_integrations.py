@@ -1,4 +1,4 @@
-"""turbopairformer.integrations inside the client packages' own PairFormer stacks (CPU).
+"""tpfkit.integrations inside the client packages' own PairFormer stacks (CPU).
 
 Each client's stack (small widths, 2 blocks, N = 24 with the last tokens padded) runs forward and
 backward on its own PyTorch path and on ours (the integration enabled), in float32 and under bf16
@@ -9,7 +9,7 @@ repeated steps, enable/disable restore the client's modules exactly (state dicts
 client's packages and its outputs, before enable and after disable), inputs our ops do not take
 (float64) run the client's own path with the integration enabled, and a missing call site is an
 error naming the installed version. The clients' triangle attention modules and pair transitions
-run fused forwards (turbopairformer.nn.functional) under the integrations: each is also held alone
+run fused forwards (tpfkit.nn.functional) under the integrations: each is also held alone
 against the client's path and FP64 (test_module_matches_fp64_by_accuracy_rule), and the client's
 dropout stays where it applies it (test_dropout_as_the_client_applies_it).
 
@@ -32,8 +32,8 @@ from torch.overrides import TorchFunctionMode
 
 from accuracy import assert_accurate, gradient_scale, gradient_terms
 from test_nn import ATTENTION_ROUNDINGS, TRIMUL_ROUNDINGS, randomize
-from turbopairformer.benchmarks.clients import CLIENTS, MODULES, widths, with_dropout
-from turbopairformer.integrations import IntegrationError
+from tpfkit.benchmarks.clients import CLIENTS, MODULES, widths, with_dropout
+from tpfkit.integrations import IntegrationError
 
 NAMES = list(CLIENTS)
 N, PADDED = 24, 5
@@ -66,10 +66,10 @@ def counted(monkeypatch):
     """Counts the calls of our two ops made through the integrations, and of our fused glue
     (ops.glue: the LayerNorm, the attention gate, the SwiGLU) made anywhere."""
     counts = {"attention": 0, "trimul": 0, "layer_norm": 0, "gate": 0, "swiglu": 0}
-    import turbopairformer.integrations.boltz as boltz
-    import turbopairformer.integrations.openfold3 as openfold3
-    import turbopairformer.integrations.protenix as protenix
-    import turbopairformer.ops.glue as glue_ops
+    import tpfkit.integrations.boltz as boltz
+    import tpfkit.integrations.openfold3 as openfold3
+    import tpfkit.integrations.protenix as protenix
+    import tpfkit.ops.glue as glue_ops
 
     for name, key in (("layer_norm", "layer_norm"), ("gated_output", "gate"),
                       ("swiglu", "swiglu")):
@@ -440,7 +440,7 @@ def test_which_inputs_our_ops_take():
     """The one rule the integrations' fallbacks share (_patching): float32, bfloat16, float16 on the
     CPU and CUDA; on CUDA, 16-bit attention only with the kernels' head dims (forward 8..128 in
     8s, backward 8..64 in 8s), the triangle multiplication with D a multiple of 8 up to 128."""
-    from turbopairformer.integrations._patching import (attention_rule, attention_takes,
+    from tpfkit.integrations._patching import (attention_rule, attention_takes,
                                                         glue_rule, glue_takes, trimul_rule,
                                                         trimul_takes)
     f32, bf16, f16, f64 = torch.float32, torch.bfloat16, torch.float16, torch.float64

@@ -10,7 +10,7 @@ import copy
 import pytest
 import torch
 
-from turbopairformer.nn import (
+from tpfkit.nn import (
     AttentionPairBias,
     PairFormer,
     PairFormerBlock,
@@ -19,7 +19,7 @@ from turbopairformer.nn import (
     TriangleMultiplication,
     set_backend,
 )
-from turbopairformer.ops.torch_reference import triangle_multiplicative_update_torch
+from tpfkit.ops.torch_reference import triangle_multiplicative_update_torch
 
 from accuracy import assert_accurate, gradient_scale, gradient_terms
 
@@ -320,8 +320,8 @@ def test_parameter_names_follow_openfold3():
 
 
 def test_turbo_backend_runs_our_ops_and_reference_does_not(monkeypatch):
-    import turbopairformer.nn.attention as attention_module
-    import turbopairformer.nn.trimul as trimul_module
+    import tpfkit.nn.attention as attention_module
+    import tpfkit.nn.trimul as trimul_module
 
     calls = {"attention": 0, "trimul": 0}
 
@@ -335,7 +335,7 @@ def test_turbo_backend_runs_our_ops_and_reference_does_not(monkeypatch):
                         counted("attention", attention_module.triangle_attention))
     monkeypatch.setattr(trimul_module, "triangle_multiplicative_update",
                         counted("trimul", trimul_module.triangle_multiplicative_update))
-    import turbopairformer.ops.glue as glue_module
+    import tpfkit.ops.glue as glue_module
 
     calls.update(gate=0, swiglu=0, layer_norm=0)
     monkeypatch.setattr(glue_module, "gated_output", counted("gate", glue_module.gated_output))

@@ -12,8 +12,8 @@ import sys
 import numpy as np
 import pytest
 
-from turbopairformer.cli import main as tpf_main
-from turbopairformer.data import RecordReader
+from tpfkit.cli import main as tpf_main
+from tpfkit.data import RecordReader
 
 ELEMENT_Z = {"N": 7, "C": 6, "O": 8, "S": 16}
 RESIDUES = {"ALA": [("N", "N"), ("CA", "C"), ("C", "C"), ("O", "O"), ("CB", "C")],
@@ -165,6 +165,6 @@ def test_pack_and_inspect_errors(tmp_path, capsys):
 
 def test_cli_entry_point_runs_as_a_module(tmp_path):
     env = dict(os.environ)
-    result = subprocess.run([sys.executable, "-m", "turbopairformer.cli", "inspect", "--help"],
+    result = subprocess.run([sys.executable, "-m", "tpfkit.cli", "inspect", "--help"],
                             capture_output=True, text=True, env=env, timeout=120)
     assert result.returncode == 0 and "store file" in result.stdout

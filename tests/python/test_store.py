@@ -10,7 +10,7 @@ import threading
 import numpy as np
 import pytest
 
-from turbopairformer.data import RecordReader, RecordWriter, atoms_to_record, record_to_atoms
+from tpfkit.data import RecordReader, RecordWriter, atoms_to_record, record_to_atoms
 
 CODECS = ["none", "zstd", "lz4"]
 
@@ -421,7 +421,7 @@ def test_failure_flipped_byte_in_index(store):
 
 def test_failure_flipped_byte_in_current_header_is_an_error_unless_recovering(store, seed, capsys):
     """Issue 20, item 3: a damaged current slot must not silently drop the last commit."""
-    from turbopairformer.cli import main as tpf_main
+    from tpfkit.cli import main as tpf_main
 
     path, records = store
     flip(path, 0 + 20)  # generation 3 (10 records) lives in slot 0
@@ -446,7 +446,7 @@ def test_failure_flipped_byte_in_current_header_is_an_error_unless_recovering(st
 
 def test_failure_flipped_byte_in_the_older_header_is_harmless(store, seed, capsys):
     """Issue 20, item 2: the version field is read only from a slot whose checksum holds."""
-    from turbopairformer.cli import main as tpf_main
+    from tpfkit.cli import main as tpf_main
 
     path, records = store
     for at in (64 + 8, 64 + 20, 64 + 60):  # slot 1 holds generation 2: version, generation, checksum
@@ -500,7 +500,7 @@ def test_failure_missing_file(tmp_path):
 
 OVERWRITE_UNDER_A_READER = """
 import sys
-from turbopairformer.data import RecordReader as R, RecordWriter as W
+from tpfkit.data import RecordReader as R, RecordWriter as W
 p = sys.argv[1]
 with W(p, overwrite=True) as w:
     for i in range(5000):

@@ -4,6 +4,7 @@ reference is the records as written."""
 from __future__ import annotations
 
 import itertools
+import json
 import os
 import threading
 import time
@@ -13,8 +14,9 @@ import pytest
 import torch
 
 import stream_harness as h
-from turbopairformer import _C
-from turbopairformer.data import StreamingDataset
+from tpfkit import _C
+from tpfkit.data import StreamingDataset
+from tpfkit.data.pack import MANIFEST_FORMAT, write_manifest
 
 
 @pytest.fixture
@@ -193,6 +195,21 @@ def test_resume_state_is_checked(dataset, seed):
     with pytest.raises(ValueError, match="source"):
         StreamingDataset(42)
 
+
+def test_manifests_written_before_the_rename_are_read(dataset):
+    """`format` is "tpfkit-manifest"; manifests packed before the package was renamed carry
+    "turbopairformer-manifest" and are still read; any other format is refused."""
+    directory, reference = dataset
+    path = os.path.join(directory, "manifest.json")
+    manifest = json.load(open(path))
+    assert manifest["format"] == MANIFEST_FORMAT == "tpfkit-manifest"
+    manifest["format"] = "turbopairformer-manifest"
+    write_manifest(manifest, path)
+    assert collect(StreamingDataset(path, shuffle=False), reference) == list(range(len(reference)))
+    manifest["format"] = "other-manifest"
+    write_manifest(manifest, path)
+    with pytest.raises(ValueError, match='format = "tpfkit-manifest"'):
+        StreamingDataset(path)
 
 def test_s3_through_moto(tmp_path, dataset, seed, monkeypatch):
     directory, reference = dataset
@@ -418,7 +435,7 @@ def test_the_manifest_is_read_again_when_damaged_and_checked_against_its_sha256(
 
 
 def test_retries_show_in_last_stats_and_tpf_stream(tmp_path, dataset, seed, capsys):
-    from turbopairformer import cli
+    from tpfkit import cli
 
     directory, reference = dataset
     with h.FaultServer(directory) as server:
@@ -551,7 +568,7 @@ def test_memory_stays_under_the_budget_under_load(tmp_path, seed, http_threads):
 
 
 def test_tpf_stream_cli(dataset, capsys):
-    from turbopairformer import cli
+    from tpfkit import cli
 
     directory, reference = dataset
     assert cli.main(["stream", directory + "/manifest.json", "--cache-mib", "1", "--epochs", "2"]) == 0
@@ -586,8 +603,8 @@ def test_streams_what_tpf_pack_writes(tmp_path, seed):
     import ase
     import ase.io
 
-    from turbopairformer.data import RecordReader
-    from turbopairformer.data.pack import pack
+    from tpfkit.data import RecordReader
+    from tpfkit.data.pack import pack
 
     rng = np.random.default_rng(seed)
     sizes = rng.integers(1, 20, size=int(rng.integers(40, 80)))

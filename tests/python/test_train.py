@@ -12,12 +12,12 @@ import pytest
 import torch
 
 from stream_harness import FaultServer, Nginx
-from turbopairformer.cli import main
-from turbopairformer.data import RecordWriter, StreamingDataset
-from turbopairformer.data.pack import pack, pack_records, write_manifest
-from turbopairformer.data.structures import file_records
-from turbopairformer.train import loop
-from turbopairformer.train.data import (
+from tpfkit.cli import main
+from tpfkit.data import RecordWriter, StreamingDataset
+from tpfkit.data.pack import pack, pack_records, write_manifest
+from tpfkit.data.structures import file_records
+from tpfkit.train import loop
+from tpfkit.train.data import (
     CropBatches,
     MemoryChains,
     held_out_chains,
@@ -25,16 +25,16 @@ from turbopairformer.train.data import (
     load_chains,
     split_by_entry,
 )
-from turbopairformer.train.features import (
+from tpfkit.train.features import (
     RESIDUE_NAMES,
     UNKNOWN_TYPE,
     chains_from_atoms,
     distogram_targets,
     make_batch,
 )
-from turbopairformer.train.loop import TrainConfig, lr_factor, train
-from turbopairformer.train.model import ModelConfig
-from turbopairformer.train.split import entry_bucket, manifest_buckets
+from tpfkit.train.loop import TrainConfig, lr_factor, train
+from tpfkit.train.model import ModelConfig
+from tpfkit.train.split import entry_bucket, manifest_buckets
 
 DATA = Path(__file__).resolve().parents[2] / "data" / "structures"
 SMALL_FILES = ["1UBQ.pdb.gz", "1EJG.pdb.gz", "1A8O.pdb.gz", "1LJO.pdb.gz", "1D4V.pdb.gz"]
@@ -271,7 +271,7 @@ def test_cli_train_prints_final_loss_and_plot(small_data, tmp_path, capsys):
 
 def test_chains_round_trip_through_npz(tmp_path):
     """The .npz that carries the training chains to machines without the record store."""
-    from turbopairformer.train.data import load_chains, save_chains
+    from tpfkit.train.data import load_chains, save_chains
 
     chains = load_chains(str(DATA), progress=False)
     save_chains(chains, str(tmp_path / "chains.npz"))

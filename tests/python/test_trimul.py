@@ -8,8 +8,8 @@ import re
 import pytest
 import torch
 
-import turbopairformer as tpf
-from turbopairformer import _C
+import tpfkit as tpf
+from tpfkit import _C
 from trimul_cases import (
     WEIGHT_NAMES,
     check_against_reference,
@@ -18,8 +18,8 @@ from trimul_cases import (
     reference,
     run_with_grads,
 )
-from turbopairformer.ops.torch_reference import triangle_multiplicative_update_torch
-from turbopairformer.ops.trimul import _lecun_normal, _trimul_bwd, _trimul_fwd
+from tpfkit.ops.torch_reference import triangle_multiplicative_update_torch
+from tpfkit.ops.trimul import _lecun_normal, _trimul_bwd, _trimul_fwd
 
 
 @pytest.mark.parametrize("S", [1, 7, 33, 100])

@@ -5,9 +5,9 @@ from __future__ import annotations
 import torch
 
 from accuracy import assert_accurate, unit_roundoff
-from turbopairformer import _C
-from turbopairformer.ops.torch_reference import triangle_multiplicative_update_torch
-from turbopairformer.ops.trimul import WEIGHT_NAMES, triangle_multiplicative_update
+from tpfkit import _C
+from tpfkit.ops.torch_reference import triangle_multiplicative_update_torch
+from tpfkit.ops.trimul import WEIGHT_NAMES, triangle_multiplicative_update
 
 GRAD_NAMES = ("x",) + WEIGHT_NAMES
 

@@ -8,10 +8,12 @@ namespace tpf::py {
 
 namespace {
 
-AttentionForwardArgs forward_args(const Array& q, const Array& k, const Array& v, const Array& bias,
-                                  const OptArray& mask, const Array& o, const Array& lse,
-                                  const OptArray& residual, double scale) {
-  AttentionForwardArgs a;
+// The fields the forward's and the backward's arguments share (both structs name them alike).
+template <class Args>
+Args common_args(const Array& q, const Array& k, const Array& v, const Array& bias,
+                 const OptArray& mask, const Array& o, const Array& lse, const OptArray& residual,
+                 double scale) {
+  Args a;
   a.q = view_of(q, "q");
   a.k = view_of(k, "k");
   a.v = view_of(v, "v");
@@ -24,26 +26,24 @@ AttentionForwardArgs forward_args(const Array& q, const Array& k, const Array& v
   return a;
 }
 
+AttentionForwardArgs forward_args(const Array& q, const Array& k, const Array& v, const Array& bias,
+                                  const OptArray& mask, const Array& o, const Array& lse,
+                                  const OptArray& residual, double scale) {
+  return common_args<AttentionForwardArgs>(q, k, v, bias, mask, o, lse, residual, scale);
+}
+
 AttentionBackwardArgs backward_args(const Array& q, const Array& k, const Array& v,
                                     const Array& bias, const OptArray& mask, const Array& o,
                                     const Array& lse, const Array& dout, const OptArray& residual,
                                     const Array& dq, const Array& dk, const Array& dv,
                                     const Array& dbias, double scale) {
-  AttentionBackwardArgs a;
-  a.q = view_of(q, "q");
-  a.k = view_of(k, "k");
-  a.v = view_of(v, "v");
-  a.bias = view_of(bias, "bias");
-  a.mask = optional_view_of(mask, "mask");
-  a.o = view_of(o, "o");
-  a.lse = view_of(lse, "lse");
+  AttentionBackwardArgs a =
+      common_args<AttentionBackwardArgs>(q, k, v, bias, mask, o, lse, residual, scale);
   a.dout = view_of(dout, "grad_out");
-  a.residual = optional_view_of(residual, "residual");
   a.dq = view_of(dq, "dq");
   a.dk = view_of(dk, "dk");
   a.dv = view_of(dv, "dv");
   a.dbias = view_of(dbias, "dbias");
-  a.scale = scale;
   return a;
 }
 

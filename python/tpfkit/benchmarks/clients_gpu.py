@@ -179,6 +179,15 @@ def configuration(client, args) -> dict:
     return client.small if getattr(args, "config", "default") == "small" else client.defaults
 
 
+def not_run(path: str, deadline: float) -> str | None:
+    """Why a row is not run (the time budget is spent, cuEquivariance is missing), or None."""
+    if time.monotonic() > deadline:
+        return "not run: time budget"
+    if path == "cuequivariance" and importlib.util.find_spec("cuequivariance_ops_torch") is None:
+        return "not run: cuequivariance_ops_torch is not installed"
+    return None
+
+
 def run_rows(args) -> list[dict]:
     if args.module:
         return run_modules(args)
@@ -193,11 +202,8 @@ def run_rows(args) -> list[dict]:
         client = CLIENTS[client_name]
         row = {"client": client_name, "N": N, "path": path}
         rows.append(row)
-        if time.monotonic() > deadline:
-            row["status"] = "not run: time budget"
-            continue
-        if path == "cuequivariance" and importlib.util.find_spec("cuequivariance_ops_torch") is None:
-            row["status"] = "not run: cuequivariance_ops_torch is not installed"
+        if reason := not_run(path, deadline):
+            row["status"] = reason
             continue
         if client_name not in models:
             models.clear()
@@ -237,11 +243,8 @@ def run_modules(args) -> list[dict]:
         client = CLIENTS[client_name]
         row = {"client": client_name, "module": args.module, "N": N, "path": path}
         rows.append(row)
-        if time.monotonic() > deadline:
-            row["status"] = "not run: time budget"
-            continue
-        if path == "cuequivariance" and importlib.util.find_spec("cuequivariance_ops_torch") is None:
-            row["status"] = "not run: cuequivariance_ops_torch is not installed"
+        if reason := not_run(path, deadline):
+            row["status"] = reason
             continue
         torch.manual_seed(args.seed)
         module = client.module(args.module, configuration(client, args)).to(device).train()

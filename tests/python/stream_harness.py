@@ -72,11 +72,13 @@ def nginx_binary() -> str:
 class Nginx:
     """nginx serving `root` on 127.0.0.1 (range requests are nginx's default for static files), with
     `workers` worker processes (more than one: each with a listening socket of its own, reuseport,
-    so the kernel spreads the connections evenly)."""
+    so the kernel spreads the connections evenly). With access_log, every request is logged, one
+    line each, to self.access_log."""
 
-    def __init__(self, root: str, workdir: str, workers: int = 1):
+    def __init__(self, root: str, workdir: str, workers: int = 1, access_log: bool = False):
         self.root, self.workdir = os.path.abspath(root), workdir
         self.workers = workers
+        self.access_log = os.path.join(workdir, "access.log") if access_log else None
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
 
@@ -95,7 +97,7 @@ pid {self.workdir}/nginx.pid;
 error_log {self.log} warn;
 events {{ worker_connections 1024; }}
 http {{
-  access_log off;
+  access_log {self.access_log or "off"};
   sendfile on;
   tcp_nodelay on;
   tcp_nopush on;

@@ -37,6 +37,15 @@ struct AttentionBackwardArgs {
   Allocator workspace;  // required for CUDA tensors
 };
 
+// The backward's arguments over a forward's: the same q, k, v, bias, mask, o, lse, residual and
+// scale; the caller adds dout, the gradients and the workspace.
+inline AttentionBackwardArgs backward_args_of(const AttentionForwardArgs& f) {
+  AttentionBackwardArgs b;
+  b.q = f.q, b.k = f.k, b.v = f.v, b.bias = f.bias, b.mask = f.mask, b.o = f.o, b.lse = f.lse;
+  b.residual = f.residual, b.scale = f.scale;
+  return b;
+}
+
 // Sizes after validation.
 struct AttentionDims {
   int64_t B, N, H, Sq, Sk, D;

@@ -8,12 +8,10 @@ namespace tpf::py {
 
 namespace {
 
-// The fields the forward's and the backward's arguments share (both structs name them alike).
-template <class Args>
-Args common_args(const Array& q, const Array& k, const Array& v, const Array& bias,
-                 const OptArray& mask, const Array& o, const Array& lse, const OptArray& residual,
-                 double scale) {
-  Args a;
+AttentionForwardArgs forward_args(const Array& q, const Array& k, const Array& v, const Array& bias,
+                                  const OptArray& mask, const Array& o, const Array& lse,
+                                  const OptArray& residual, double scale) {
+  AttentionForwardArgs a;
   a.q = view_of(q, "q");
   a.k = view_of(k, "k");
   a.v = view_of(v, "v");
@@ -26,19 +24,13 @@ Args common_args(const Array& q, const Array& k, const Array& v, const Array& bi
   return a;
 }
 
-AttentionForwardArgs forward_args(const Array& q, const Array& k, const Array& v, const Array& bias,
-                                  const OptArray& mask, const Array& o, const Array& lse,
-                                  const OptArray& residual, double scale) {
-  return common_args<AttentionForwardArgs>(q, k, v, bias, mask, o, lse, residual, scale);
-}
-
 AttentionBackwardArgs backward_args(const Array& q, const Array& k, const Array& v,
                                     const Array& bias, const OptArray& mask, const Array& o,
                                     const Array& lse, const Array& dout, const OptArray& residual,
                                     const Array& dq, const Array& dk, const Array& dv,
                                     const Array& dbias, double scale) {
   AttentionBackwardArgs a =
-      common_args<AttentionBackwardArgs>(q, k, v, bias, mask, o, lse, residual, scale);
+      backward_args_of(forward_args(q, k, v, bias, mask, o, lse, residual, scale));
   a.dout = view_of(dout, "grad_out");
   a.dq = view_of(dq, "dq");
   a.dk = view_of(dk, "dk");

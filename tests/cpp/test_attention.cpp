@@ -59,8 +59,9 @@ DType dtype_of() {
   return sizeof(T) == 8 ? DType::f64 : DType::f32;
 }
 
+// p's backward arguments over out's buffers (the forward's are their first fields).
 template <typename T>
-void run(Problem& p, Outputs<T>& out, bool reference) {
+AttentionBackwardArgs backward_args(Problem& p, Outputs<T>& out) {
   const DType dt = dtype_of<T>();
   AttentionForwardArgs f;
   f.q = p.qkv(p.q);
@@ -71,20 +72,27 @@ void run(Problem& p, Outputs<T>& out, bool reference) {
   f.o = make_view(out.o.data(), dt, {p.B, p.N, p.H, p.S, p.D});
   f.lse = make_view(out.lse.data(), dt, {p.B, p.N, p.H, p.S});
   f.scale = 1.0 / std::sqrt(double(p.D));
-  AttentionBackwardArgs b;
-  b.q = f.q;
-  b.k = f.k;
-  b.v = f.v;
-  b.bias = f.bias;
-  b.mask = f.mask;
-  b.o = f.o;
-  b.lse = f.lse;
+  AttentionBackwardArgs b = backward_args_of(f);
   b.dout = p.qkv(p.dout);
   b.dq = make_view(out.dq.data(), dt, {p.B, p.N, p.H, p.S, p.D});
   b.dk = make_view(out.dk.data(), dt, {p.B, p.N, p.H, p.S, p.D});
   b.dv = make_view(out.dv.data(), dt, {p.B, p.N, p.H, p.S, p.D});
   b.dbias = make_view(out.dbias.data(), dt, {p.B, p.H, p.S, p.S});
-  b.scale = f.scale;
+  return b;
+}
+
+// The forward's arguments of a backward's (the fields they share).
+AttentionForwardArgs forward_args_of(const AttentionBackwardArgs& b) {
+  AttentionForwardArgs f;
+  f.q = b.q, f.k = b.k, f.v = b.v, f.bias = b.bias, f.mask = b.mask, f.o = b.o, f.lse = b.lse;
+  f.residual = b.residual, f.scale = b.scale, f.workspace = b.workspace;
+  return f;
+}
+
+template <typename T>
+void run(Problem& p, Outputs<T>& out, bool reference) {
+  const AttentionBackwardArgs b = backward_args(p, out);
+  const AttentionForwardArgs f = forward_args_of(b);
   if (reference) {
     reference::attention_forward_f64(f);
     reference::attention_backward_f64(b);
@@ -196,26 +204,9 @@ void on_cuda(AttentionBackwardArgs& a) {
 TEST(Errors, NameTheArgument) {
   Problem p(1, 2, 1, 5, 16, 3);
   Outputs<float> out(p);
-  AttentionBackwardArgs g;
-  g.q = p.qkv(p.q);
-  g.k = p.qkv(p.k);
-  g.v = p.qkv(p.v);
-  g.bias = make_view(p.bias.data(), DType::f32, {p.B, p.H, p.S, p.S});
-  g.mask = p.mask_view();
-  g.o = p.qkv(out.o);
-  g.lse = make_view(out.lse.data(), DType::f32, {p.B, p.N, p.H, p.S});
-  g.dout = p.qkv(p.dout);
-  g.dq = p.qkv(out.dq);
-  g.dk = p.qkv(out.dk);
-  g.dv = p.qkv(out.dv);
-  g.dbias = make_view(out.dbias.data(), DType::f32, {p.B, p.H, p.S, p.S});
+  AttentionBackwardArgs g = backward_args(p, out);
   g.scale = 0.3;
-  auto forward = [](const AttentionBackwardArgs& b) {
-    AttentionForwardArgs f;
-    f.q = b.q, f.k = b.k, f.v = b.v, f.bias = b.bias, f.mask = b.mask, f.o = b.o, f.lse = b.lse;
-    f.residual = b.residual, f.scale = b.scale, f.workspace = b.workspace;
-    attention_forward(f);
-  };
+  auto forward = [](const AttentionBackwardArgs& b) { attention_forward(forward_args_of(b)); };
   auto backward = [](const AttentionBackwardArgs& b) { attention_backward(b); };
   forward(g);
   backward(g);
@@ -383,16 +374,11 @@ TEST(Attention, TakesCuEquivarianceBiasAndMaskLayouts) {
   Problem p(2, 3, 2, 9, 8, 5);
   Outputs<float> four(p), five(p);
   auto run = [&](Outputs<float>& out, bool five_d) {
-    AttentionForwardArgs f;
-    f.q = p.qkv(p.q);
-    f.k = p.qkv(p.k);
-    f.v = p.qkv(p.v);
+    AttentionForwardArgs f = forward_args_of(backward_args(p, out));
     f.bias = five_d ? make_view(p.bias.data(), DType::f32, {p.B, 1, p.H, p.S, p.S})
                     : make_view(p.bias.data(), DType::f32, {p.B, p.H, p.S, p.S});
     f.mask = {true, five_d ? make_view(p.mask.data(), DType::boolean, {p.B, p.N, 1, 1, p.S})
                            : make_view(p.mask.data(), DType::boolean, {p.B, p.N, p.S})};
-    f.o = p.qkv(out.o);
-    f.lse = make_view(out.lse.data(), DType::f32, {p.B, p.N, p.H, p.S});
     f.scale = 0.4;
     attention_forward(f);
   };

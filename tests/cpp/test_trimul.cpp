@@ -117,8 +117,17 @@ TrimulForwardArgs forward_args(Problem& p, Outputs<T>& out) {
   return f;
 }
 
+// Every view of w, biases included (present or not).
+std::vector<TensorView*> views_of(TrimulWeights& w) {
+  return {&w.norm_in_weight, &w.norm_in_bias,    &w.p_in_weight,     &w.p_in_bias.view,
+          &w.g_in_weight,    &w.g_in_bias.view,  &w.norm_out_weight, &w.norm_out_bias,
+          &w.p_out_weight,   &w.p_out_bias.view, &w.g_out_weight,    &w.g_out_bias.view};
+}
+
+// p's backward arguments over out's buffers: the forward's inputs and saved tensors, dy, dx and
+// the weights' gradients (the biases' where p has them).
 template <typename T>
-void run(Problem& p, Outputs<T>& out, bool reference) {
+TrimulBackwardArgs backward_args(Problem& p, Outputs<T>& out) {
   const TrimulForwardArgs f = forward_args(p, out);
   TrimulBackwardArgs b;
   b.x = f.x;
@@ -128,21 +137,18 @@ void run(Problem& p, Outputs<T>& out, bool reference) {
   b.saved = f.saved;
   b.dy = p.x_like(p.dy.data(), DType::f32);
   b.dx = p.x_like(out.dx.data(), out.dt);
-  TrimulWeightGrads& g = b.dw;
-  g.norm_in_weight = out.grad_view(p, 0);
-  g.norm_in_bias = out.grad_view(p, 1);
-  g.p_in_weight = out.grad_view(p, 2);
-  g.g_in_weight = out.grad_view(p, 3);
-  g.norm_out_weight = out.grad_view(p, 6);
-  g.norm_out_bias = out.grad_view(p, 7);
-  g.p_out_weight = out.grad_view(p, 8);
-  g.g_out_weight = out.grad_view(p, 9);
-  if (p.with_bias) {
-    g.p_in_bias = {true, out.grad_view(p, 4)};
-    g.g_in_bias = {true, out.grad_view(p, 5)};
-    g.p_out_bias = {true, out.grad_view(p, 10)};
-    g.g_out_bias = {true, out.grad_view(p, 11)};
-  }
+  b.dw = b.w;  // present where the biases are
+  const std::vector<TensorView*> grads = views_of(b.dw);
+  // views_of's order (TrimulWeights') against Problem::params' (biases after both weights).
+  const int param_of[12] = {0, 1, 2, 4, 3, 5, 6, 7, 8, 10, 9, 11};
+  for (int k = 0; k < 12; ++k) *grads[k] = out.grad_view(p, param_of[k]);
+  return b;
+}
+
+template <typename T>
+void run(Problem& p, Outputs<T>& out, bool reference) {
+  const TrimulForwardArgs f = forward_args(p, out);
+  const TrimulBackwardArgs b = backward_args(p, out);
   if (reference) {
     reference::trimul_forward_f64(f);
     reference::trimul_backward_f64(b);
@@ -303,33 +309,8 @@ TEST(TrimulErrors, NameTheArgument) {
   }
 }
 
-// Every view of w, biases included (present or not).
-std::vector<TensorView*> views_of(TrimulWeights& w) {
-  return {&w.norm_in_weight, &w.norm_in_bias,    &w.p_in_weight,     &w.p_in_bias.view,
-          &w.g_in_weight,    &w.g_in_bias.view,  &w.norm_out_weight, &w.norm_out_bias,
-          &w.p_out_weight,   &w.p_out_bias.view, &w.g_out_weight,    &w.g_out_bias.view};
-}
-
 // The CUDA path's own checks, which run before anything is launched: views that claim to be on a
 // CUDA device (host memory that is never read) reach them in a build with or without the kernels.
-TrimulBackwardArgs backward_args(Problem& p, Outputs<float>& out) {
-  const TrimulForwardArgs f = forward_args(p, out);
-  TrimulBackwardArgs b;
-  b.x = f.x;
-  b.mask = f.mask;
-  b.w = f.w;
-  b.outgoing = f.outgoing;
-  b.saved = f.saved;
-  b.dy = p.x_like(p.dy.data(), DType::f32);
-  b.dx = p.x_like(out.dx.data(), DType::f32);
-  b.dw = b.w;  // present where the biases are
-  const std::vector<TensorView*> grads = views_of(b.dw);
-  // views_of's order (TrimulWeights') against Problem::params' (biases after both weights).
-  const int param_of[12] = {0, 1, 2, 4, 3, 5, 6, 7, 8, 10, 9, 11};
-  for (int k = 0; k < 12; ++k) *grads[k] = out.grad_view(p, param_of[k]);
-  return b;
-}
-
 TEST(TrimulErrors, CudaChecksNameTheArgument) {
   Problem p(1, 5, 8, true, true, true, 4);
   Outputs<float> out(p);

@@ -1,16 +1,28 @@
-// What the GPU programs (the sanitizer cases) share: a CUDA error check that ends the program with
-// the call's name, device copies of host vectors, and the ops' workspace allocator (each request a
-// cudaMalloc'd block, all freed together when the DeviceWorkspace goes, after the work that uses
-// them has finished).
+// What the GPU programs (the sanitizer cases) share: their main(), a CUDA error check that ends the
+// program with the call's name, device copies of host vectors, and the ops' workspace allocator (each
+// request a cudaMalloc'd block, all freed together when the DeviceWorkspace goes, after the work
+// that uses them has finished).
 #pragma once
 #include <cuda_runtime.h>
 
 #include <cstdio>
 #include <cstdlib>
+#include <exception>
 #include <memory>
 #include <vector>
 
 #include "tpf/tensor.h"
+
+// A program's main(): run()'s exit code, or a tpf::Error (bad arguments, a failed launch) as a
+// message under the program's name and exit 1, not an uncaught exception.
+inline int program_main(const char* name, int (*run)()) {
+  try {
+    return run();
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "%s: %s\n", name, e.what());
+    return 1;
+  }
+}
 
 inline void check(cudaError_t e, const char* what) {
   if (e != cudaSuccess) {

@@ -252,12 +252,4 @@ int run() {
   return 0;
 }
 
-// A tpf::Error (bad arguments, a failed launch) as a message and exit 1, not an uncaught exception.
-int main() {
-  try {
-    return run();
-  } catch (const std::exception& e) {
-    std::fprintf(stderr, "sanitize_attention: %s\n", e.what());
-    return 1;
-  }
-}
+int main() { return program_main("sanitize_attention", run); }

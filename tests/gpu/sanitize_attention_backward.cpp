@@ -148,17 +148,8 @@ bool backward_cases() {
     f.residual = {true, view5(res)};
     f.scale = 1.0 / std::sqrt(double(c.D));
     forward(f);
-    tpf::AttentionBackwardArgs a;
-    a.q = f.q;
-    a.k = f.k;
-    a.v = f.v;
-    a.bias = f.bias;
-    a.mask = f.mask;
-    a.o = f.o;
-    a.lse = f.lse;
-    a.residual = f.residual;
+    tpf::AttentionBackwardArgs a = tpf::backward_args_of(f);
     a.dout = view5(dout);
-    a.scale = f.scale;
     const tpf::AttentionDims dims{c.B, c.N, c.H, c.S, c.S, c.D};
     const auto first = backward_grads(a, dims), again = backward_grads(a, dims);
     setenv("TPF_ATTENTION_DQ_BUDGET_BYTES", "1", 1);  // one slice group per launch
@@ -243,12 +234,4 @@ int run() {
   return 0;
 }
 
-// A tpf::Error (bad arguments, a failed launch) as a message and exit 1, not an uncaught exception.
-int main() {
-  try {
-    return run();
-  } catch (const std::exception& e) {
-    std::fprintf(stderr, "sanitize_attention_backward: %s\n", e.what());
-    return 1;
-  }
-}
+int main() { return program_main("sanitize_attention_backward", run); }

@@ -8,6 +8,8 @@
 #include <cuda_fp16.h>
 #include <cstdint>
 
+#include "kernels/common/convert.cuh"
+
 namespace tpf::cuda {
 
 template <typename T>
@@ -147,32 +149,6 @@ __device__ __forceinline__ void cp_async_wait() {
 // Barrier over `threads` threads (a multiple of 32) with id 1..15 (0 is __syncthreads).
 __device__ __forceinline__ void named_barrier(int id, int threads) {
   asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads));
-}
-
-template <typename T>
-__device__ __forceinline__ float to_float(T x);
-template <>
-__device__ __forceinline__ float to_float(__nv_bfloat16 x) {
-  return __bfloat162float(x);
-}
-template <>
-__device__ __forceinline__ float to_float(__half x) {
-  return __half2float(x);
-}
-
-template <typename T>
-__device__ __forceinline__ T from_float(float x);
-template <>
-__device__ __forceinline__ __nv_bfloat16 from_float(float x) {
-  return __float2bfloat16_rn(x);
-}
-template <>
-__device__ __forceinline__ __half from_float(float x) {
-  return __float2half_rn(x);
-}
-template <>
-__device__ __forceinline__ float from_float(float x) {
-  return x;
 }
 
 }  // namespace tpf::cuda

@@ -11,6 +11,7 @@
 #include <string>
 
 #include "kernels/common/column_sums.cuh"
+#include "kernels/common/convert.cuh"
 #include "kernels/common/device_guard.h"
 #include "kernels/glue/api.h"
 #include "tpf/error.h"
@@ -20,24 +21,6 @@ namespace {
 
 using glue::Heads;
 using glue::Rows;
-
-__device__ __forceinline__ float to_f(float v) { return v; }
-__device__ __forceinline__ float to_f(__half v) { return __half2float(v); }
-__device__ __forceinline__ float to_f(__nv_bfloat16 v) { return __bfloat162float(v); }
-template <typename T>
-__device__ __forceinline__ T from_f(float v);
-template <>
-__device__ __forceinline__ float from_f<float>(float v) {
-  return v;
-}
-template <>
-__device__ __forceinline__ __half from_f<__half>(float v) {
-  return __float2half_rn(v);
-}
-template <>
-__device__ __forceinline__ __nv_bfloat16 from_f<__nv_bfloat16>(float v) {
-  return __float2bfloat16_rn(v);
-}
 
 __device__ __forceinline__ float warp_sum(float v) {
   for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
@@ -80,7 +63,7 @@ __global__ void __launch_bounds__(kThreads)
 #pragma unroll
     for (int i = 0; i < PL; ++i) {
       const int c = lane + 32 * i;
-      v[i] = c < C ? to_f(xr[c]) : 0.0f;
+      v[i] = c < C ? to_float(xr[c]) : 0.0f;
       s += v[i];
     }
     const float m = warp_sum(s) * inv_c;
@@ -96,7 +79,7 @@ __global__ void __launch_bounds__(kThreads)
 #pragma unroll
     for (int i = 0; i < PL; ++i) {
       const int c = lane + 32 * i;
-      if (c < C) yr[c] = from_f<TY>((v[i] - m) * rs * w[c] + b[c]);
+      if (c < C) yr[c] = from_float<TY>((v[i] - m) * rs * w[c] + b[c]);
     }
     if (lane == 0) {
       mean[r] = m;
@@ -132,8 +115,8 @@ __global__ void __launch_bounds__(kThreads)
       float d = 0.0f;
       xh[i] = 0.0f;
       if (c < C) {
-        d = to_f(dyr[c]);
-        xh[i] = (to_f(xr[c]) - m) * rs;
+        d = to_float(dyr[c]);
+        xh[i] = (to_float(xr[c]) - m) * rs;
         dw[i] += d * xh[i];
         db[i] += d;
         d *= w[c];
@@ -147,7 +130,7 @@ __global__ void __launch_bounds__(kThreads)
 #pragma unroll
     for (int i = 0; i < PL; ++i) {
       const int c = lane + 32 * i;
-      if (c < C) dxr[c] = from_f<TX>(rs * (g[i] - mg - xh[i] * mgx));
+      if (c < C) dxr[c] = from_float<TX>(rs * (g[i] - mg - xh[i] * mgx));
     }
   }
 #pragma unroll
@@ -210,14 +193,14 @@ template <typename T, int V>
 __device__ __forceinline__ void load(const T* p, float (&f)[V]) {
   const Pack<T, V> k = *reinterpret_cast<const Pack<T, V>*>(p);
 #pragma unroll
-  for (int i = 0; i < V; ++i) f[i] = to_f(k.v[i]);
+  for (int i = 0; i < V; ++i) f[i] = to_float(k.v[i]);
 }
 
 template <typename T, int V>
 __device__ __forceinline__ void store(T* p, const float (&f)[V]) {
   Pack<T, V> k;
 #pragma unroll
-  for (int i = 0; i < V; ++i) k.v[i] = from_f<T>(f[i]);
+  for (int i = 0; i < V; ++i) k.v[i] = from_float<T>(f[i]);
   *reinterpret_cast<Pack<T, V>*>(p) = k;
 }
 

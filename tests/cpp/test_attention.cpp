@@ -155,9 +155,7 @@ TEST(Reference, GradientsMatchFiniteDifferences) {
   auto loss = [&]() {
     Outputs<double> o(p);
     run(p, o, true);
-    double l = 0;
-    for (size_t i = 0; i < o.o.size(); ++i) l += o.o[i] * p.dout[i];
-    return l;
+    return dot(o.o, p.dout);
   };
   auto check = [&](std::vector<float>& x, const std::vector<double>& grad, const char* name) {
     expect_matches_finite_differences(x, grad, name, loss, 3, 2e-4);

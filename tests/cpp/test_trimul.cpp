@@ -216,16 +216,11 @@ TEST_P(TrimulReferenceGradients, MatchFiniteDifferences) {
   auto loss = [&]() {
     Outputs<double> o(p);
     run(p, o, true);
-    double l = 0;
-    for (size_t i = 0; i < o.y.size(); ++i) l += o.y[i] * p.dy[i];
-    return l;
+    return dot(o.y, p.dy);
   };
-  auto check = [&](std::vector<float>& v, const std::vector<double>& grad,
-                   const std::string& name) {
-    expect_matches_finite_differences(v, grad, name, loss, 7, 2e-3);
-  };
-  check(p.x, g.dx, "dx");
-  for (int k = 0; k < 12; ++k) check(p.params[k], g.dparams[k], kParamNames[k]);
+  expect_matches_finite_differences(p.x, g.dx, "dx", loss, 7, 2e-3);
+  for (int k = 0; k < 12; ++k)
+    expect_matches_finite_differences(p.params[k], g.dparams[k], kParamNames[k], loss, 7, 2e-3);
 }
 
 INSTANTIATE_TEST_SUITE_P(Directions, TrimulReferenceGradients, ::testing::Bool());

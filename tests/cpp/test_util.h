@@ -41,4 +41,11 @@ inline void expect_matches_finite_differences(std::vector<float>& x,
   }
 }
 
+// sum(y * dy), the scalar whose gradients the backward computes for an output y and its gradient dy.
+inline double dot(const std::vector<double>& y, const std::vector<float>& dy) {
+  double l = 0;
+  for (size_t i = 0; i < y.size(); ++i) l += y[i] * dy[i];
+  return l;
+}
+
 }  // namespace tpf

@@ -14,7 +14,27 @@
 
 namespace tpf::cuda::trimul {
 
-// Two adjacent 16-bit values, each rounded as from_float, in one 32-bit store (dst 4-byte aligned).
+template <typename T>
+__device__ __forceinline__ float to_f(T v) {
+  if constexpr (std::is_same_v<T, float>)
+    return v;
+  else if constexpr (std::is_same_v<T, __nv_bfloat16>)
+    return __bfloat162float(v);
+  else
+    return __half2float(v);
+}
+
+template <typename T>
+__device__ __forceinline__ T from_f(float v) {
+  if constexpr (std::is_same_v<T, float>)
+    return v;
+  else if constexpr (std::is_same_v<T, __nv_bfloat16>)
+    return __float2bfloat16_rn(v);
+  else
+    return __float2half_rn(v);
+}
+
+// Two adjacent 16-bit values, each rounded as from_f, in one 32-bit store (dst 4-byte aligned).
 template <typename T>
 __device__ __forceinline__ void store_pair(T* dst, float a, float b) {
   static_assert(sizeof(T) == 2, "16-bit types");
@@ -401,7 +421,7 @@ __device__ void load_channel_major_tile(const Params& p, const Tile& tile, const
 #pragma unroll
   for (int k = 0; k < kTileElemsPerThread; ++k) {
     const int c = c0 + kStep * k;
-    v[k] = (c < p.D && r < tile.n) ? src[tile.channel_major(p, c, r)] : from_float<T>(0.0f);
+    v[k] = (c < p.D && r < tile.n) ? src[tile.channel_major(p, c, r)] : from_f<T>(0.0f);
   }
 #pragma unroll
   for (int k = 0; k < kTileElemsPerThread; ++k) {

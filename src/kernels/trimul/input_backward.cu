@@ -111,7 +111,7 @@ __global__ void __launch_bounds__(kThreads, 2) input_backward_f32_kernel(const P
           for (int k = 0; k < kBatch; ++k) {
             const int c = q * kChunkChannels + cl0 + kStep * (k0 + k);
             dab[k] = (c < 2 * D && r < tile.n)
-                         ? to_float((c < D ? da : db)[tile.channel_major(p, c < D ? c : c - D, r)])
+                         ? to_f((c < D ? da : db)[tile.channel_major(p, c < D ? c : c - D, r)])
                          : 0.0f;
           }
 #pragma unroll
@@ -128,8 +128,8 @@ __global__ void __launch_bounds__(kThreads, 2) input_backward_f32_kernel(const P
             }
             s.c[r * kLdC + cl] = dp;
             s.c[r * kLdC + kChunkChannels + cl] = dg;
-            s.g[r * kLdG + cl] = from_float<T>(dp);
-            s.g[r * kLdG + kChunkChannels + cl] = from_float<T>(dg);
+            s.g[r * kLdG + cl] = from_f<T>(dp);
+            s.g[r * kLdG + kChunkChannels + cl] = from_f<T>(dg);
           }
         }
       }
@@ -168,8 +168,7 @@ __global__ void __launch_bounds__(kThreads, 2) input_backward_f32_kernel(const P
 #pragma unroll
         for (int e = 0; e < kPerLane; ++e) {
           const int c = lane + 32 * e;
-          v[k][e] =
-              (r < tile.n && c < D) ? dgo[(tile.row0 + r) * p.ld_dpg + c] : from_float<T>(0.0f);
+          v[k][e] = (r < tile.n && c < D) ? dgo[(tile.row0 + r) * p.ld_dpg + c] : from_f<T>(0.0f);
         }
       }
 #pragma unroll
@@ -211,7 +210,7 @@ __global__ void __launch_bounds__(kThreads, 2) input_backward_f32_kernel(const P
 #pragma unroll
         for (int e = 0; e < kPerLane; ++e) {
           const int c = lane + 32 * e;
-          if (c < D) dx_out[(tile.row0 + r) * D + c] = from_float<T>(dx[e]);
+          if (c < D) dx_out[(tile.row0 + r) * D + c] = from_f<T>(dx[e]);
         }
       }
     }

@@ -196,8 +196,8 @@ __global__ void __launch_bounds__(kThreads, kOccupancyCtas)
               if (D % 2 == 0) {
                 store_pair(dst + j * 2 * D, v[0], v[1]);
               } else {
-                dst[j * 2 * D] = from_float<T>(v[0]);
-                dst[j * 2 * D + 1] = from_float<T>(v[1]);
+                dst[j * 2 * D] = from_f<T>(v[0]);
+                dst[j * 2 * D + 1] = from_f<T>(v[1]);
               }
             }
           }
@@ -352,7 +352,7 @@ __global__ void __launch_bounds__(kThreads, kOccupancyCtas)
 #pragma unroll
         for (int e = 0; e < kPerLane; ++e) {
           const int c = lane + 32 * e;
-          if (c < D && r < tile.n) dx_out[(tile.row0 + r) * D + c] = from_float<T>(dx[e]);
+          if (c < D && r < tile.n) dx_out[(tile.row0 + r) * D + c] = from_f<T>(dx[e]);
         }
       }
     }

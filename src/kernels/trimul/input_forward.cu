@@ -78,7 +78,7 @@ __global__ void __launch_bounds__(kThreads, 2) input_forward_f32_kernel(const Pa
         const float pv = s.c[cl * kLdCT + r] + bias_p[k];
         const float gv = s.c[(kChunkChannels + cl) * kLdCT + r] + bias_g[k];
         T* dst = static_cast<T*>(c < D ? p.a : p.b);
-        dst[tile.channel_major(p, c < D ? c : c - D, r)] = from_float<T>(sigmoid(gv) * pv * m);
+        dst[tile.channel_major(p, c < D ? c : c - D, r)] = from_f<T>(sigmoid(gv) * pv * m);
       }
     } else {
       // Output gate logits, row-major: consecutive threads take consecutive channels.
@@ -87,7 +87,7 @@ __global__ void __launch_bounds__(kThreads, 2) input_forward_f32_kernel(const Pa
       for (int idx = threadIdx.x; idx < kRows * kChunkN; idx += kThreads) {
         const int r = idx / kChunkN, c = idx % kChunkN;
         if (c < D && r < tile.n)
-          go[(tile.row0 + r) * D + c] = from_float<T>(s.c[r * kLdC + c] + p.bias_out[D + c]);
+          go[(tile.row0 + r) * D + c] = from_f<T>(s.c[r * kLdC + c] + p.bias_out[D + c]);
       }
     }
   }
@@ -174,7 +174,7 @@ __global__ void __launch_bounds__(kThreads, kOccupancyCtas)
             const int r = Acc::row(i, e), cl = cl_base + 8 * h + (e & 1);
             const float pv = acc.acc[i][0][h][e] + bias[0][h][e & 1];
             const float gv = acc.acc[i][1][h][e] + bias[1][h][e & 1];
-            s.st[cl * kLdAB + r] = from_float<T>(sigmoid_fast(gv) * pv * s.mask[r]);
+            s.st[cl * kLdAB + r] = from_f<T>(sigmoid_fast(gv) * pv * s.mask[r]);
           }
       __syncthreads();
       store_staged_rows<kChunkChannels, kRows, true>(s.st, kLdAB, tile.n, [=](int cl) -> T* {

@@ -16,7 +16,7 @@ __device__ __forceinline__ float mask_value(const Params& p, int64_t i) {
     case kMaskF16: v = __half2float(static_cast<const __half*>(p.mask)[i]); break;
     default: v = __bfloat162float(static_cast<const __nv_bfloat16*>(p.mask)[i]); break;
   }
-  return to_float(from_float<T>(v));
+  return to_f(from_f<T>(v));
 }
 
 // x_ln of the tile's rows into X (zeros past the tile and past D); mask values per row. Warp w
@@ -36,7 +36,7 @@ __device__ inline void normalize_input_rows(const Params& p, const Tile& tile, T
 #pragma unroll
     for (int t = 0; t < kPerLane; ++t) {
       const int c = lane + 32 * t;
-      v[k][t] = (r < tile.n && c < D) ? to_float(x[(tile.row0 + r) * D + c]) : 0.0f;
+      v[k][t] = (r < tile.n && c < D) ? to_f(x[(tile.row0 + r) * D + c]) : 0.0f;
     }
     mv[k] = (masked && r < tile.n) ? mask_value<T>(p, tile.row0 + r) : 1.0f;
   }
@@ -49,8 +49,8 @@ __device__ inline void normalize_input_rows(const Params& p, const Tile& tile, T
       const int c = lane + 32 * t;
       if (c < p.Dp) {
         const bool valid = r < tile.n && c < D;
-        X[r * ldx + c] = from_float<T>(
-            valid ? (v[k][t] - st.mean) * st.rstd * p.ln_in_w[c] + p.ln_in_b[c] : 0.0f);
+        X[r * ldx + c] =
+            from_f<T>(valid ? (v[k][t] - st.mean) * st.rstd * p.ln_in_w[c] + p.ln_in_b[c] : 0.0f);
       }
     }
     if (lane == 0) {
@@ -74,7 +74,7 @@ __device__ inline void normalize_output_rows(const Params& p, const Tile& tile, 
 #pragma unroll
     for (int k = 0; k < kPerLane; ++k) {
       const int c = lane + 32 * k;
-      v[k] = c < D ? to_float(Z[r * ld + c]) : 0.0f;
+      v[k] = c < D ? to_f(Z[r * ld + c]) : 0.0f;
     }
     const RowStats st = row_stats(v, D, p.eps);
 #pragma unroll
@@ -83,7 +83,7 @@ __device__ inline void normalize_output_rows(const Params& p, const Tile& tile, 
       if (c >= p.Dp) continue;
       const bool valid = c < D && r < tile.n;
       const T zl =
-          from_float<T>(valid ? (v[k] - st.mean) * st.rstd * p.ln_out_w[c] + p.ln_out_b[c] : 0.0f);
+          from_f<T>(valid ? (v[k] - st.mean) * st.rstd * p.ln_out_w[c] + p.ln_out_b[c] : 0.0f);
       X[r * ld + c] = zl;
       if (valid && zln_out) zln_out[(tile.row0 + r) * D + c] = zl;
     }
@@ -106,7 +106,7 @@ __device__ __forceinline__ void load_warp_rows(const T* src, const Tile& tile, i
 #pragma unroll
     for (int e = 0; e < kPerLane; ++e) {
       const int c = lane + 32 * e;
-      v[k][e] = (r < tile.n && c < D) ? to_float(src[(tile.row0 + r) * D + c]) : 0.0f;
+      v[k][e] = (r < tile.n && c < D) ? to_f(src[(tile.row0 + r) * D + c]) : 0.0f;
     }
   }
 }

@@ -95,8 +95,8 @@ __global__ void __launch_bounds__(kThreads, 2) output_backward_f32_kernel(const 
           const int r = r_begin + b0 + k;
           const bool valid = col_valid && r < tile.n;
           const int64_t at = (tile.row0 + r) * D + col;
-          gv[k] = valid ? to_float(go[at]) : 0.0f;
-          dv[k] = valid ? to_float(dy[at]) : 0.0f;
+          gv[k] = valid ? to_f(go[at]) : 0.0f;
+          dv[k] = valid ? to_f(dy[at]) : 0.0f;
         }
 #pragma unroll
         for (int k = 0; k < kBatch; ++k) {
@@ -109,10 +109,10 @@ __global__ void __launch_bounds__(kThreads, 2) output_backward_f32_kernel(const 
             const float dgo = dv[k] * po * sg * (1.0f - sg);
             sum_bp += dpo;
             sum_bg += dgo;
-            dpo_out[(tile.row0 + r) * D + col] = from_float<T>(dpo);
-            dgo_out[(tile.row0 + r) * p.ld_dpg + col] = from_float<T>(dgo);
+            dpo_out[(tile.row0 + r) * D + col] = from_f<T>(dpo);
+            dgo_out[(tile.row0 + r) * p.ld_dpg + col] = from_f<T>(dgo);
           }
-          s.x[r * ld + col] = from_float<T>(dpo);
+          s.x[r * ld + col] = from_f<T>(dpo);
         }
       }
     }
@@ -134,7 +134,7 @@ __global__ void __launch_bounds__(kThreads, 2) output_backward_f32_kernel(const 
       for (int k = 0; k < kPerLane; ++k) {
         const int c = lane + 32 * k;
         dzl[k] = c < D ? s.c[r * kLdC + c] : 0.0f;
-        zhat[k] = c < D ? (to_float(s.z[r * ld + c]) - s.mean[r]) * s.rstd[r] : 0.0f;
+        zhat[k] = c < D ? (to_f(s.z[r * ld + c]) - s.mean[r]) * s.rstd[r] : 0.0f;
         sum_ln_w[k] += dzl[k] * zhat[k];
       }
       layer_norm_backward_row(dzl, zhat, p.ln_out_w, D, s.rstd[r], dz);
@@ -153,8 +153,7 @@ __global__ void __launch_bounds__(kThreads, 2) output_backward_f32_kernel(const 
 #pragma unroll 8
       for (int k = 0; k < kTileElemsPerThread; ++k) {
         const int c = c0 + kStep * k;
-        if (c < D && r < tile.n)
-          dz_out[tile.channel_major(p, c, r)] = from_float<T>(s.c[r * kLdC + c]);
+        if (c < D && r < tile.n) dz_out[tile.channel_major(p, c, r)] = from_f<T>(s.c[r * kLdC + c]);
       }
     }
     __syncthreads();
@@ -455,8 +454,8 @@ __global__ void __launch_bounds__(kThreads, kOccupancyCtas)
                 if (paired) {
                   store_pair(dst, dgo[0], dgo[1]);
                 } else {
-                  dst[0] = from_float<T>(dgo[0]);
-                  if (c + 1 < D) dst[1] = from_float<T>(dgo[1]);
+                  dst[0] = from_f<T>(dgo[0]);
+                  if (c + 1 < D) dst[1] = from_f<T>(dgo[1]);
                 }
               }
             }

@@ -57,7 +57,7 @@ __global__ void __launch_bounds__(kThreads, 2) output_forward_f32_kernel(const P
 #pragma unroll
   for (int k = 0; k < kIters; ++k) {
     const int r = r0 + kStep * k;
-    g[k] = (c < D && r < tile.n) ? to_float(go[(tile.row0 + r) * D + c]) : 0.0f;
+    g[k] = (c < D && r < tile.n) ? to_f(go[(tile.row0 + r) * D + c]) : 0.0f;
   }
   if (c >= D) return;
   const float bias = p.bias_out[c];
@@ -65,7 +65,7 @@ __global__ void __launch_bounds__(kThreads, 2) output_forward_f32_kernel(const P
   for (int k = 0; k < kIters; ++k) {
     const int r = r0 + kStep * k;
     if (r < tile.n)
-      y[(tile.row0 + r) * D + c] = from_float<T>(sigmoid(g[k]) * (s.c[r * kLdC + c] + bias));
+      y[(tile.row0 + r) * D + c] = from_f<T>(sigmoid(g[k]) * (s.c[r * kLdC + c] + bias));
   }
 }
 
@@ -126,7 +126,7 @@ __global__ void __launch_bounds__(kThreads, kOccupancyCtas)
     const int r = Acc::row(i, e), c = Acc::col(j, h, e);
     if (r < tile.n && c < D) {
       T* at = s.st + r * kLdSt + c;
-      *at = from_float<T>(sigmoid_fast(to_float(*at)) * (acc.acc[i][j][h][e] + bias[j][h][e & 1]));
+      *at = from_f<T>(sigmoid_fast(to_f(*at)) * (acc.acc[i][j][h][e] + bias[j][h][e & 1]));
     }
   });
   __syncthreads();

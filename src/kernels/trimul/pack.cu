@@ -12,7 +12,7 @@ namespace {
 // Element i of a weight of element type W, as a float (exact: W is at most 32 bits wide).
 template <typename W>
 __device__ __forceinline__ float weight_at(const void* w, int64_t i) {
-  return to_float(static_cast<const W*>(w)[i]);
+  return to_f(static_cast<const W*>(w)[i]);
 }
 
 // w_in block q < input_chunks, row t: Wp_in row q * kChunkChannels + t for t < kChunkChannels,
@@ -38,12 +38,12 @@ __global__ void pack_weights_kernel(const Params p, const PackArgs a) {
         v = weight_at<W>(a.g_out, t * D + c);
       }
     }
-    w_in[idx] = from_float<T>(v);
+    w_in[idx] = from_f<T>(v);
   }
   for (int64_t idx = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; idx < out_count;
        idx += stride) {
     const int64_t o = idx / Dp, c = idx % Dp;
-    w_out[idx] = from_float<T>(o < D && c < D ? weight_at<W>(a.p_out, o * D + c) : 0.0f);
+    w_out[idx] = from_f<T>(o < D && c < D ? weight_at<W>(a.p_out, o * D + c) : 0.0f);
   }
   for (int64_t idx = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; idx < 10 * D; idx += stride) {
     if (idx < 4 * D) {
@@ -94,7 +94,7 @@ __global__ void finish_backward_kernel(const FinishArgs a) {
   const int D = a.D;
   const int64_t g = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
   const double* sums = a.sums;
-  auto store = [](void* dst, int64_t i, float v) { static_cast<W*>(dst)[i] = from_float<W>(v); };
+  auto store = [](void* dst, int64_t i, float v) { static_cast<W*>(dst)[i] = from_f<W>(v); };
   auto weight = [](const void* w, int64_t i) { return double(weight_at<W>(w, i)); };
   const int64_t in_block = int64_t(2) * D * D, dw_in_count = int64_t(5) * D * D;
   if (g < dw_in_count) {

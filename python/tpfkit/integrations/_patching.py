@@ -228,6 +228,10 @@ class Integration:
         else:
             self.disable()
 
+    def functions(self) -> tuple[Callable, ...]:
+        """A client module's public functions: enable, disable, enabled, disabled, is_enabled."""
+        return self.enable, self.disable, self.enabled, self.disabled, self.is_enabled
+
     def installed(self) -> str:
         """'<distribution> <version>' of the package as imported, e.g. 'boltz-community 2.12.0'."""
         module = sys.modules.get(self.package)

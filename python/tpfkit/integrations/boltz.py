@@ -112,8 +112,4 @@ def _plan(it: Integration):
 
 _integration = Integration("boltz", ("boltz", "boltz-community"),
                            "boltz 2.2.1 and boltz-community 2.12.0", _plan)
-enable = _integration.enable
-disable = _integration.disable
-enabled = _integration.enabled
-disabled = _integration.disabled
-is_enabled = _integration.is_enabled
+enable, disable, enabled, disabled, is_enabled = _integration.functions()

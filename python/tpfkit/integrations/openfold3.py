@@ -123,8 +123,4 @@ def _plan(it: Integration):
 
 
 _integration = Integration("openfold3", ("openfold3",), "openfold3 0.5.0", _plan)
-enable = _integration.enable
-disable = _integration.disable
-enabled = _integration.enabled
-disabled = _integration.disabled
-is_enabled = _integration.is_enabled
+enable, disable, enabled, disabled, is_enabled = _integration.functions()

@@ -103,8 +103,4 @@ def _plan(it: Integration):
 
 
 _integration = Integration("protenix", ("protenix",), "protenix 2.0.0", _plan)
-enable = _integration.enable
-disable = _integration.disable
-enabled = _integration.enabled
-disabled = _integration.disabled
-is_enabled = _integration.is_enabled
+enable, disable, enabled, disabled, is_enabled = _integration.functions()

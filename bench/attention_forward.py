@@ -14,7 +14,8 @@ import sys
 import torch
 
 
-from tpfkit.benchmarks.attention import git_commit, make_inputs
+from tpfkit.benchmarks.attention import make_inputs
+from tpfkit.benchmarks.results import git_commit
 from tpfkit.benchmarks.attention_gpu import IMPLS  # the peers' layouts
 from tpfkit.benchmarks.timing import kernel_times, median_ms
 

@@ -39,7 +39,6 @@ import os
 import platform
 import shutil
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -221,18 +220,6 @@ def timed(fn) -> tuple[float, float]:
     return time.perf_counter() - t0, time.process_time() - c0
 
 
-def git_commit() -> str:
-    here = os.path.dirname(os.path.abspath(__file__))
-    try:
-        sha = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=here, capture_output=True,
-                             text=True, check=True).stdout.strip()
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=here,
-                               capture_output=True, text=True).stdout.strip()
-        return sha + ("-dirty" if dirty else "")
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
-
-
 def machine_name() -> str:
     cpu = platform.processor() or "cpu"
     try:
@@ -375,6 +362,9 @@ def main(argv=None) -> int:
         if not args.workdir:
             shutil.rmtree(base, ignore_errors=True)
 
+    from tpfkit.benchmarks.results import git_commit
+
+    commit = git_commit(os.path.dirname(os.path.abspath(__file__)), dirty=True)
     results, ratios = [], []
     for (codec, mode, system), values in rates.items():
         results.append({"codec": codec, "mode": mode, "system": system, "unit": "records/s",
@@ -386,7 +376,7 @@ def main(argv=None) -> int:
             ratios.append({"codec": codec, "mode": mode, **summarize(per),
                            "ratio_of_medians": statistics.median(ours) / statistics.median(theirs)})
     result = {
-        "benchmark": "store", "commit": git_commit(), "machine": machine_name(), "date": date,
+        "benchmark": "store", "commit": commit, "machine": machine_name(), "date": date,
         "python": platform.python_version(),
         "atompack_version": __import__("importlib.metadata").metadata.version("atompack-db"),
         "settings": {"records": args.records, "atoms": ATOMS, "codecs": codecs,

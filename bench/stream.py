@@ -382,16 +382,6 @@ def measure(python: str, impl: str, location: str, budget_mib: int, opts: argpar
 
 # ---------------------------------------------------------------------------------------------
 
-def git_commit() -> str:
-    if os.environ.get("TPF_COMMIT"):  # the GPU machine's copy has no .git (scripts/gpu-check)
-        return os.environ["TPF_COMMIT"]
-    try:
-        return subprocess.run(["git", "-C", REPO, "rev-parse", "--short", "HEAD"], capture_output=True,
-                              text=True, check=True).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
-
-
 def cpu_model() -> str:
     try:
         with open("/proc/cpuinfo") as f:
@@ -560,7 +550,9 @@ def main() -> int:
     rows, series, procs = [], {}, []
     machine = f"{args.machine} ({os.cpu_count()} cpus)"
     date = datetime.date.today().isoformat()
-    commit = git_commit()
+    from tpfkit.benchmarks.results import git_commit
+
+    commit = git_commit(REPO)
     work = tempfile.mkdtemp(prefix="tpf-bench-nginx-")
     nginx = h.Nginx(os.path.join(args.data_dir, "ds"), work, workers=args.nginx_workers).__enter__()
     try:

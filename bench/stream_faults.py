@@ -16,7 +16,6 @@ import json
 import os
 import platform
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -51,14 +50,6 @@ def epoch(url: str, reference: list[dict], seed: int, epoch_index: int, args) ->
                                      "multi_range_refused", "single_range_spells")}}
 
 
-def git_commit() -> str:
-    try:
-        return subprocess.run(["git", "-C", REPO, "rev-parse", "--short", "HEAD"], text=True,
-                              capture_output=True, check=True).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
-
-
 def plot(result: dict, path: str) -> None:
     import matplotlib
 
@@ -81,6 +72,7 @@ def plot(result: dict, path: str) -> None:
 
 def main() -> int:
     import stream_harness as h
+    from tpfkit.benchmarks.results import git_commit
 
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--shards", type=int, default=8)
@@ -114,7 +106,7 @@ def main() -> int:
     medians = {rate: statistics.median(r["records_per_s"] for r in rows) for rate, rows in runs.items()}
     result = {
         "benchmark": "stream_faults", "machine": platform.node(), "cpu_count": os.cpu_count(),
-        "commit": git_commit(), "date": datetime.date.today().isoformat(),
+        "commit": git_commit(REPO), "date": datetime.date.today().isoformat(),
         "records": len(reference), "shards": args.shards, "budget_mib": args.budget_mib,
         "fault_kinds": list(h.SOAK_FAULTS), "what": "one shuffled epoch per run, every record "
         "checked once and equal to what was written; records/s over the epoch; rates interleaved",

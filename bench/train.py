@@ -29,7 +29,7 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
-from tpfkit.benchmarks.attention import git_commit
+from tpfkit.benchmarks.results import git_commit
 from tpfkit.benchmarks.timing import kernel_times, print_kernel_times
 from tpfkit.nn import set_backend
 from tpfkit.train.data import load_chains

@@ -6,15 +6,11 @@ adds the GPU peers (SDPA, TriFast, cuEquivariance) and errors against FP64.
 from __future__ import annotations
 
 import argparse
-import datetime
-import json
-import os
-import platform
-import subprocess
 from typing import Callable, Optional
 
 import torch
 
+from tpfkit.benchmarks.results import default_dtype, write_json
 from tpfkit.benchmarks.timing import median_ms
 from tpfkit.ops.attention import triangle_attention
 from tpfkit.ops.torch_reference import triangle_attention_torch
@@ -56,19 +52,6 @@ def time_impl(fn: AttentionFn, inputs, device: torch.device, repeats: int) -> tu
             median_ms(forward_backward, device, repeats=repeats))
 
 
-def git_commit() -> str:
-    """The commit being measured: TPF_COMMIT (set by scripts/gpu-check on the GPU machine to the
-    commit its prebuilt kernels came from; that machine's copy of the tree may carry a stale .git),
-    else git's HEAD, else 'unknown'."""
-    if os.environ.get("TPF_COMMIT"):
-        return os.environ["TPF_COMMIT"]
-    try:
-        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
-                              text=True, check=True).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
-
-
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--sizes", type=int, nargs="+", default=[64, 128, 256], help="S (= N)")
     parser.add_argument("--head-dim", type=int, default=32)
@@ -81,8 +64,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace, extra_impls: Optional[dict[str, AttentionFn]] = None) -> int:
     device = torch.device(args.device)
-    dtype = getattr(torch, args.dtype) if args.dtype else (
-        torch.float32 if device.type == "cpu" else torch.bfloat16)
+    dtype = default_dtype(args, device)
     impls: dict[str, AttentionFn] = {
         "tpfkit": triangle_attention,
         "torch_eager": triangle_attention_torch,
@@ -99,8 +81,5 @@ def run(args: argparse.Namespace, extra_impls: Optional[dict[str, AttentionFn]] 
                          "fwd_bwd_ms": fwd_bwd})
             print(f"{name:<18}{S:>6}{fwd:>12.2f}{fwd_bwd:>14.2f}", flush=True)
     if args.json:
-        meta = {"commit": git_commit(), "date": datetime.date.today().isoformat(),
-                "machine": platform.node(), "device": str(device)}
-        with open(args.json, "w") as f:
-            json.dump([{**r, **meta} for r in rows], f, indent=1)
+        write_json(args.json, rows, device)
     return 0

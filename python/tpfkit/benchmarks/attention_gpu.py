@@ -18,7 +18,8 @@ import torch
 import torch.nn.functional as F
 
 import tpfkit as tpf
-from tpfkit.benchmarks.attention import git_commit, make_inputs
+from tpfkit.benchmarks.attention import make_inputs
+from tpfkit.benchmarks.results import git_commit
 from tpfkit.benchmarks.timing import median_ms
 from tpfkit.ops.torch_reference import triangle_attention_torch
 

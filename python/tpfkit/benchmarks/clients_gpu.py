@@ -56,7 +56,7 @@ import torch
 from tqdm import tqdm
 
 from tpfkit.benchmarks import breakdown
-from tpfkit.benchmarks.attention import git_commit
+from tpfkit.benchmarks.results import git_commit
 from tpfkit.benchmarks.clients import CLIENTS, MODULES, PATHS, widths
 
 PAD_FRACTION = 1 / 8

@@ -30,7 +30,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from tpfkit.benchmarks.attention import git_commit
+from tpfkit.benchmarks.results import git_commit
 from tpfkit.benchmarks.timing import median_ms
 
 IMPLS = ("single", "context_parallel")

@@ -8,14 +8,11 @@ the error against FP64.
 from __future__ import annotations
 
 import argparse
-import datetime
-import json
-import platform
 from typing import Callable, Optional
 
 import torch
 
-from tpfkit.benchmarks.attention import git_commit
+from tpfkit.benchmarks.results import default_dtype, write_json
 from tpfkit.benchmarks.timing import median_ms
 from tpfkit.ops.torch_reference import triangle_multiplicative_update_torch
 from tpfkit.ops.trimul import WEIGHT_NAMES, triangle_multiplicative_update
@@ -89,24 +86,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--dtype", default=None, help="float32 (CPU default) or bfloat16 (GPU default)")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--json", default=None, help="write one row per implementation and shape")
-
-
-def default_dtype(args: argparse.Namespace, device: torch.device) -> torch.dtype:
-    if args.dtype:
-        return getattr(torch, args.dtype)
-    return torch.float32 if device.type == "cpu" else torch.bfloat16
-
-
-def metadata(device: torch.device) -> dict:
-    gpu = torch.cuda.get_device_name(device) if device.type == "cuda" else None
-    return {"commit": git_commit(), "date": datetime.date.today().isoformat(),
-            "machine": platform.node(), "device": str(device), "gpu": gpu}
-
-
-def write_json(path: str, rows: list[dict], device: torch.device) -> None:
-    meta = metadata(device)
-    with open(path, "w") as f:
-        json.dump([{**r, **meta} for r in rows], f, indent=1)
 
 
 def run(args: argparse.Namespace, extra_impls: Optional[dict[str, TrimulFn]] = None) -> int:

@@ -27,7 +27,8 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
-from tpfkit.benchmarks.trimul import forward_backward_call, make_inputs, metadata, time_impl
+from tpfkit.benchmarks.results import metadata
+from tpfkit.benchmarks.trimul import forward_backward_call, make_inputs, time_impl
 from tpfkit.ops.torch_reference import triangle_multiplicative_update_torch
 from tpfkit.ops.trimul import triangle_multiplicative_update
 

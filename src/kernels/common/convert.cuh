@@ -4,36 +4,25 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
+#include <type_traits>
+
 namespace tpf::cuda {
 
-template <typename T>
-__device__ __forceinline__ float to_float(T x);
-template <>
-__device__ __forceinline__ float to_float(__nv_bfloat16 x) {
-  return __bfloat162float(x);
-}
-template <>
-__device__ __forceinline__ float to_float(__half x) {
-  return __half2float(x);
-}
-template <>
-__device__ __forceinline__ float to_float(float x) {
-  return x;
-}
+__device__ __forceinline__ float to_float(float x) { return x; }
+__device__ __forceinline__ float to_float(__half x) { return __half2float(x); }
+__device__ __forceinline__ float to_float(__nv_bfloat16 x) { return __bfloat162float(x); }
 
 template <typename T>
-__device__ __forceinline__ T from_float(float x);
-template <>
-__device__ __forceinline__ __nv_bfloat16 from_float(float x) {
-  return __float2bfloat16_rn(x);
-}
-template <>
-__device__ __forceinline__ __half from_float(float x) {
-  return __float2half_rn(x);
-}
-template <>
-__device__ __forceinline__ float from_float(float x) {
-  return x;
+__device__ __forceinline__ T from_float(float x) {
+  static_assert(
+      std::is_same_v<T, float> || std::is_same_v<T, __half> || std::is_same_v<T, __nv_bfloat16>,
+      "from_float: float, __half or __nv_bfloat16");
+  if constexpr (std::is_same_v<T, __nv_bfloat16>)
+    return __float2bfloat16_rn(x);
+  else if constexpr (std::is_same_v<T, __half>)
+    return __float2half_rn(x);
+  else
+    return x;
 }
 
 }  // namespace tpf::cuda

@@ -14,24 +14,14 @@
 
 namespace tpf::cuda::trimul {
 
+// kernels/common/convert.cuh's conversions, under this family's short names.
 template <typename T>
 __device__ __forceinline__ float to_f(T v) {
-  if constexpr (std::is_same_v<T, float>)
-    return v;
-  else if constexpr (std::is_same_v<T, __nv_bfloat16>)
-    return __bfloat162float(v);
-  else
-    return __half2float(v);
+  return to_float(v);
 }
-
 template <typename T>
 __device__ __forceinline__ T from_f(float v) {
-  if constexpr (std::is_same_v<T, float>)
-    return v;
-  else if constexpr (std::is_same_v<T, __nv_bfloat16>)
-    return __float2bfloat16_rn(v);
-  else
-    return __float2half_rn(v);
+  return from_float<T>(v);
 }
 
 // Two adjacent 16-bit values, each rounded as from_f, in one 32-bit store (dst 4-byte aligned).

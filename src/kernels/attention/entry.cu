@@ -26,11 +26,12 @@ bool rows_aligned(const TensorView& t, int row_dim) {
   return true;
 }
 
-AttentionForwardParams forward_params(const TensorView& q, const TensorView& k, const TensorView& v,
-                                      const TensorView& bias, const OptionalTensor& mask,
-                                      const TensorView& o, const TensorView& lse,
-                                      const OptionalTensor& residual, double scale,
-                                      const AttentionDims& d) {
+// The forward's tensors as both kernels see them (params.h), from the forward's or the backward's
+// arguments (both name them alike): the one place that fills them.
+template <class Args>
+AttentionForwardParams forward_params(const Args& a, const AttentionDims& d) {
+  const TensorView &q = a.q, &k = a.k, &v = a.v, &bias = a.bias, &o = a.o, &lse = a.lse;
+  const OptionalTensor &mask = a.mask, &residual = a.residual;
   AttentionForwardParams p{};
   p.q = q.data;
   p.k = k.data;
@@ -61,7 +62,7 @@ AttentionForwardParams forward_params(const TensorView& q, const TensorView& k, 
   p.H = int(d.H);
   p.Sq = int(d.Sq);
   p.Sk = int(d.Sk);
-  p.scale = float(scale);
+  p.scale = float(a.scale);
   p.qkv_aligned = rows_aligned(q, 3) && rows_aligned(k, 3) && rows_aligned(v, 3);
   p.bias_aligned = rows_aligned(bias, 2);
   return p;
@@ -76,19 +77,20 @@ bool available() {
 
 void attention_forward(const AttentionForwardArgs& a, const AttentionDims& d, void* stream) {
   DeviceGuard guard(a.q.device_index);
+  const AttentionForwardParams f = forward_params(a, d);
   void* ws = a.workspace(fwd90::forward_workspace_bytes(d.B, d.H, d.Sq, d.Sk));
   auto s = static_cast<cudaStream_t>(stream);
   if (a.q.dtype == DType::bf16)
-    fwd90::launch<__nv_bfloat16>(a, d, ws, s);
+    fwd90::launch<__nv_bfloat16>(f, a, d, ws, s);
   else
-    fwd90::launch<__half>(a, d, ws, s);
+    fwd90::launch<__half>(f, a, d, ws, s);
   check_launch("triangle attention forward");
 }
 
 void attention_backward(const AttentionBackwardArgs& a, const AttentionDims& d, void* stream) {
   DeviceGuard guard(a.q.device_index);
   AttentionBackwardParams p{};
-  p.fwd = forward_params(a.q, a.k, a.v, a.bias, a.mask, a.o, a.lse, a.residual, a.scale, d);
+  p.fwd = forward_params(a, d);
   p.dout = a.dout.data;
   p.dq = a.dq.data;
   p.dk = a.dk.data;

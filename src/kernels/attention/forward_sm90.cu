@@ -176,36 +176,18 @@ void launch_prepass(const AttentionForwardArgs& a, const AttentionDims& d, const
       reinterpret_cast<float4*>(out));
 }
 
+// The kernel's params: the tensors' fields as entry.cu filled them, and what this tile shape
+// derives (the TMA maps of k and v, the tile counts, the scale's forms).
 template <typename T, int DP>
-void launch_dp(const AttentionForwardArgs& a, const AttentionDims& d, void* workspace,
-               cudaStream_t stream) {
+void launch_dp(const AttentionForwardParams& f, const AttentionForwardArgs& a,
+               const AttentionDims& d, void* workspace, cudaStream_t stream) {
   using L = Layout<DP>;
   const bool fp16 = std::is_same_v<T, __half>;
   Params p{};
+  p.fwd = f;
   p.tma_k = key_tensor_map<DP>(a.k, fp16, "k", p.k_dims);
   p.tma_v = key_tensor_map<DP>(a.v, fp16, "v", p.v_dims);
   p.bias = static_cast<const float*>(workspace);
-  p.q = a.q.data;
-  p.q_stride = strides4(a.q);
-  p.mask = a.mask.present ? static_cast<const uint8_t*>(a.mask.view.data) : nullptr;
-  if (a.mask.present) {
-    p.mask_stride_b = a.mask.view.stride[0];
-    p.mask_stride_n = a.mask.view.stride[1];
-  }
-  p.o = a.o.data;
-  p.o_stride = strides4(a.o);
-  p.residual = a.residual.present ? a.residual.view.data : nullptr;
-  if (a.residual.present) p.residual_stride = strides4(a.residual.view);
-  p.lse = static_cast<float*>(a.lse.data);
-  p.lse_stride_b = a.lse.stride[0];
-  p.lse_stride_n = a.lse.stride[1];
-  p.lse_stride_h = a.lse.stride[2];
-  p.lse_stride_s = a.lse.stride[3];
-  p.B = int(d.B);
-  p.N = int(d.N);
-  p.H = int(d.H);
-  p.Sq = int(d.Sq);
-  p.Sk = int(d.Sk);
   p.D = int(d.D);
   p.q_blocks = int(ceil_div(d.Sq, kRows));
   p.key_tiles = int(ceil_div(d.Sk, kKeys));
@@ -231,24 +213,24 @@ void launch_dp(const AttentionForwardArgs& a, const AttentionDims& d, void* work
 }  // namespace
 
 template <typename T>
-void launch(const AttentionForwardArgs& a, const AttentionDims& d, void* workspace,
-            cudaStream_t stream) {
+void launch(const AttentionForwardParams& f, const AttentionForwardArgs& a, const AttentionDims& d,
+            void* workspace, cudaStream_t stream) {
   switch (padded_head_dim(int(d.D))) {
-    case 16: return launch_dp<T, 16>(a, d, workspace, stream);
-    case 32: return launch_dp<T, 32>(a, d, workspace, stream);
-    case 48: return launch_dp<T, 48>(a, d, workspace, stream);
-    case 64: return launch_dp<T, 64>(a, d, workspace, stream);
-    case 80: return launch_dp<T, 80>(a, d, workspace, stream);
-    case 96: return launch_dp<T, 96>(a, d, workspace, stream);
-    case 112: return launch_dp<T, 112>(a, d, workspace, stream);
-    case 128: return launch_dp<T, 128>(a, d, workspace, stream);
+    case 16: return launch_dp<T, 16>(f, a, d, workspace, stream);
+    case 32: return launch_dp<T, 32>(f, a, d, workspace, stream);
+    case 48: return launch_dp<T, 48>(f, a, d, workspace, stream);
+    case 64: return launch_dp<T, 64>(f, a, d, workspace, stream);
+    case 80: return launch_dp<T, 80>(f, a, d, workspace, stream);
+    case 96: return launch_dp<T, 96>(f, a, d, workspace, stream);
+    case 112: return launch_dp<T, 112>(f, a, d, workspace, stream);
+    case 128: return launch_dp<T, 128>(f, a, d, workspace, stream);
   }
   throw Error("the Hopper attention forward has no kernel for head dim " + std::to_string(d.D));
 }
 
-template void launch<__nv_bfloat16>(const AttentionForwardArgs&, const AttentionDims&, void*,
-                                    cudaStream_t);
-template void launch<__half>(const AttentionForwardArgs&, const AttentionDims&, void*,
-                             cudaStream_t);
+template void launch<__nv_bfloat16>(const AttentionForwardParams&, const AttentionForwardArgs&,
+                                    const AttentionDims&, void*, cudaStream_t);
+template void launch<__half>(const AttentionForwardParams&, const AttentionForwardArgs&,
+                             const AttentionDims&, void*, cudaStream_t);
 
 }  // namespace tpf::cuda::fwd90

@@ -33,32 +33,33 @@ template <typename T, int DP, int kPvBlocks>
 __device__ __forceinline__ void store_slice(const Params& p, int b, int n, int h, int row0,
                                             const float (&o)[kPvBlocks][4], const float (&m)[2],
                                             const float (&l_part)[2], int lane) {
-  if (n >= p.N) return;  // the same n for the whole CTA: no lane of the warp goes on alone
+  if (n >= p.fwd.N) return;  // the same n for the whole CTA: no lane of the warp goes on alone
   float l[2] = {l_part[0], l_part[1]};
   quad_row_sums(l);
-  T* out = static_cast<T*>(p.o) + b * p.o_stride.b + n * p.o_stride.n + h * p.o_stride.h;
-  __nv_bfloat16* res = p.residual
-                           ? static_cast<__nv_bfloat16*>(p.residual) + b * p.residual_stride.b +
-                                 n * p.residual_stride.n + h * p.residual_stride.h
-                           : nullptr;
+  T* out =
+      static_cast<T*>(p.fwd.o) + b * p.fwd.o_stride.b + n * p.fwd.o_stride.n + h * p.fwd.o_stride.h;
+  __nv_bfloat16* res =
+      p.fwd.residual ? static_cast<__nv_bfloat16*>(p.fwd.residual) + b * p.fwd.residual_stride.b +
+                           n * p.fwd.residual_stride.n + h * p.fwd.residual_stride.h
+                     : nullptr;
   const int col_pair = (lane & 3) * 2;
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
     const int row = row0 + (lane >> 2) + r * 8;
-    if (row >= p.Sq) continue;
+    if (row >= p.fwd.Sq) continue;
     const float sum = l[r];
     const float inv = sum > 0.f ? 1.f / sum : 0.f;
 #pragma unroll
     for (int i = 0; i < DP / 8; ++i) {
       const int col = i * 8 + col_pair;
       if (col >= p.D) break;  // D is a multiple of 8: both columns of the pair, or neither
-      store_o_pair<T>(out + row * p.o_stride.s + col,
-                      res ? res + row * p.residual_stride.s + col : nullptr, o[i][2 * r] * inv,
+      store_o_pair<T>(out + row * p.fwd.o_stride.s + col,
+                      res ? res + row * p.fwd.residual_stride.s + col : nullptr, o[i][2 * r] * inv,
                       o[i][2 * r + 1] * inv);
     }
-    if (p.lse && (lane & 3) == 0)
-      p.lse[b * p.lse_stride_b + n * p.lse_stride_n + h * p.lse_stride_h + row * p.lse_stride_s] =
-          sum > 0.f ? m[r] * p.scale_abs + logf(sum) : INFINITY;
+    if (p.fwd.lse && (lane & 3) == 0)
+      p.fwd.lse[b * p.fwd.lse_stride_b + n * p.fwd.lse_stride_n + h * p.fwd.lse_stride_h +
+                row * p.fwd.lse_stride_s] = sum > 0.f ? m[r] * p.scale_abs + logf(sum) : INFINITY;
   }
 }
 

@@ -36,9 +36,10 @@ __device__ __forceinline__ void load_mask_words(const Params& p, const Tile& t, 
     const int g = w / p.key_tiles, kt = w % p.key_tiles, n = t.n0 + g;
     const int k_lo = kt * kKeys + lane, k_hi = k_lo + 32;
     const uint8_t* mask =
-        p.mask ? p.mask + t.b * p.mask_stride_b + int64_t(n) * p.mask_stride_n : nullptr;
-    const bool ok_lo = n < p.N && k_lo < p.Sk && (mask == nullptr || mask[k_lo] != 0);
-    const bool ok_hi = n < p.N && k_hi < p.Sk && (mask == nullptr || mask[k_hi] != 0);
+        p.fwd.mask ? p.fwd.mask + t.b * p.fwd.mask_stride_b + int64_t(n) * p.fwd.mask_stride_n
+                   : nullptr;
+    const bool ok_lo = n < p.fwd.N && k_lo < p.fwd.Sk && (mask == nullptr || mask[k_lo] != 0);
+    const bool ok_hi = n < p.fwd.N && k_hi < p.fwd.Sk && (mask == nullptr || mask[k_hi] != 0);
     const uint32_t lo = __ballot_sync(0xffffffffu, ok_lo), hi = __ballot_sync(0xffffffffu, ok_hi);
     if (lane == 0) words[w] = uint64_t(lo) | uint64_t(hi) << 32;
   }
@@ -74,7 +75,7 @@ __device__ __forceinline__ void produce(const Params& p, const Tile& t, uint8_t*
   using L = Layout<DP>;
   uint64_t* full = reinterpret_cast<uint64_t*>(smem + L::kBarriers);
   uint64_t* empty = full + kStages;
-  const float* bias = p.bias + (int64_t(t.b * p.H + t.h) * p.q_blocks + t.q_block) *
+  const float* bias = p.bias + (int64_t(t.b * p.fwd.H + t.h) * p.q_blocks + t.q_block) *
                                    int64_t(p.key_tiles) * kBiasTileFloats;
   int i = 0;
   for (int kt = 0; kt < p.key_tiles; ++kt) {
@@ -108,11 +109,11 @@ __device__ __forceinline__ void produce(const Params& p, const Tile& t, uint8_t*
 template <typename T, int DP>
 __device__ __forceinline__ void load_q_fragments(const Params& p, int b, int n, int h, int row0,
                                                  int lane, uint32_t (&qf)[DP / 16][4]) {
-  const uint16_t* q = static_cast<const uint16_t*>(p.q) + b * p.q_stride.b +
-                      int64_t(n) * p.q_stride.n + h * p.q_stride.h;
+  const uint16_t* q = static_cast<const uint16_t*>(p.fwd.q) + b * p.fwd.q_stride.b +
+                      int64_t(n) * p.fwd.q_stride.n + h * p.fwd.q_stride.h;
   const int r0 = row0 + (lane >> 2), c0 = (lane & 3) * 2;
   auto at = [&](int row, int col) -> uint32_t {
-    return (n < p.N && row < p.Sq && col < p.D) ? q[row * p.q_stride.s + col] : 0u;
+    return (n < p.fwd.N && row < p.fwd.Sq && col < p.D) ? q[row * p.fwd.q_stride.s + col] : 0u;
   };
 #pragma unroll
   for (int ks = 0; ks < DP / 16; ++ks)
@@ -151,7 +152,7 @@ __device__ __forceinline__ void consume(const Params& p, const Tile& t, uint8_t*
     // in this order), conflict-free 16-byte loads.
     const float4* bias =
         reinterpret_cast<const float4*>(smem + s * L::kStageBytes) + (wg * 4 + warp) * 256 + lane;
-    const uint64_t valid = valid_keys(kt, p.Sk);
+    const uint64_t valid = valid_keys(kt, p.fwd.Sk);
 #pragma unroll
     for (int g = 0; g < L::G; ++g) {
       float sc[kKeys / 8][4];

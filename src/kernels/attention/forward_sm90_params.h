@@ -1,5 +1,6 @@
 // The one parameter struct of the Hopper forward kernel (forward_sm90.cu), passed by value as a
-// __grid_constant__ so that the TMA descriptors live in parameter space.
+// __grid_constant__ so that the TMA descriptors live in parameter space: the tensors' fields
+// (AttentionForwardParams, as the backward has them) and what this kernel's tiles derive from them.
 #pragma once
 #include <cuda.h>
 
@@ -16,18 +17,12 @@ struct Params {
   CUtensorMap tma_k;
   CUtensorMap tma_v;
   uint32_t k_dims, v_dims;
+  // The tensors as both attention kernels see them (q, mask, o, residual, lse, their strides, the
+  // sizes), filled by entry.cu's forward_params, the one place that fills them for the forward and
+  // the backward; this kernel reads k, v and the bias through tma_k, tma_v and `bias` instead.
+  AttentionForwardParams fwd;
   const float* bias;  // the pre-pass's output (forward_workspace_bytes): fp32, fragment order
-  const void* q;      // [B, N, H, Sq, D], any strides (read once per CTA into registers)
-  Strides4 q_stride;
-  const uint8_t* mask;  // [B, N, Sk] or nullptr
-  int64_t mask_stride_b, mask_stride_n;
-  void* o;
-  Strides4 o_stride;
-  void* residual;  // bf16, or nullptr
-  Strides4 residual_stride;
-  float* lse;  // [B, N, H, Sq], or nullptr
-  int64_t lse_stride_b, lse_stride_n, lse_stride_h, lse_stride_s;
-  int B, N, H, Sq, Sk, D;
+  int D;
   int q_blocks, key_tiles, slice_groups;
   float
       score_log2;  // |scale| log2(e): exponent of a score in acc units (acc = q.k + bias / |scale|)

@@ -15,11 +15,11 @@ __device__ __forceinline__ Tile tile_of_cta(const Params& p) {
   Tile t;
   t.n0 = blockIdx.x * G;
   t.q_block = blockIdx.y;
-  t.b = blockIdx.z / p.H;
-  t.h = blockIdx.z % p.H;
+  t.b = blockIdx.z / p.fwd.H;
+  t.h = blockIdx.z % p.fwd.H;
   return t;
 }
 
-inline dim3 grid_of(const Params& p) { return dim3(p.slice_groups, p.q_blocks, p.B * p.H); }
+inline dim3 grid_of(const Params& p) { return dim3(p.slice_groups, p.q_blocks, p.fwd.B * p.fwd.H); }
 
 }  // namespace tpf::cuda::fwd90

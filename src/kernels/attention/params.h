@@ -15,7 +15,8 @@ inline Strides4 strides4(const TensorView& t) {
   return {t.stride[0], t.stride[1], t.stride[2], t.stride[3]};
 }
 
-// The backward's view of the forward's tensors (the Hopper forward has its own, forward_sm90_params.h).
+// The forward's tensors as both kernels see them: the Hopper forward's Params (forward_sm90_params.h)
+// and the backward's hold one, filled by entry.cu's forward_params.
 struct AttentionForwardParams {
   const void* q;
   const void* k;

@@ -10,7 +10,7 @@ from typing import Callable, Optional
 
 import torch
 
-from tpfkit.benchmarks.results import default_dtype, write_json
+from tpfkit.benchmarks.results import add_run_arguments, default_dtype, write_json
 from tpfkit.benchmarks.timing import median_ms
 from tpfkit.ops.attention import triangle_attention
 from tpfkit.ops.torch_reference import triangle_attention_torch
@@ -56,10 +56,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--sizes", type=int, nargs="+", default=[64, 128, 256], help="S (= N)")
     parser.add_argument("--head-dim", type=int, default=32)
     parser.add_argument("--heads", type=int, default=4)
-    parser.add_argument("--device", default="cpu")
-    parser.add_argument("--dtype", default=None, help="float32 (CPU default) or bfloat16 (GPU default)")
-    parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--json", default=None, help="write one row per implementation and size")
+    add_run_arguments(parser)
 
 
 def run(args: argparse.Namespace, extra_impls: Optional[dict[str, AttentionFn]] = None) -> int:

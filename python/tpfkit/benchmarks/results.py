@@ -32,6 +32,15 @@ def git_commit(repo: Optional[str] = None, dirty: bool = False) -> str:
     return sha
 
 
+def add_run_arguments(parser: argparse.ArgumentParser) -> None:
+    """The arguments every op benchmark takes: where (--device, --dtype), how long (--repeats) and
+    where its rows go (--json); default_dtype reads --dtype."""
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--dtype", default=None, help="float32 (CPU default) or bfloat16 (GPU default)")
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--json", default=None, help="write one row per implementation and shape")
+
+
 def default_dtype(args: argparse.Namespace, device: torch.device) -> torch.dtype:
     """--dtype, else float32 on the CPU and bfloat16 on GPUs."""
     if args.dtype:

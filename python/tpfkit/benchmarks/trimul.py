@@ -12,7 +12,7 @@ from typing import Callable, Optional
 
 import torch
 
-from tpfkit.benchmarks.results import default_dtype, write_json
+from tpfkit.benchmarks.results import add_run_arguments, default_dtype, write_json
 from tpfkit.benchmarks.timing import median_ms
 from tpfkit.ops.torch_reference import triangle_multiplicative_update_torch
 from tpfkit.ops.trimul import WEIGHT_NAMES, triangle_multiplicative_update
@@ -82,10 +82,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--dims", type=int, nargs="+", default=[32], help="D")
     parser.add_argument("--directions", nargs="+", default=["outgoing", "incoming"],
                         choices=["outgoing", "incoming"])
-    parser.add_argument("--device", default="cpu")
-    parser.add_argument("--dtype", default=None, help="float32 (CPU default) or bfloat16 (GPU default)")
-    parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--json", default=None, help="write one row per implementation and shape")
+    add_run_arguments(parser)
 
 
 def run(args: argparse.Namespace, extra_impls: Optional[dict[str, TrimulFn]] = None) -> int:

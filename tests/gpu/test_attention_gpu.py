@@ -10,8 +10,8 @@ from tpfkit.ops.torch_reference import triangle_attention_torch
 
 from accuracy import assert_accurate
 from attention_cases import (BAD_INPUTS, GRADS, ROUNDINGS_16BIT, attention_finite_rows_torch, check_fa3_rule,
-                             make_case, max_err, reference_fp64, run_with_grads,
-                             with_minus_inf_bias)
+                             make_case, max_err, reference_fp64, residual_squared_errors,
+                             run_with_grads, with_minus_inf_bias)
 from conftest import poison_allocator
 
 DTYPES = [torch.bfloat16, torch.float16]
@@ -222,17 +222,8 @@ def check_fp64_and_repeatable(q, k, v, bias, mask, grad, dtype, context,
 
 
 def test_residual_lowers_gradient_error(seed):
-    g = torch.Generator().manual_seed(seed)
-    sq = {name: [0.0, 0.0] for name in GRADS}
-    for _ in range(3):
-        q, k, v, bias, mask, grad = make_case(1, 64, 4, 128, 32, torch.bfloat16, "cuda", g)
-        ref = reference_fp64(q, k, v, bias, mask, grad, 1 / math.sqrt(32))
-        a = run_with_grads(tpf.triangle_attention, q, k, v, bias, mask, grad, residual=True)
-        b = run_with_grads(tpf.triangle_attention, q, k, v, bias, mask, grad, residual=False)
-        for name in GRADS:
-            sq[name][0] += (a[name].double().cpu() - ref[name]).square().sum().item()
-            sq[name][1] += (b[name].double().cpu() - ref[name]).square().sum().item()
-    red = {n: 1 - math.sqrt(x / y) for n, (x, y) in sq.items()}
+    sq = residual_squared_errors(64, 128, "cuda", torch.Generator().manual_seed(seed))
+    red = {n: 1 - math.sqrt(x / y) for n, (x, y, _) in sq.items()}
     print("GPU residual error reduction:", {n: f"{100 * r:.1f}%" for n, r in red.items()})
     for name in ("dq", "dk", "dbias"):
         assert red[name] > 0, (name, red)

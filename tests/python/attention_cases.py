@@ -7,6 +7,7 @@ import math
 import torch
 
 from accuracy import assert_accurate, largest, max_error
+import tpfkit as tpf
 from tpfkit import _C
 from tpfkit.ops.torch_reference import triangle_attention_torch
 
@@ -51,6 +52,23 @@ def run_with_grads(fn, q, k, v, bias, mask, grad, **kwargs):
     o = fn(*leaves, mask, **kwargs)
     o.backward(grad)
     return {"o": o.detach(), **{name: t.grad for name, t in zip(GRADS, leaves)}}
+
+
+def residual_squared_errors(N, S, device, generator, cases=3):
+    """Output-residual compensation's effect on bfloat16 gradients (B 1, H 4, D 32): per gradient,
+    the squared error against FP64 with it, without it, and of FP64 rounded once to bfloat16 (the
+    floor), each summed over `cases` cases."""
+    sq = {name: [0.0, 0.0, 0.0] for name in GRADS}
+    for _ in range(cases):
+        q, k, v, bias, mask, grad = make_case(1, N, 4, S, 32, torch.bfloat16, device, generator)
+        ref = reference_fp64(q, k, v, bias, mask, grad, 1 / math.sqrt(32))
+        with_r = run_with_grads(tpf.triangle_attention, q, k, v, bias, mask, grad, residual=True)
+        without = run_with_grads(tpf.triangle_attention, q, k, v, bias, mask, grad, residual=False)
+        for name in GRADS:
+            sq[name][0] += (with_r[name].double().cpu() - ref[name]).square().sum().item()
+            sq[name][1] += (without[name].double().cpu() - ref[name]).square().sum().item()
+            sq[name][2] += (ref[name].to(torch.bfloat16).double() - ref[name]).square().sum().item()
+    return sq
 
 
 def with_minus_inf_bias(bias, kind):

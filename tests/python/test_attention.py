@@ -11,7 +11,7 @@ from tpfkit.ops.attention import _attention_bwd, _attention_fwd
 from tpfkit.ops.torch_reference import triangle_attention_torch
 
 from attention_cases import (BAD_INPUTS, GRADS, bad_input_message, attention_finite_rows_torch, check_fa3_rule, make_case, max_err,
-                             reference_fp64, run_with_grads, with_minus_inf_bias)
+                             reference_fp64, residual_squared_errors, run_with_grads, with_minus_inf_bias)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
@@ -85,17 +85,7 @@ def test_residual_lowers_gradient_error(seed):
 
     Reports the reduction of the total error and of the error above the floor that rounding the
     FP64 gradient once to bfloat16 sets (the part the algorithm controls)."""
-    g = torch.Generator().manual_seed(seed)
-    sq = {name: [0.0, 0.0, 0.0] for name in GRADS}  # squared errors: with, without, rounding floor
-    for _ in range(3):
-        q, k, v, bias, mask, grad = make_case(1, 16, 4, 64, 32, torch.bfloat16, "cpu", g)
-        ref = reference_fp64(q, k, v, bias, mask, grad, 1 / math.sqrt(32))
-        with_r = run_with_grads(tpf.triangle_attention, q, k, v, bias, mask, grad, residual=True)
-        without = run_with_grads(tpf.triangle_attention, q, k, v, bias, mask, grad, residual=False)
-        for name in GRADS:
-            sq[name][0] += (with_r[name].double() - ref[name]).square().sum().item()
-            sq[name][1] += (without[name].double() - ref[name]).square().sum().item()
-            sq[name][2] += (ref[name].to(torch.bfloat16).double() - ref[name]).square().sum().item()
+    sq = residual_squared_errors(16, 64, "cpu", torch.Generator().manual_seed(seed))
     total = {n: 1 - math.sqrt(a / b) for n, (a, b, _) in sq.items()}
     excess = {n: 1 - math.sqrt(max(a - f, 0) / max(b - f, 1e-300)) for n, (a, b, f) in sq.items()}
     print("residual: error reduction, total:", {n: f"{100 * r:.1f}%" for n, r in total.items()},

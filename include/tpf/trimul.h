@@ -68,6 +68,15 @@ struct TrimulBackwardArgs {
   Allocator workspace;  // required for CUDA tensors
 };
 
+// The backward's arguments over a forward's: the same x, mask, weights, direction, eps and saved
+// tensors; the caller adds dy, dx, the weights' gradients and the workspace.
+inline TrimulBackwardArgs backward_args_of(const TrimulForwardArgs& f) {
+  TrimulBackwardArgs b;
+  b.x = f.x, b.mask = f.mask, b.w = f.w, b.outgoing = f.outgoing, b.eps = f.eps;
+  b.saved = f.saved;
+  return b;
+}
+
 struct TrimulDims {
   int64_t B, S, D;
 };

@@ -56,14 +56,21 @@ TrimulSaved saved_of(const Array& a, const Array& b, const Array& z, const Array
   return TrimulSaved{view_of(a, "a"), view_of(b, "b"), view_of(z, "z"), view_of(go, "go")};
 }
 
-TrimulForwardArgs forward_args(const Array& x, const OptArray& mask, const ArrayList& weights,
-                               bool outgoing, double eps, const Array& y) {
+// The forward's arguments less y (and the saved tensors): the backward's are built over them.
+TrimulForwardArgs shared_args(const Array& x, const OptArray& mask, const ArrayList& weights,
+                              bool outgoing, double eps) {
   TrimulForwardArgs a;
   a.x = view_of(x, "x");
   a.mask = optional_view_of(mask, "mask");
   a.w = weights_of(weights, "");
   a.outgoing = outgoing;
   a.eps = eps;
+  return a;
+}
+
+TrimulForwardArgs forward_args(const Array& x, const OptArray& mask, const ArrayList& weights,
+                               bool outgoing, double eps, const Array& y) {
+  TrimulForwardArgs a = shared_args(x, mask, weights, outgoing, eps);
   a.y = view_of(y, "y");
   return a;
 }
@@ -71,12 +78,7 @@ TrimulForwardArgs forward_args(const Array& x, const OptArray& mask, const Array
 TrimulBackwardArgs backward_args(const Array& x, const OptArray& mask, const ArrayList& weights,
                                  bool outgoing, double eps, const Array& dy, const Array& dx,
                                  const ArrayList& grads) {
-  TrimulBackwardArgs a;
-  a.x = view_of(x, "x");
-  a.mask = optional_view_of(mask, "mask");
-  a.w = weights_of(weights, "");
-  a.outgoing = outgoing;
-  a.eps = eps;
+  TrimulBackwardArgs a = backward_args_of(shared_args(x, mask, weights, outgoing, eps));
   a.dy = view_of(dy, "grad_out");
   a.dx = view_of(dx, "dx");
   a.dw = weights_of(grads, "d_");

@@ -128,13 +128,7 @@ std::vector<TensorView*> views_of(TrimulWeights& w) {
 // the weights' gradients (the biases' where p has them).
 template <typename T>
 TrimulBackwardArgs backward_args(Problem& p, Outputs<T>& out) {
-  const TrimulForwardArgs f = forward_args(p, out);
-  TrimulBackwardArgs b;
-  b.x = f.x;
-  b.mask = f.mask;
-  b.w = f.w;
-  b.outgoing = f.outgoing;
-  b.saved = f.saved;
+  TrimulBackwardArgs b = backward_args_of(forward_args(p, out));
   b.dy = p.x_like(p.dy.data(), DType::f32);
   b.dx = p.x_like(out.dx.data(), out.dt);
   b.dw = b.w;  // present where the biases are

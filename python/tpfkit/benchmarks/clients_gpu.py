@@ -366,6 +366,13 @@ def plot(rows: list[dict], path: Path, title: str) -> None:
     plt.close(fig)
 
 
+def print_rows(rows: list[dict], title: str) -> None:
+    """One line a row (client, N, path order), under `title`."""
+    print(f"\nsummary ({title}):")
+    for r in sorted(rows, key=lambda r: (r["client"], r["N"], PATHS.index(r["path"]))):
+        print(f"  {r['client']:9s} N={r['N']:5d} {r['path']:15s} {describe(r)}")
+
+
 def print_breakdown(rows: list[dict]) -> None:
     """The --breakdown table (ms and share of the step per class) and the largest unknown names."""
     for r in rows:
@@ -438,10 +445,8 @@ def run(args: argparse.Namespace) -> int:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps({"meta": meta, "rows": rows}, indent=1))
     if args.module:
-        print(f"\nsummary ({args.module} alone, fwd + bwd: median step, peak memory, gradients "
-              f"bitwise the same in every timed step):")
-        for r in sorted(rows, key=lambda r: (r["client"], r["N"], PATHS.index(r["path"]))):
-            print(f"  {r['client']:9s} N={r['N']:5d} {r['path']:15s} {describe(r)}")
+        print_rows(rows, f"{args.module} alone, fwd + bwd: median step, peak memory, gradients "
+                         f"bitwise the same in every timed step")
         print("\nours against cuEquivariance:")
         for line in module_lines(rows):
             print("  " + line)
@@ -450,9 +455,7 @@ def run(args: argparse.Namespace) -> int:
     if args.plot:
         plot(rows, args.plot, f"client PairFormer stacks (4 blocks, bf16 autocast), {gpu}, "
                               f"{meta['commit']}")
-    print("\nsummary (median step, peak memory, gradients bitwise the same in every timed step):")
-    for r in sorted(rows, key=lambda r: (r["client"], r["N"], PATHS.index(r["path"]))):
-        print(f"  {r['client']:9s} N={r['N']:5d} {r['path']:15s} {describe(r)}")
+    print_rows(rows, "median step, peak memory, gradients bitwise the same in every timed step")
     print("\nacceptance (issue 21):")
     for line in acceptance(rows):
         print("  " + line)

@@ -32,7 +32,7 @@ namespace {
 
 template <typename T, int D, typename BT>
 __global__ void __launch_bounds__(kBwdThreads, 1)
-    attention_backward_sm90_kernel(const AttentionBackwardParams p, int group_begin,
+    attention_backward_sm90_kernel(const AttentionBackwardParams p, int group_begin, int groups,
                                    int chunk_first_slice) {
   using S = Sm90BackwardSmem<T, D, BT>;
   extern __shared__ __align__(128) uint8_t smem_raw[];
@@ -40,7 +40,7 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
   const AttentionForwardParams& f = p.fwd;
   const Sm90BackwardGrid grid = sm90_backward_grid(f.N, f.Sq, f.Sk, S::A);
   const Sm90BackwardBlock blk =
-      sm90_backward_block(blockIdx.x, group_begin, f.B, f.H, grid.key_blocks);
+      sm90_backward_block(blockIdx.x, group_begin, groups, f.B, f.H, grid.key_blocks);
 
   if (threadIdx.x == 0) {
     mbar_init(&sm.kv_full, kBwdLoadThreads);
@@ -93,7 +93,7 @@ void launch(const AttentionBackwardParams& p, const Sm90BackwardWorkspace& w, cu
   for (int g0 = 0; g0 < grid.groups; g0 += groups_per_chunk) {
     const int groups = min(groups_per_chunk, grid.groups - g0);
     const int64_t blocks = int64_t(groups) * f.B * f.H * grid.key_blocks;
-    kernel<<<unsigned(blocks), kBwdThreads, smem, stream>>>(p, g0, g0 * S::A);
+    kernel<<<unsigned(blocks), kBwdThreads, smem, stream>>>(p, g0, groups, g0 * S::A);
   }
   const int64_t sq_pad = int64_t(grid.query_tiles) * kTileQ,
                 sk_pad = int64_t(grid.key_blocks) * kBwdKeyBlock;

@@ -2,6 +2,7 @@
 // the cross-CTA sums rely on) and its workspace, shared by the host launcher, the workspace query and
 // the kernel. Host and device code; nothing here launches anything.
 #pragma once
+#include <cuda.h>
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -92,6 +93,16 @@ __device__ inline Sm90BackwardBlock sm90_backward_block(int block, int group_beg
   c.h = rest % H;
   return c;
 }
+
+// ---- TMA ---------------------------------------------------------------------------------------------
+// q, k, v and dO as 5-d TMA maps (tma.cuh) with a box of 64 rows x 8 features: one column block
+// of the no-swizzle core-matrix layout that the wgmma descriptors read (64 rows of 16 bytes), so
+// a 64-row tile of D features is D / 8 boxes. Features past the tensors' D and rows past S read
+// as zero. Built by the launcher; a __grid_constant__ kernel argument.
+struct Sm90BackwardMaps {
+  CUtensorMap q, k, v, dout;
+  uint32_t q_dims, k_dims, v_dims, dout_dims;
+};
 
 // ---- workspace --------------------------------------------------------------------------------------
 // delta [B][N][H][Sq]; dq_acc [chunk slices][B][H][Sq_pad][D] (Sq_pad: whole 64-query tiles);

@@ -1,6 +1,6 @@
 #include "core/checks.h"
 
-#include <sstream>
+#include <charconv>
 #include <string>
 
 #include "tpf/error.h"
@@ -37,10 +37,10 @@ void check_contiguous(const TensorView& t, const char* name) {
   TPF_CHECK(t.is_contiguous(), std::string(name) + " must be contiguous");
 }
 
-std::string number(double x) {
-  std::ostringstream os;
-  os << x;
-  return os.str();
+std::string number(double x) {  // as %g writes it, without a stream (see shape_string)
+  char buf[32];
+  const auto r = std::to_chars(buf, buf + sizeof buf, x, std::chars_format::general, 6);
+  return std::string(buf, r.ptr);
 }
 
 std::string device_name(const TensorView& t) {

@@ -1,7 +1,5 @@
 #include "tpf/tensor.h"
 
-#include <sstream>
-
 #include "tpf/error.h"
 
 namespace tpf {
@@ -15,12 +13,13 @@ bool TensorView::is_contiguous() const {
   return true;
 }
 
+// No iostreams in messages: a module built where the compiler links part of libstdc++ statically
+// (e.g. a devtoolset GCC) crashed formatting an integer through a stream on the GPU machine,
+// inside the very error it was reporting.
 std::string TensorView::shape_string() const {
-  std::ostringstream os;
-  os << '[';
-  for (int i = 0; i < ndim; ++i) os << (i ? ", " : "") << shape[i];
-  os << ']';
-  return os.str();
+  std::string s = "[";
+  for (int i = 0; i < ndim; ++i) s += (i ? ", " : "") + std::to_string(shape[i]);
+  return s + "]";
 }
 
 TensorView make_view(void* data, DType dtype, std::initializer_list<int64_t> shape, Device device) {

@@ -123,6 +123,15 @@ std::string strides_string(const TensorView& t) {
   return r + "]";
 }
 
+// The CUDA kernels' TMA copies of t: a 16-byte aligned start, every stride a multiple of 16 bytes.
+void check_tma_ready(const TensorView& t, const char* name, const char* kernel) {
+  TPF_CHECK(cuda::attention_tma_ready(t),
+            std::string(name) + " must start on a 16-byte boundary with every stride a multiple " +
+                "of 16 bytes for the CUDA " + kernel + " (its TMA copies), got strides " +
+                strides_string(t) + " of " + std::to_string(dtype_size(t.dtype)) +
+                "-byte elements");
+}
+
 // What the CUDA kernels take beyond the checks above (the tensors' device is made current there).
 void check_cuda(const TensorView& q, const AttentionDims& d, bool forward) {
   TPF_CHECK(q.dtype == DType::bf16 || q.dtype == DType::f16,
@@ -162,13 +171,7 @@ AttentionForwardArgs validated(const AttentionForwardArgs& a, Path path, Attenti
     TPF_CHECK(n.lse.dtype == DType::f32,
               std::string("lse must be float32 for CUDA tensors, got ") + dtype_name(n.lse.dtype));
     for (const auto& [t, name] : {std::pair{&n.k, "k"}, {&n.v, "v"}})
-      TPF_CHECK(cuda::attention_tma_ready(*t),
-                std::string(name) +
-                    " must start on a 16-byte boundary with every stride a "
-                    "multiple of 16 bytes for the CUDA forward (its TMA copies), "
-                    "got strides " +
-                    strides_string(*t) + " of " + std::to_string(dtype_size(t->dtype)) +
-                    "-byte elements");
+      check_tma_ready(*t, name, "forward");
     TPF_CHECK(static_cast<bool>(n.workspace),
               "workspace (an allocator) is required for CUDA tensors");
   }
@@ -200,6 +203,9 @@ AttentionBackwardArgs validated(const AttentionBackwardArgs& a, Path path, Atten
          {std::pair{&n.dout, "grad_out"}, {&n.dq, "dq"}, {&n.dk, "dk"}, {&n.dv, "dv"}})
       check_same_dtype(*t, n.q, name, "q");
     check_same_dtype(n.dbias, n.bias, "dbias", "bias");  // a float32 bias's gradient is float32
+    for (const auto& [t, name] :
+         {std::pair{&n.q, "q"}, {&n.k, "k"}, {&n.v, "v"}, {&n.dout, "grad_out"}})
+      check_tma_ready(*t, name, "backward");
     TPF_CHECK(static_cast<bool>(n.workspace),
               "workspace (an allocator) is required for CUDA tensors");
   }

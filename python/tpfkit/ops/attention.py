@@ -117,7 +117,7 @@ def _setup_context(ctx, inputs, output):
 def _backward(bwd):  # through the backward custom op (torch.compile) or its body (eager)
     def backward(ctx, grad_o, grad_lse, grad_residual):
         s = load_named(ctx)
-        dq, dk, dv, dbias = bwd(inner_contiguous(grad_o), s.q, s.k, s.v, s.bias, s.mask, s.o,
+        dq, dk, dv, dbias = bwd(_tma_rows(grad_o), s.q, s.k, s.v, s.bias, s.mask, s.o,
                                 s.lse, s.residual, ctx.scale)
         return dq, dk, dv, dbias, None, None, None
     return backward
@@ -171,15 +171,17 @@ def _cueq_forms(q, k, v, bias, mask):
 
 
 def _tma_rows(x: torch.Tensor) -> torch.Tensor:
-    """x as the CUDA forward's TMA copies need it (start and every stride on 16 bytes), copied
-    only when it is not."""
+    """x as the CUDA kernels' TMA copies need it (start and every stride on 16 bytes: q, k, v and
+    the output gradient), copied only when it is not. The start is judged by the storage offset
+    (PyTorch's allocations start on 256 bytes), which traced (fake) tensors also have."""
     x = inner_contiguous(x)
     if not x.is_cuda:
         return x
     item = x.element_size()
-    if x.data_ptr() % 16 == 0 and all(s * item % 16 == 0 for s in x.stride()[:-1]):
+    if x.storage_offset() * item % 16 == 0 and all(s * item % 16 == 0 for s in x.stride()[:-1]):
         return x
-    return x.contiguous() if x.shape[-1] * item % 16 == 0 else x
+    # A copy (contiguous() would return x itself where only its start is off).
+    return x.clone(memory_format=torch.contiguous_format) if x.shape[-1] * item % 16 == 0 else x
 
 
 def _run(q, k, v, bias, mask, scale, residual):
@@ -197,7 +199,7 @@ def _run(q, k, v, bias, mask, scale, residual):
                None if mask is None else inner_contiguous(mask), scale)
         return triangle_attention_torch(q, k, v, bias, mask, scale)
     o, _, _ = _attention_call(
-        inner_contiguous(q), _tma_rows(k), _tma_rows(v), inner_contiguous(bias),
+        _tma_rows(q), _tma_rows(k), _tma_rows(v), inner_contiguous(bias),
         None if mask is None else inner_contiguous(mask), scale,
         bool(residual) and _needs_grad(q, k, v, bias))
     return o

@@ -20,11 +20,13 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <type_traits>
 
 #include "kernels/attention/backward_preprocess.cuh"
 #include "kernels/attention/backward_sm90.h"
 #include "kernels/attention/backward_sm90_epilogue.cuh"
 #include "kernels/attention/backward_sm90_mainloop.cuh"
+#include "kernels/attention/tma.cuh"
 #include "kernels/common/wgmma.cuh"
 
 namespace tpf::cuda {
@@ -32,7 +34,8 @@ namespace {
 
 template <typename T, int D, typename BT>
 __global__ void __launch_bounds__(kBwdThreads, 1)
-    attention_backward_sm90_kernel(const AttentionBackwardParams p, int group_begin,
+    attention_backward_sm90_kernel(const __grid_constant__ Sm90BackwardMaps maps,
+                                   const AttentionBackwardParams p, int group_begin, int groups,
                                    int chunk_first_slice) {
   using S = Sm90BackwardSmem<T, D, BT>;
   extern __shared__ __align__(128) uint8_t smem_raw[];
@@ -40,7 +43,7 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
   const AttentionForwardParams& f = p.fwd;
   const Sm90BackwardGrid grid = sm90_backward_grid(f.N, f.Sq, f.Sk, S::A);
   const Sm90BackwardBlock blk =
-      sm90_backward_block(blockIdx.x, group_begin, f.B, f.H, grid.key_blocks);
+      sm90_backward_block(blockIdx.x, group_begin, groups, f.B, f.H, grid.key_blocks);
 
   if (threadIdx.x == 0) {
     mbar_init(&sm.kv_full, kBwdLoadThreads);
@@ -62,7 +65,7 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
     warpgroup_registers_dec<kBwdProducerRegisters>();
     const int warp = threadIdx.x / 32;
     if (warp < 2)
-      sm90_backward_load<T, D, BT>(p, sm, blk.g, blk.b, blk.h, blk.jb, grid.query_tiles);
+      sm90_backward_load<T, D, BT>(p, maps, sm, blk.g, blk.b, blk.h, blk.jb, grid.query_tiles);
     else if (warp == 2)
       sm90_backward_write_dq<T, D, BT>(p, sm, blk.g, blk.b, blk.h, blk.jb, grid.key_blocks,
                                        grid.query_tiles, chunk_first_slice);
@@ -87,13 +90,23 @@ void launch(const AttentionBackwardParams& p, const Sm90BackwardWorkspace& w, cu
   const Sm90BackwardGrid grid = sm90_backward_grid(f.N, f.Sq, f.Sk, S::A);
 
   const size_t smem = sizeof(S);
+  const bool fp16 = std::is_same_v<T, __half>;
+  Sm90BackwardMaps maps;
+  auto map = [&](const void* data, const Strides4& st, int rows, const char* name, uint32_t& dims) {
+    return rows_tensor_map(data, st, f.B, f.N, f.H, rows, p.head_dim, fp16, 8, 64,
+                           CU_TENSOR_MAP_SWIZZLE_NONE, name, dims);
+  };
+  maps.q = map(f.q, f.q_stride, f.Sq, "q", maps.q_dims);
+  maps.k = map(f.k, f.k_stride, f.Sk, "k", maps.k_dims);
+  maps.v = map(f.v, f.v_stride, f.Sk, "v", maps.v_dims);
+  maps.dout = map(p.dout, p.dout_stride, f.Sq, "grad_out", maps.dout_dims);
   auto kernel = attention_backward_sm90_kernel<T, D, BT>;
   cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem));
   const int groups_per_chunk = w.chunk / S::A;
   for (int g0 = 0; g0 < grid.groups; g0 += groups_per_chunk) {
     const int groups = min(groups_per_chunk, grid.groups - g0);
     const int64_t blocks = int64_t(groups) * f.B * f.H * grid.key_blocks;
-    kernel<<<unsigned(blocks), kBwdThreads, smem, stream>>>(p, g0, g0 * S::A);
+    kernel<<<unsigned(blocks), kBwdThreads, smem, stream>>>(maps, p, g0, groups, g0 * S::A);
   }
   const int64_t sq_pad = int64_t(grid.query_tiles) * kTileQ,
                 sk_pad = int64_t(grid.key_blocks) * kBwdKeyBlock;

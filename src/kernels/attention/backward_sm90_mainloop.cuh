@@ -23,6 +23,7 @@
 #include "kernels/attention/backward_sm90.h"
 #include "kernels/attention/params.h"
 #include "kernels/attention/tile_config.h"
+#include "kernels/attention/tma.cuh"
 #include "kernels/common/mma.cuh"
 #include "kernels/common/tile_io.cuh"
 #include "kernels/common/wgmma.cuh"
@@ -72,37 +73,59 @@ __device__ __forceinline__ const T* slice_of(const void* base, const Strides4& s
 }
 
 // ---- producer: warps 0 and 1 (64 threads; load_tile indexes by threadIdx.x) -----------------------
+// Thread 0 copies the Q, dO, K and V tiles by TMA (Sm90BackwardMaps), the 64 threads the bias tile
+// (cp.async; a 16-bit bias only), lse, delta and the key flags; each barrier counts the 64 threads'
+// arrivals and TMA's bytes.
 
 constexpr int kBwdLoadThreads = 64;
 constexpr int kBwdLoadBarrier = 3;  // named barrier of the 64 load threads
 
+// One 64-row tile of D features (D / 8 TMA boxes) into `dst`, the core-matrix layout.
+template <typename T, int D>
+__device__ __forceinline__ void tma_tile(const CUtensorMap* map, uint32_t dims, uint64_t* bar,
+                                         T* dst, int row0, int h, int n, int b) {
+#pragma unroll
+  for (int c = 0; c < D / 8; ++c)
+    tma_load_rows(map, dims, bar, dst + c * 64 * 8, c * 8, row0, h, n, b);
+}
+
 template <typename T, int D, typename BT>
 __device__ __forceinline__ void sm90_backward_load(const AttentionBackwardParams& p,
+                                                   const Sm90BackwardMaps& maps,
                                                    Sm90BackwardSmem<T, D, BT>& sm, int g, int b,
                                                    int h, int jb, int T_tiles) {
   using S = Sm90BackwardSmem<T, D, BT>;
   constexpr int A = S::A;
+  constexpr uint32_t kTileBytes = S::TILE * sizeof(T);
   const AttentionForwardParams& f = p.fwd;
   const T* safe = static_cast<const T*>(f.q);
   const int tid = threadIdx.x;
 
-  // Keys, values and key flags of the CTA's slices, once.
+  // Keys and values of the CTA's slices, once (thread 0); the key flags (all).
+  if (tid == 0) {
+    uint32_t bytes = 0;
+    for (int u = 0; u < A; ++u)
+      for (int w = 0; w < 2; ++w)
+        if (g * A + u < f.N && jb * kBwdKeyBlock + w * kBwdKeysPerWarpgroup < f.Sk)
+          bytes += 2 * kTileBytes;
+    mbar_expect_tx(&sm.kv_full, bytes);
+#pragma unroll 1
+    for (int u = 0; u < A; ++u) {
+      const int n = g * A + u;
+      if (n >= f.N) continue;
+#pragma unroll 1
+      for (int w = 0; w < 2; ++w) {
+        const int k0 = jb * kBwdKeyBlock + w * kBwdKeysPerWarpgroup;
+        if (k0 >= f.Sk) continue;  // never read: its tile is skipped
+        tma_tile<T, D>(&maps.k, maps.k_dims, &sm.kv_full, sm.k[u][w], k0, h, n, b);
+        tma_tile<T, D>(&maps.v, maps.v_dims, &sm.kv_full, sm.v[u][w], k0, h, n, b);
+      }
+    }
+  }
 #pragma unroll 1
   for (int u = 0; u < A; ++u) {
     const int n = g * A + u;
     const bool valid = n < f.N;
-#pragma unroll 1
-    for (int w = 0; w < 2; ++w) {
-      const int k0 = jb * kBwdKeyBlock + w * kBwdKeysPerWarpgroup;
-      const int krows = valid ? max(0, min(kBwdKeysPerWarpgroup, f.Sk - k0)) : 0;
-      if (krows == 0) continue;  // never read: its tile is skipped
-      load_tile<T, kBwdKeysPerWarpgroup, D, kBwdLoadThreads, true>(
-          sm.k[u][w], slice_of<T>(f.k, f.k_stride, b, n, h) + int64_t(k0) * f.k_stride.s,
-          f.k_stride.s, krows, p.head_dim, f.qkv_aligned, safe);
-      load_tile<T, kBwdKeysPerWarpgroup, D, kBwdLoadThreads, true>(
-          sm.v[u][w], slice_of<T>(f.v, f.v_stride, b, n, h) + int64_t(k0) * f.v_stride.s,
-          f.v_stride.s, krows, p.head_dim, f.qkv_aligned, safe);
-    }
     for (int j = tid; j < kBwdKeyBlock; j += kBwdLoadThreads) {
       const int key = jb * kBwdKeyBlock + j;
       sm.key_ok[u][j] = valid && key < f.Sk &&
@@ -110,9 +133,6 @@ __device__ __forceinline__ void sm90_backward_load(const AttentionBackwardParams
                          f.mask[b * f.mask_stride_b + int64_t(n) * f.mask_stride_n + key] != 0);
     }
   }
-  cp_async_commit();
-  cp_async_wait<0>();
-  fence_proxy_async();
   named_barrier(kBwdLoadBarrier, kBwdLoadThreads);
   if (tid < 2 * A) {
     const int u = tid / 2, w = tid % 2;
@@ -147,17 +167,16 @@ __device__ __forceinline__ void sm90_backward_load(const AttentionBackwardParams
     mbar_wait(&sm.empty[stage], ((i >> 1) & 1) ^ 1);
     if (cta_alive) {
       const int q0 = i * kTileQ, qrows = min(kTileQ, f.Sq - q0);
+      if (tid == 0) {
+        mbar_expect_tx(&sm.full[stage], uint32_t(__popc(slice_alive)) * 2 * kTileBytes);
 #pragma unroll 1
-      for (int u = 0; u < A; ++u) {
-        if (!(slice_alive >> u & 1u)) continue;
-        const int n = g * A + u;
-        load_tile<T, kTileQ, D, kBwdLoadThreads, true>(
-            sm.q[stage][u], slice_of<T>(f.q, f.q_stride, b, n, h) + int64_t(q0) * f.q_stride.s,
-            f.q_stride.s, qrows, p.head_dim, f.qkv_aligned, safe);
-        load_tile<T, kTileQ, D, kBwdLoadThreads, true>(
-            sm.dout[stage][u],
-            slice_of<T>(p.dout, p.dout_stride, b, n, h) + int64_t(q0) * p.dout_stride.s,
-            p.dout_stride.s, qrows, p.head_dim, p.dout_aligned, safe);
+        for (int u = 0; u < A; ++u) {
+          if (!(slice_alive >> u & 1u)) continue;
+          const int n = g * A + u;
+          tma_tile<T, D>(&maps.q, maps.q_dims, &sm.full[stage], sm.q[stage][u], q0, h, n, b);
+          tma_tile<T, D>(&maps.dout, maps.dout_dims, &sm.full[stage], sm.dout[stage][u], q0, h, n,
+                         b);
+        }
       }
       if constexpr (!S::kF32Bias)
         load_tile<T, kTileQ, kBwdKeyBlock, kBwdLoadThreads>(

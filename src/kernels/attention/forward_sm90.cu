@@ -13,8 +13,6 @@
 // The producer's registers go to the consumers (setmaxnreg). Every sum runs in a fixed order:
 // results are bitwise reproducible. Files: heuristics (tile shapes), layout (shared memory),
 // params, scheduler (CTA -> work), mainloop (producer, consumers), softmax, epilogue.
-#include <cuda.h>
-#include <cudaTypedefs.h>
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
@@ -26,6 +24,7 @@
 #include "kernels/attention/forward_sm90.h"
 #include "kernels/attention/forward_sm90_epilogue.cuh"
 #include "kernels/attention/forward_sm90_mainloop.cuh"
+#include "kernels/attention/tma.cuh"
 #include "tpf/error.h"
 
 namespace tpf::cuda::fwd90 {
@@ -111,59 +110,17 @@ __global__ void __launch_bounds__(256)
   }
 }
 
-PFN_cuTensorMapEncodeTiled_v12000 encode_fn() {
-  static PFN_cuTensorMapEncodeTiled_v12000 fn = [] {
-    void* f = nullptr;
-    cudaDriverEntryPointQueryResult q{};
-    const cudaError_t e = cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &f, 12000,
-                                                           cudaEnableDefault, &q);
-    TPF_CHECK(e == cudaSuccess && q == cudaDriverEntryPointSuccess && f != nullptr,
-              "the CUDA driver has no cuTensorMapEncodeTiled (a driver for CUDA 12 or newer is "
-              "needed)");
-    return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(f);
-  }();
-  return fn;
-}
-
-// K or V [B, N, H, S, D] as a 5-d TMA map with a box of one [64 keys][W] block: dim 0 is D, dims
-// 1..4 are key, h, n, b sorted by stride (the layout TMA's documentation describes, whatever the
-// view), their positions returned in `dims` (Params::k_dims).
+// K or V [B, N, H, S, D] as a 5-d TMA map with a box of one [64 keys][W] block, swizzled as the
+// consumers' descriptors read it (tma.cuh; its dims order goes to Params::k_dims / v_dims).
 template <int DP>
-CUtensorMap key_tensor_map(const TensorView& x, bool fp16, const char* name, uint32_t& dims_out) {
+CUtensorMap key_tensor_map(const TensorView& x, bool fp16, const char* name, uint32_t& dims) {
   using L = Layout<DP>;
-  struct Dim {
-    int64_t size, stride;
-    uint32_t box;
-    int which;  // 0 key, 1 h, 2 n, 3 b
-  };
-  Dim d[4] = {{x.shape[3], x.stride[3], uint32_t(kKeys), 0},
-              {x.shape[2], x.stride[2], 1, 1},
-              {x.shape[1], x.stride[1], 1, 2},
-              {x.shape[0], x.stride[0], 1, 3}};
-  std::stable_sort(d, d + 4, [](const Dim& a, const Dim& b) { return a.stride < b.stride; });
-  cuuint64_t dims[5] = {cuuint64_t(x.shape[4])};
-  cuuint64_t strides[4];
-  cuuint32_t box[5] = {cuuint32_t(L::W)};
-  dims_out = 0;
-  for (int i = 0; i < 4; ++i) {
-    dims[1 + i] = cuuint64_t(d[i].size);
-    strides[i] = cuuint64_t(d[i].stride) * 2;
-    box[1 + i] = d[i].box;
-    dims_out |= uint32_t(i) << (2 * d[i].which);
-  }
-  const cuuint32_t elem[5] = {1, 1, 1, 1, 1};
   const CUtensorMapSwizzle swizzle = L::W == 64   ? CU_TENSOR_MAP_SWIZZLE_128B
                                      : L::W == 32 ? CU_TENSOR_MAP_SWIZZLE_64B
                                                   : CU_TENSOR_MAP_SWIZZLE_32B;
-  CUtensorMap map;
-  const CUresult r =
-      encode_fn()(&map, fp16 ? CU_TENSOR_MAP_DATA_TYPE_FLOAT16 : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16,
-                  5, x.data, dims, strides, box, elem, CU_TENSOR_MAP_INTERLEAVE_NONE, swizzle,
-                  CU_TENSOR_MAP_L2_PROMOTION_L2_128B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
-  TPF_CHECK(r == CUDA_SUCCESS,
-            std::string("could not describe ") + name + " for TMA (cuTensorMapEncodeTiled error " +
-                std::to_string(int(r)) + "): rows must start on 16-byte boundaries");
-  return map;
+  return rows_tensor_map(x.data, strides4(x), int(x.shape[0]), int(x.shape[1]), int(x.shape[2]),
+                         int(x.shape[3]), int(x.shape[4]), fp16, uint32_t(L::W), uint32_t(kKeys),
+                         swizzle, name, dims);
 }
 
 template <typename TB>

@@ -18,6 +18,7 @@
 #include "kernels/attention/forward_sm90_primitives.cuh"
 #include "kernels/attention/forward_sm90_scheduler.h"
 #include "kernels/attention/forward_sm90_softmax.cuh"
+#include "kernels/attention/tma.cuh"
 
 namespace tpf::cuda::fwd90 {
 
@@ -55,20 +56,6 @@ __device__ __forceinline__ bool tile_active(const uint64_t* words, int key_tiles
 
 // ---- producer: one thread -------------------------------------------------------------------
 
-// A TMA box of K or V: coordinates (d0, key0, h, n, b) placed at the map's dims (Params::k_dims).
-__device__ __forceinline__ void tma_load_tile(const CUtensorMap* map, uint32_t dims, uint64_t* bar,
-                                              void* dst, int d0, int key0, int h, int n, int b) {
-  const int order[4] = {key0, h, n, b};
-  int c[5] = {d0, 0, 0, 0, 0};
-#pragma unroll
-  for (int which = 0; which < 4; ++which) {
-    const int dim = (dims >> (2 * which)) & 3;  // 0..3: map dim 1..4
-#pragma unroll
-    for (int i = 0; i < 4; ++i) c[1 + i] = dim == i ? order[which] : c[1 + i];
-  }
-  tma_load_5d(map, bar, dst, c[0], c[1], c[2], c[3], c[4]);
-}
-
 template <int DP>
 __device__ __forceinline__ void produce(const Params& p, const Tile& t, uint8_t* smem,
                                         const uint64_t* words) {
@@ -92,9 +79,9 @@ __device__ __forceinline__ void produce(const Params& p, const Tile& t, uint8_t*
 #pragma unroll
       for (int c = 0; c < L::kBlocks; ++c) {
         // Slices past N and keys past Sk are out of the tensor: TMA fills zeros (and counts them).
-        tma_load_tile(&p.tma_k, p.k_dims, &full[s], stage + L::k_offset(g) + c * L::kBlockBytes,
+        tma_load_rows(&p.tma_k, p.k_dims, &full[s], stage + L::k_offset(g) + c * L::kBlockBytes,
                       c * L::W, kt * kKeys, t.h, t.n0 + g, t.b);
-        tma_load_tile(&p.tma_v, p.v_dims, &full[s], stage + L::v_offset(g) + c * L::kBlockBytes,
+        tma_load_rows(&p.tma_v, p.v_dims, &full[s], stage + L::v_offset(g) + c * L::kBlockBytes,
                       c * L::W, kt * kKeys, t.h, t.n0 + g, t.b);
       }
     ++i;

@@ -101,14 +101,6 @@ __device__ __forceinline__ uint32_t smem_u32(const void* p) {
 
 using Barrier = cutlass::arch::ClusterTransactionBarrier;
 
-__device__ __forceinline__ void tma_load_5d(const CUtensorMap* map, uint64_t* bar, void* dst,
-                                            int c0, int c1, int c2, int c3, int c4) {
-  // Keys and values are read by G slices' CTAs once each and then not again: no L2 hint beyond
-  // the default (the evict-normal policy value CuTe uses).
-  constexpr uint64_t kCacheHintNormal = 0x1000000000000000ull;
-  cute::SM90_TMA_LOAD_5D::copy(map, bar, kCacheHintNormal, dst, c0, c1, c2, c3, c4);
-}
-
 __device__ __forceinline__ void bulk_load(const void* src, uint64_t* bar, void* dst, int bytes) {
   cute::SM90_BULK_COPY_G2S::copy(src, bar, dst, bytes);
 }

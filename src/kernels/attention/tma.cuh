@@ -1,0 +1,95 @@
+// TMA for the attention kernels' [B, N, H, S, D] tensors (q, k, v, dO), shared by the forward and
+// the backward: the host describes a tensor as a 5-d map whose box is `box_rows` rows of `box_d`
+// features; a producer thread copies a box into shared memory, completing on an mbarrier.
+#pragma once
+#include <cuda.h>
+#include <cudaTypedefs.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <string>
+
+#include <cute/arch/copy_sm90_tma.hpp>
+
+#include "kernels/attention/params.h"
+#include "tpf/error.h"
+
+namespace tpf::cuda {
+
+// ---- host --------------------------------------------------------------------------------------------
+
+inline PFN_cuTensorMapEncodeTiled_v12000 tensor_map_encoder() {
+  static PFN_cuTensorMapEncodeTiled_v12000 fn = [] {
+    void* f = nullptr;
+    cudaDriverEntryPointQueryResult q{};
+    const cudaError_t e = cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &f, 12000,
+                                                           cudaEnableDefault, &q);
+    TPF_CHECK(e == cudaSuccess && q == cudaDriverEntryPointSuccess && f != nullptr,
+              "the CUDA driver has no cuTensorMapEncodeTiled (a driver for CUDA 12 or newer is "
+              "needed)");
+    return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(f);
+  }();
+  return fn;
+}
+
+// A 16-bit [B, N, H, S, D] tensor (`st`: its strides in elements, the feature stride 1) as a 5-d TMA
+// map with a box of `box_rows` rows x `box_d` features: dim 0 is D (of size D: columns past it
+// read as zero), dims 1..4 are row, h, n, b sorted by stride (the layout TMA's documentation
+// describes, whatever the view); their positions go to `dims` (tma_load_rows's argument). Rows past
+// S read as zero too.
+inline CUtensorMap rows_tensor_map(const void* data, const Strides4& st, int B, int N, int H, int S,
+                                   int D, bool fp16, uint32_t box_d, uint32_t box_rows,
+                                   CUtensorMapSwizzle swizzle, const char* name, uint32_t& dims) {
+  struct Dim {
+    int64_t size, stride;
+    uint32_t box;
+    int which;  // 0 row, 1 h, 2 n, 3 b
+  };
+  Dim d[4] = {{S, st.s, box_rows, 0}, {H, st.h, 1, 1}, {N, st.n, 1, 2}, {B, st.b, 1, 3}};
+  std::stable_sort(d, d + 4, [](const Dim& a, const Dim& b) { return a.stride < b.stride; });
+  cuuint64_t sizes[5] = {cuuint64_t(D)};
+  cuuint64_t strides[4];
+  cuuint32_t box[5] = {box_d};
+  dims = 0;
+  for (int i = 0; i < 4; ++i) {
+    sizes[1 + i] = cuuint64_t(d[i].size);
+    strides[i] = cuuint64_t(d[i].stride) * 2;
+    box[1 + i] = d[i].box;
+    dims |= uint32_t(i) << (2 * d[i].which);
+  }
+  const cuuint32_t elem[5] = {1, 1, 1, 1, 1};
+  CUtensorMap map;
+  const CUresult r = tensor_map_encoder()(
+      &map, fp16 ? CU_TENSOR_MAP_DATA_TYPE_FLOAT16 : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 5,
+      const_cast<void*>(data), sizes, strides, box, elem, CU_TENSOR_MAP_INTERLEAVE_NONE, swizzle,
+      CU_TENSOR_MAP_L2_PROMOTION_L2_128B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  TPF_CHECK(r == CUDA_SUCCESS,
+            std::string("could not describe ") + name + " for TMA (cuTensorMapEncodeTiled error " +
+                std::to_string(int(r)) + "): rows must start on 16-byte boundaries");
+  return map;
+}
+
+// ---- device ------------------------------------------------------------------------------------------
+
+__device__ __forceinline__ void tma_load_5d(const CUtensorMap* map, uint64_t* bar, void* dst,
+                                            int c0, int c1, int c2, int c3, int c4) {
+  // The evict-normal policy value CuTe uses: no L2 hint beyond the default.
+  constexpr uint64_t kCacheHintNormal = 0x1000000000000000ull;
+  cute::SM90_TMA_LOAD_5D::copy(map, bar, kCacheHintNormal, dst, c0, c1, c2, c3, c4);
+}
+
+// The box of rows_tensor_map's `map` at feature d0, row row0 of slice (b, n, h), into `dst`.
+__device__ __forceinline__ void tma_load_rows(const CUtensorMap* map, uint32_t dims, uint64_t* bar,
+                                              void* dst, int d0, int row0, int h, int n, int b) {
+  const int order[4] = {row0, h, n, b};
+  int c[5] = {d0, 0, 0, 0, 0};
+#pragma unroll
+  for (int which = 0; which < 4; ++which) {
+    const int dim = (dims >> (2 * which)) & 3;  // 0..3: map dim 1..4
+#pragma unroll
+    for (int i = 0; i < 4; ++i) c[1 + i] = dim == i ? order[which] : c[1 + i];
+  }
+  tma_load_5d(map, bar, dst, c[0], c[1], c[2], c[3], c[4]);
+}
+
+}  // namespace tpf::cuda

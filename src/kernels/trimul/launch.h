@@ -6,6 +6,7 @@
 #include <cuda_runtime.h>
 
 #include <cstddef>
+#include <cstdint>
 #include <string>
 #include <type_traits>
 
@@ -33,6 +34,19 @@ template <typename Kernel>
 void set_max_smem(Kernel kernel, size_t bytes) {
   check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(bytes)),
              "cudaFuncSetAttribute");
+}
+
+// Calls f(std::integral_constant<int, kD>{}) with the 16-bit kernels' instantiation for p.D: kD =
+// 64 or 128 (D at compile time, device.cuh's Dims; their tile indices in 32 bits), else kD = 0
+// (D from Params).
+template <typename F>
+void with_static_d(const Params& p, F&& f) {
+  if (p.tiles <= INT32_MAX && p.D == 64)
+    f(std::integral_constant<int, 64>{});
+  else if (p.tiles <= INT32_MAX && p.D == 128)
+    f(std::integral_constant<int, 128>{});
+  else
+    f(std::integral_constant<int, 0>{});
 }
 
 // One launch of a kernel over Params with kThreads threads per CTA and `smem` bytes of dynamic

@@ -153,8 +153,12 @@ __device__ __forceinline__ unsigned thread_index_here() {
 // (rows with a null row_ptr are skipped). Consecutive threads take consecutive 16-byte pieces of a
 // row; a piece is one vector store where its destination is 16-byte aligned and whole, scalar
 // stores otherwise (odd D or S). kMaxRows x kMaxCols bounds the tile (compile time: unrolled).
-// kTidHere: the thread's pieces from thread_index_here() (80-register kernels).
-template <int kMaxRows, int kMaxCols, bool kTidHere = false, typename T, typename RowPtr>
+// kTidHere: the thread's pieces from thread_index_here() (80-register kernels). kWhole: the
+// caller knows that the store is whole (every row [0, kMaxRows) non-null and stored in full,
+// cols = kMaxCols, every row 16-byte aligned: a full tile of a static-D kernel), so every piece is
+// one vector store with no predicate.
+template <int kMaxRows, int kMaxCols, bool kTidHere = false, bool kWhole = false, typename T,
+          typename RowPtr>
 __device__ __forceinline__ void store_staged_rows(const T* st, int ld_s, int cols, RowPtr row_ptr) {
   static_assert(sizeof(T) == 2, "16-bit staging");
   constexpr int kVec = 8, kPieces = kMaxCols / kVec, kTotal = kMaxRows * kPieces;
@@ -165,9 +169,9 @@ __device__ __forceinline__ void store_staged_rows(const T* st, int ld_s, int col
     const int idx = tid + it * kThreads;
     const int rr = idx / kPieces, c = (idx % kPieces) * kVec;
     T* dst = row_ptr(rr);
-    if (dst == nullptr || c >= cols) continue;
+    if (!kWhole && (dst == nullptr || c >= cols)) continue;
     const uint4 v = *reinterpret_cast<const uint4*>(st + rr * ld_s + c);
-    if (c + kVec <= cols && reinterpret_cast<uintptr_t>(dst + c) % 16 == 0) {
+    if (kWhole || (c + kVec <= cols && reinterpret_cast<uintptr_t>(dst + c) % 16 == 0)) {
       *reinterpret_cast<uint4*>(dst + c) = v;
     } else {
       const uint32_t w[4] = {v.x, v.y, v.z, v.w};
@@ -177,6 +181,23 @@ __device__ __forceinline__ void store_staged_rows(const T* st, int ld_s, int col
         if (c + k < cols) d[k] = uint16_t(w[k / 2] >> (16 * (k % 2)));
     }
   }
+}
+
+// A tile's staged rows to global through store_staged_rows: with no per-piece predicates where
+// `whole` (static D only: see kWhole; the tile interiors), with them otherwise (tile edges, odd
+// shapes, run-time D). row_ptr_whole(rr): row rr's destination, never null; row_ptr(rr): the same
+// or null for rows that are not stored.
+template <bool kStatic, int kMaxRows, int kMaxCols, bool kTidHere, typename T, typename RowPtrWhole,
+          typename RowPtr>
+__device__ __forceinline__ void store_staged_tile(bool whole, const T* st, int ld_s, int cols,
+                                                  RowPtrWhole row_ptr_whole, RowPtr row_ptr) {
+  if constexpr (kStatic) {
+    if (whole) {
+      store_staged_rows<kMaxRows, kMaxCols, kTidHere, true>(st, ld_s, kMaxCols, row_ptr_whole);
+      return;
+    }
+  }
+  store_staged_rows<kMaxRows, kMaxCols, kTidHere>(st, ld_s, cols, row_ptr);
 }
 
 // ---- Warp-level GEMM on shared-memory tiles.

@@ -187,8 +187,10 @@ __global__ void __launch_bounds__(kThreads, kOccupancyCtas)
         const int c0 = q * kChunkChannels;
         T* dst = (c0 < D ? static_cast<T*>(p.a) + origin + c0 * plane
                          : static_cast<T*>(p.b) + origin + (c0 - D) * plane);
-        store_staged_rows<kChunkChannels, kRows, true>(
-            s.st, kLdAB, tile.n, [=](int cl) -> T* { return dst + cl * plane; });
+        const auto row = [=](int cl) -> T* { return dst + cl * plane; };
+        // Whole in full tiles where S % 8 == 0 (every channel's 64 positions 16-byte aligned).
+        store_staged_tile<true, kChunkChannels, kRows, true>(tile.n == kRows && p.S % 8 == 0, s.st,
+                                                             kLdAB, tile.n, row, row);
       } else {
         store_staged_rows<kChunkChannels, kRows, true>(s.st, kLdAB, tile.n, [=](int cl) -> T* {
           const int c = q * kChunkChannels + cl;
@@ -205,8 +207,9 @@ __global__ void __launch_bounds__(kThreads, kOccupancyCtas)
       __syncthreads();
       T* go = static_cast<T*>(p.go) + tile.row0 * D;
       const int n = tile.n;
-      store_staged_rows<kRows, kChunkN, true>(
-          s.st, kLdSt, D, [=](int r) -> T* { return r < n ? go + r * D : nullptr; });
+      store_staged_tile<Dm::kStatic, kRows, kD ? kD : kChunkN, true>(
+          n == kRows, s.st, kLdSt, D, [=](int r) -> T* { return go + r * D; },
+          [=](int r) -> T* { return r < n ? go + r * D : nullptr; });
     }
   }
 }

@@ -381,6 +381,7 @@ __global__ void __launch_bounds__(kThreads, kOccupancyCtas)
       const Smem s = smem();
       T* zln_tile = zln_out + tile.row0 * D;
       const int n = tile.n;
+      // (The general store: its whole variant spills at D = 128, registers being short here.)
       store_staged_rows<kRows, kMaxCols, true>(
           s.x, ld, D, [=](int r) -> T* { return r < n ? zln_tile + r * D : nullptr; });
     }
@@ -470,8 +471,9 @@ __global__ void __launch_bounds__(kThreads, kOccupancyCtas)
       const Smem s = smem();
       T* dpo_tile = dpo_out + tile.row0 * D;
       const int n = tile.n;
-      store_staged_rows<kRows, kMaxCols, true>(
-          s.x, ld, D, [=](int r) -> T* { return r < n ? dpo_tile + r * D : nullptr; });
+      store_staged_tile<Dm::kStatic, kRows, kMaxCols, true>(
+          n == kRows, s.x, ld, D, [=](int r) -> T* { return dpo_tile + r * D; },
+          [=](int r) -> T* { return r < n ? dpo_tile + r * D : nullptr; });
     }
 
     // dz_ln = dpo Wp_out, in registers.
@@ -588,8 +590,10 @@ __global__ void __launch_bounds__(kThreads, kOccupancyCtas)
       const Smem s = smem();
       T* dz_tile = dz_out + tile.channel_major(p, D, 0, 0);
       const int64_t plane = p.S * p.S;
-      store_staged_rows<kMaxCols, kRows, true>(
-          s.x, kLdZT, tile.n, [=](int c) -> T* { return c < D ? dz_tile + c * plane : nullptr; });
+      store_staged_tile<Dm::kStatic, kMaxCols, kRows, true>(
+          tile.n == kRows && p.S % 8 == 0, s.x, kLdZT, tile.n,
+          [=](int c) -> T* { return dz_tile + c * plane; },
+          [=](int c) -> T* { return c < D ? dz_tile + c * plane : nullptr; });
     }
   }
 

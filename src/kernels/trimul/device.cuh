@@ -156,9 +156,10 @@ __device__ __forceinline__ unsigned thread_index_here() {
 // kTidHere: the thread's pieces from thread_index_here() (80-register kernels). kWhole: the
 // caller knows that the store is whole (every row [0, kMaxRows) non-null and stored in full,
 // cols = kMaxCols, every row 16-byte aligned: a full tile of a static-D kernel), so every piece is
-// one vector store with no predicate.
-template <int kMaxRows, int kMaxCols, bool kTidHere = false, bool kWhole = false, typename T,
-          typename RowPtr>
+// one vector store with no predicate. kAligned: every non-null row is 16-byte aligned and cols a
+// multiple of 8 (row-major rows of static D), so a stored piece is one vector store.
+template <int kMaxRows, int kMaxCols, bool kTidHere = false, bool kWhole = false,
+          bool kAligned = kWhole, typename T, typename RowPtr>
 __device__ __forceinline__ void store_staged_rows(const T* st, int ld_s, int cols, RowPtr row_ptr) {
   static_assert(sizeof(T) == 2, "16-bit staging");
   constexpr int kVec = 8, kPieces = kMaxCols / kVec, kTotal = kMaxRows * kPieces;
@@ -171,7 +172,7 @@ __device__ __forceinline__ void store_staged_rows(const T* st, int ld_s, int col
     T* dst = row_ptr(rr);
     if (!kWhole && (dst == nullptr || c >= cols)) continue;
     const uint4 v = *reinterpret_cast<const uint4*>(st + rr * ld_s + c);
-    if (kWhole || (c + kVec <= cols && reinterpret_cast<uintptr_t>(dst + c) % 16 == 0)) {
+    if (kAligned || (c + kVec <= cols && reinterpret_cast<uintptr_t>(dst + c) % 16 == 0)) {
       *reinterpret_cast<uint4*>(dst + c) = v;
     } else {
       const uint32_t w[4] = {v.x, v.y, v.z, v.w};
@@ -186,9 +187,10 @@ __device__ __forceinline__ void store_staged_rows(const T* st, int ld_s, int col
 // A tile's staged rows to global through store_staged_rows: with no per-piece predicates where
 // `whole` (static D only: see kWhole; the tile interiors), with them otherwise (tile edges, odd
 // shapes, run-time D). row_ptr_whole(rr): row rr's destination, never null; row_ptr(rr): the same
-// or null for rows that are not stored.
-template <bool kStatic, int kMaxRows, int kMaxCols, bool kTidHere, typename T, typename RowPtrWhole,
-          typename RowPtr>
+// or null for rows that are not stored. kAlignedRows: static D's row-major rows (16-byte aligned,
+// D a multiple of 8) also at the edges (see kAligned).
+template <bool kStatic, int kMaxRows, int kMaxCols, bool kTidHere, bool kAlignedRows = false,
+          typename T, typename RowPtrWhole, typename RowPtr>
 __device__ __forceinline__ void store_staged_tile(bool whole, const T* st, int ld_s, int cols,
                                                   RowPtrWhole row_ptr_whole, RowPtr row_ptr) {
   if constexpr (kStatic) {
@@ -197,7 +199,8 @@ __device__ __forceinline__ void store_staged_tile(bool whole, const T* st, int l
       return;
     }
   }
-  store_staged_rows<kMaxRows, kMaxCols, kTidHere>(st, ld_s, cols, row_ptr);
+  store_staged_rows<kMaxRows, kMaxCols, kTidHere, false, kStatic && kAlignedRows>(st, ld_s, cols,
+                                                                                  row_ptr);
 }
 
 // ---- Warp-level GEMM on shared-memory tiles.

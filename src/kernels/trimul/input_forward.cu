@@ -207,7 +207,7 @@ __global__ void __launch_bounds__(kThreads, kOccupancyCtas)
       __syncthreads();
       T* go = static_cast<T*>(p.go) + tile.row0 * D;
       const int n = tile.n;
-      store_staged_tile<Dm::kStatic, kRows, kD ? kD : kChunkN, true>(
+      store_staged_tile<Dm::kStatic, kRows, kD ? kD : kChunkN, true, true>(
           n == kRows, s.st, kLdSt, D, [=](int r) -> T* { return go + r * D; },
           [=](int r) -> T* { return r < n ? go + r * D : nullptr; });
     }

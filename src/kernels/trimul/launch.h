@@ -45,7 +45,7 @@ template <typename F>
 void with_static_d(const Params& p, F&& f) {
   const auto aligned = [](const void* q) { return reinterpret_cast<uintptr_t>(q) % 16 == 0; };
   const bool fits = p.tiles <= INT32_MAX && aligned(p.y) && aligned(p.go) && aligned(p.a) &&
-                    aligned(p.b) && aligned(p.dz) && aligned(p.dpo);
+                    aligned(p.b) && aligned(p.dz) && aligned(p.dpo) && aligned(p.zln);
   if (fits && p.D == 64)
     f(std::integral_constant<int, 64>{});
   else if (fits && p.D == 128)

@@ -381,8 +381,8 @@ __global__ void __launch_bounds__(kThreads, kOccupancyCtas)
       const Smem s = smem();
       T* zln_tile = zln_out + tile.row0 * D;
       const int n = tile.n;
-      // (The general store: its whole variant spills at D = 128, registers being short here.)
-      store_staged_rows<kRows, kMaxCols, true>(
+      // (Not store_staged_tile: its whole variant spills at D = 128, registers being short here.)
+      store_staged_rows<kRows, kMaxCols, true, false, Dm::kStatic>(
           s.x, ld, D, [=](int r) -> T* { return r < n ? zln_tile + r * D : nullptr; });
     }
 
@@ -471,7 +471,7 @@ __global__ void __launch_bounds__(kThreads, kOccupancyCtas)
       const Smem s = smem();
       T* dpo_tile = dpo_out + tile.row0 * D;
       const int n = tile.n;
-      store_staged_tile<Dm::kStatic, kRows, kMaxCols, true>(
+      store_staged_tile<Dm::kStatic, kRows, kMaxCols, true, true>(
           n == kRows, s.x, ld, D, [=](int r) -> T* { return dpo_tile + r * D; },
           [=](int r) -> T* { return r < n ? dpo_tile + r * D : nullptr; });
     }

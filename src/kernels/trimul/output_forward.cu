@@ -134,7 +134,7 @@ __global__ void __launch_bounds__(kThreads, kOccupancyCtas)
   });
   __syncthreads();
   T* y = static_cast<T*>(p.y) + tile.row0 * D;
-  store_staged_tile<Dm::kStatic, kRows, kD ? kD : kChunkN, false>(
+  store_staged_tile<Dm::kStatic, kRows, kD ? kD : kChunkN, false, true>(
       n == kRows, s.st, kLdSt, D, [=](int r) -> T* { return y + r * D; },
       [=](int r) -> T* { return r < n ? y + r * D : nullptr; });
 }

@@ -86,6 +86,37 @@ __device__ __forceinline__ void copy_tile_async(T* dst, int ld_s, const T* src, 
   cp_async_commit();
 }
 
+// The same with the tile's shape known at compile time (static D): an unrolled loop of
+// kTileRows * kCols / (8 kThreads) copies per thread, the thread's index read anew at each call
+// (thread_index_here, below), so that its addresses are not hoisted out of the callers' tile
+// loops and spilled under the 80-register bound.
+__device__ __forceinline__ unsigned thread_index_here();
+template <int kTileRows, int kCols, typename T, typename RowMap = SameRow>
+__device__ __forceinline__ void copy_tile_async_static(T* dst, int ld_s, const T* src, int64_t ld_g,
+                                                       RowMap row_map = {}) {
+  constexpr int kPer = 16 / sizeof(T), kPieces = kCols / kPer, kTotal = kTileRows * kPieces;
+  static_assert(kCols % kPer == 0 && kTotal % kThreads == 0, "whole copies per thread");
+#pragma unroll
+  for (int k = 0; k < kTotal / kThreads; ++k) {
+    const unsigned idx = thread_index_here() % kThreads + k * kThreads;
+    const int r = int(idx / kPieces), c = int(idx % kPieces) * kPer;
+    cp_async16(dst + row_map(r) * ld_s + c, src + r * ld_g + c);
+  }
+  cp_async_commit();
+}
+
+// Starts copying `rows` rows of a packed weight ([rows, Dp], row stride Dp) into shared memory
+// (row stride Dp + kPad), source row r to row row_map(r): static D (kD > 0) copies the
+// compile-time shape kWRows x kD (rows must equal kWRows), run-time D copy_tile_async's loop.
+template <int kD, int kWRows, typename T, typename RowMap = SameRow>
+__device__ __forceinline__ void copy_weight_async(T* dst, const T* src, int Dp, int rows,
+                                                  RowMap row_map = {}) {
+  if constexpr (kD > 0)
+    copy_tile_async_static<kWRows, kD>(dst, kD + kPad, src, kD, row_map);
+  else
+    copy_tile_async(dst, Dp + kPad, src, Dp, rows, Dp, row_map);
+}
+
 // Packed row pr of an a/b block of w_in (P of channels 0..63, then G of the same channels) to its
 // row in shared memory: the 16 P rows of channels 16u..16u+15, then their 16 G rows, for u = 0..3.
 // A warp's two 16-column halves of a WarpTileLdsm product are then P and G of the same channels
@@ -112,8 +143,13 @@ __device__ __forceinline__ unsigned thread_index_here() {
 // (rows with a null row_ptr are skipped). Consecutive threads take consecutive 16-byte pieces of a
 // row; a piece is one vector store where its destination is 16-byte aligned and whole, scalar
 // stores otherwise (odd D or S). kMaxRows x kMaxCols bounds the tile (compile time: unrolled).
-// kTidHere: the thread's pieces from thread_index_here() (80-register kernels).
-template <int kMaxRows, int kMaxCols, bool kTidHere = false, typename T, typename RowPtr>
+// kTidHere: the thread's pieces from thread_index_here() (80-register kernels). kWhole: the
+// caller knows that the store is whole (every row [0, kMaxRows) non-null and stored in full,
+// cols = kMaxCols, every row 16-byte aligned: a full tile of a static-D kernel), so every piece is
+// one vector store with no predicate. kAligned: every non-null row is 16-byte aligned and cols a
+// multiple of 8 (row-major rows of static D), so a stored piece is one vector store.
+template <int kMaxRows, int kMaxCols, bool kTidHere = false, bool kWhole = false,
+          bool kAligned = kWhole, typename T, typename RowPtr>
 __device__ __forceinline__ void store_staged_rows(const T* st, int ld_s, int cols, RowPtr row_ptr) {
   static_assert(sizeof(T) == 2, "16-bit staging");
   constexpr int kVec = 8, kPieces = kMaxCols / kVec, kTotal = kMaxRows * kPieces;
@@ -124,9 +160,9 @@ __device__ __forceinline__ void store_staged_rows(const T* st, int ld_s, int col
     const int idx = tid + it * kThreads;
     const int rr = idx / kPieces, c = (idx % kPieces) * kVec;
     T* dst = row_ptr(rr);
-    if (dst == nullptr || c >= cols) continue;
+    if (!kWhole && (dst == nullptr || c >= cols)) continue;
     const uint4 v = *reinterpret_cast<const uint4*>(st + rr * ld_s + c);
-    if (c + kVec <= cols && reinterpret_cast<uintptr_t>(dst + c) % 16 == 0) {
+    if (kAligned || (c + kVec <= cols && reinterpret_cast<uintptr_t>(dst + c) % 16 == 0)) {
       *reinterpret_cast<uint4*>(dst + c) = v;
     } else {
       const uint32_t w[4] = {v.x, v.y, v.z, v.w};
@@ -136,6 +172,25 @@ __device__ __forceinline__ void store_staged_rows(const T* st, int ld_s, int col
         if (c + k < cols) d[k] = uint16_t(w[k / 2] >> (16 * (k % 2)));
     }
   }
+}
+
+// A tile's staged rows to global through store_staged_rows: with no per-piece predicates where
+// `whole` (static D only: see kWhole; the tile interiors), with them otherwise (tile edges, odd
+// shapes, run-time D). row_ptr_whole(rr): row rr's destination, never null; row_ptr(rr): the same
+// or null for rows that are not stored. kAlignedRows: static D's row-major rows (16-byte aligned,
+// D a multiple of 8) also at the edges (see kAligned).
+template <bool kStatic, int kMaxRows, int kMaxCols, bool kTidHere, bool kAlignedRows = false,
+          typename T, typename RowPtrWhole, typename RowPtr>
+__device__ __forceinline__ void store_staged_tile(bool whole, const T* st, int ld_s, int cols,
+                                                  RowPtrWhole row_ptr_whole, RowPtr row_ptr) {
+  if constexpr (kStatic) {
+    if (whole) {
+      store_staged_rows<kMaxRows, kMaxCols, kTidHere, true>(st, ld_s, kMaxCols, row_ptr_whole);
+      return;
+    }
+  }
+  store_staged_rows<kMaxRows, kMaxCols, kTidHere, false, kStatic && kAlignedRows>(st, ld_s, cols,
+                                                                                  row_ptr);
 }
 
 // ---- Warp-level GEMM on shared-memory tiles.
@@ -385,7 +440,34 @@ struct Tile {
   __device__ int64_t channel_major(const Params& p, int64_t c, int r) const {
     return ((b * p.D + c) * p.S + i) * p.S + j0 + r;
   }
+  // The same with D given (a compile-time constant in the kernels for static D).
+  __device__ int64_t channel_major(const Params& p, int D, int64_t c, int r) const {
+    return ((b * D + c) * p.S + i) * p.S + j0 + r;
+  }
 };
+
+// Tile t, with 32-bit divisions where the tile count fits (Tile(t, p)'s 64-bit divisions are a
+// few hundred instructions per tile). kOnly32: the caller knows that p.tiles <= INT32_MAX (the
+// forward kernels' grids; the launchers of the static-D kernels check it), so no 64-bit path is
+// compiled.
+template <bool kOnly32 = false>
+__device__ __forceinline__ Tile tile_at(int64_t t, const Params& p) {
+  if (kOnly32 || p.tiles <= INT32_MAX) {
+    const unsigned tu = unsigned(t), tpr = unsigned(p.tiles_per_row), S = unsigned(p.S);
+    const unsigned bi = tu / tpr, b = bi / S;
+    return Tile(b, bi - b * S, int64_t(tu - bi * tpr) * kRows, p);
+  }
+  return Tile(t, p);
+}
+// Tile t of a persistent kernel: 32-bit divisions for static D (tile_at<true>: its launchers
+// check the tile count), Tile(t, p) as before otherwise.
+template <bool kStatic>
+__device__ __forceinline__ Tile persistent_tile(int64_t t, const Params& p) {
+  if constexpr (kStatic)
+    return tile_at<true>(t, p);
+  else
+    return Tile(t, p);
+}
 
 // Loop trip counts of the tile passes at the largest D: every pass is fully unrolled with these
 // compile-time counts (elements past D or past the tile are predicated off), so that each thread
@@ -399,24 +481,127 @@ static_assert(kRows % kWarps == 0 && kMaxD % 32 == 0 && (kMaxD * kRows) % kThrea
               "the tile passes divide evenly among the threads");
 static_assert(kThreads % kRows == 0, "a thread keeps one row in channel-major passes");
 
+// ---- Channel counts fixed at compile time or read at run time.
+//
+// The 16-bit kernels are instantiated for kD = 64 and kD = 128 (D known at compile time: loop
+// bounds, shared-memory strides and channel predicates fold, the channel-major strides are
+// constants times S * S) and for kD = 0 (D from Params: every other D). An instantiation changes
+// only index arithmetic, trip counts and predicates, never an arithmetic expression or its
+// order, so every instantiation gives the same bits. (Where the compiler could contract a product
+// and the sum it feeds into one FMA for static D only, because a select between them folded away
+// or a division by D became a multiplication, product<kD> and divide_by_d<kD> below round the
+// product on its own, as the run-time kernel does.)
+template <int kD>
+struct Dims {
+  static_assert(kD == 0 || (kD % 32 == 0 && kD <= kMaxD && (2 * kD) % kChunkChannels == 0),
+                "static D: a multiple of 32 whose a/b channels fill whole input-side steps");
+  static constexpr bool kStatic = kD > 0;
+  __device__ __forceinline__ static int D(const Params& p) {
+    if constexpr (kStatic)
+      return kD;
+    else
+      return int(p.D);
+  }
+  // D rounded up to 16 (kD itself), and the row stride of the padded shared-memory operands.
+  __device__ __forceinline__ static int Dp(const Params& p) {
+    if constexpr (kStatic)
+      return kD;
+    else
+      return p.Dp;
+  }
+  __device__ __forceinline__ static int ld(const Params& p) { return Dp(p) + kPad; }
+  __device__ __forceinline__ static int chunks(const Params& p) {
+    if constexpr (kStatic)
+      return 2 * kD / kChunkChannels;
+    else
+      return p.input_chunks;
+  }
+  // Channel c of the a/b channels [0, 2D) exists (always for static D: whole steps).
+  __device__ __forceinline__ static bool ab_channel(int c, int D) {
+    if constexpr (kStatic)
+      return true;
+    else
+      return c < 2 * D;
+  }
+  // Channel c of [0, D) exists.
+  __device__ __forceinline__ static bool channel(int c, int D) {
+    if constexpr (kStatic)
+      return c < kD;
+    else
+      return c < D;
+  }
+};
+
+// a * b, rounded on its own (__fmul_rn) for static D (kD > 0): a product that the run-time
+// kernel selects against zero (`valid ? a * b : 0.0f`) before adding it into a sum is rounded
+// there by itself; where the select folds away, __fmul_rn keeps the compiler from contracting the
+// product and the sum into an FMA, so the bits stay those of the run-time kernel. For kD = 0 the
+// plain product (the run-time kernel's code as it was).
+template <int kD>
+__device__ __forceinline__ float product(float a, float b) {
+  if constexpr (kD > 0)
+    return __fmul_rn(a, b);
+  else
+    return a * b;
+}
+
+// x / D. For static D (a power of two) the exact product x * (1 / kD), rounded on its own
+// (__fmul_rn): the same bits as the division (both are x / D correctly rounded), and no FMA may
+// take it into the difference that follows (v - mean), which would skip that rounding.
+template <int kD>
+__device__ __forceinline__ float divide_by_d(float x, int D) {
+  if constexpr (kD > 0) {
+    static_assert((kD & (kD - 1)) == 0, "1 / kD exact");
+    return __fmul_rn(x, 1.0f / kD);
+  } else {
+    return x / float(D);
+  }
+}
+
+// Row passes (lane l holds elements l + 32 t, t < kPerLane): the t that can hold a channel
+// below D, and whether element t of this lane does.
+template <int kD>
+constexpr int kLanesOf = kD ? kD / 32 : kPerLane;
+template <int kD>
+__device__ __forceinline__ bool lane_in_d(int lane, int t, int D) {
+  if constexpr (kD > 0)
+    return t < kD / 32;
+  else
+    return lane + 32 * t < D;
+}
+
 // dst[r][c] = src[b, c, i, j0 + r] for a channel-major src; zeros past the tile and past D (to Dp).
 // Thread t takes row t % kRows of channels t / kRows + (kThreads / kRows) k: consecutive threads
-// read consecutive j (coalesced). All loads first, then the shared-memory stores.
-template <typename T>
+// read consecutive j (coalesced). All loads first, then the shared-memory stores. Static D: only
+// the k with channels below D, and one pointer stepped by the channel stride.
+template <int kD = 0, typename T>
 __device__ void load_channel_major_tile(const Params& p, const Tile& tile, const T* src, T* dst,
                                         int ld) {
   const int r = threadIdx.x % kRows, c0 = threadIdx.x / kRows;
   constexpr int kStep = kThreads / kRows;
-  T v[kTileElemsPerThread];
+  if constexpr (kD > 0) {
+    static_assert(kD % kStep == 0, "every thread's channels below D");
+    constexpr int kIters = kD / kStep;
+    const int64_t step = kStep * p.S * p.S;
+    const T* at = src + tile.channel_major(p, kD, c0, r);
+    const bool row_ok = r < tile.n;
+    T v[kIters];
 #pragma unroll
-  for (int k = 0; k < kTileElemsPerThread; ++k) {
-    const int c = c0 + kStep * k;
-    v[k] = (c < p.D && r < tile.n) ? src[tile.channel_major(p, c, r)] : from_f<T>(0.0f);
-  }
+    for (int k = 0; k < kIters; ++k) v[k] = row_ok ? at[k * step] : from_f<T>(0.0f);
 #pragma unroll
-  for (int k = 0; k < kTileElemsPerThread; ++k) {
-    const int c = c0 + kStep * k;
-    if (c < p.Dp) dst[r * ld + c] = v[k];
+    for (int k = 0; k < kIters; ++k) dst[r * ld + c0 + kStep * k] = v[k];
+  } else {
+    T v[kTileElemsPerThread];
+#pragma unroll
+    for (int k = 0; k < kTileElemsPerThread; ++k) {
+      const int c = c0 + kStep * k;
+      v[k] = (c < p.D && r < tile.n) ? src[tile.channel_major(p, c, r)] : from_f<T>(0.0f);
+    }
+#pragma unroll
+    for (int k = 0; k < kTileElemsPerThread; ++k) {
+      const int c = c0 + kStep * k;
+      if (c < p.Dp) dst[r * ld + c] = v[k];
+    }
   }
 }
 
@@ -426,20 +611,24 @@ struct RowStats {
   float mean, rstd;
 };
 
-template <int N>
+// kD > 0 (static D): only the t < kD / 32 that hold channels are summed (the others would add
+// +0.0f to sums that start at +0.0f and so are never -0.0f: the same bits).
+template <int kD = 0, int N>
 __device__ __forceinline__ RowStats row_stats(const float (&v)[N], int D, float eps) {
   const int lane = threadIdx.x % 32;
+  constexpr int kN = kD ? kD / 32 : N;
+  static_assert(kN <= N, "row elements per lane");
   float s = 0.0f;
 #pragma unroll
-  for (int t = 0; t < N; ++t) s += v[t];
-  const float mean = warp_sum(s) / float(D);
+  for (int t = 0; t < kN; ++t) s += v[t];
+  const float mean = divide_by_d<kD>(warp_sum(s), D);
   float q = 0.0f;
 #pragma unroll
-  for (int t = 0; t < N; ++t) {
-    const float d = lane + 32 * t < D ? v[t] - mean : 0.0f;
+  for (int t = 0; t < kN; ++t) {
+    const float d = lane_in_d<kD>(lane, t, D) ? v[t] - mean : 0.0f;
     q += d * d;
   }
-  return {mean, rsqrtf(warp_sum(q) / float(D) + eps)};
+  return {mean, rsqrtf(divide_by_d<kD>(warp_sum(q), D) + eps)};
 }
 
 // Shared memory carved into 128-byte aligned regions.

@@ -120,24 +120,26 @@ struct InputForwardOccupancySmem {
   }
 };
 
-template <typename T>
+// kD: static D (64 or 128; Dims), or 0 for D from Params.
+template <typename T, int kD>
 __global__ void __launch_bounds__(kThreads, kOccupancyCtas)
     input_forward_16bit_kernel(const Params p) {
   using Acc = WarpTileLdsm<T>;
+  using Dm = Dims<kD>;
   constexpr int kLdAB = kRows + kPad;
   extern __shared__ __align__(128) unsigned char smem_raw[];
-  InputForwardOccupancySmem<T> s(smem_raw, p.Dp);
-  const Tile tile(blockIdx.x, p);
-  const int ld = p.Dp + kPad, D = int(p.D);
+  const int D = Dm::D(p), Dp = Dm::Dp(p), ld = Dm::ld(p), chunks = Dm::chunks(p);
+  InputForwardOccupancySmem<T> s(smem_raw, Dp);
+  const Tile tile = tile_at<true>(blockIdx.x, p);  // grids of at most 2^31 - 1 tiles
   const T* w_in = static_cast<const T*>(p.w_in);
 
-  copy_tile_async(s.w, ld, w_in, p.Dp, kChunkN, p.Dp, InterleavePG{});
-  normalize_input_rows(p, tile, s.x, ld, s.mask, nullptr, nullptr);
+  copy_weight_async<kD, kChunkN>(s.w, w_in, Dp, kChunkN, InterleavePG{});
+  normalize_input_rows<kD>(p, tile, s.x, ld, s.mask, nullptr, nullptr);
   // Channel (within the step) of this thread's a | b elements acc[i][0 or 1][h][e].
   const int cl_base = (threadIdx.x / 32 >> 1) * 16 + 2 * (threadIdx.x & 3);
 
-  for (int q = 0; q <= p.input_chunks; ++q) {
-    const bool gate_step = q == p.input_chunks;
+  for (int q = 0; q <= chunks; ++q) {
+    const bool gate_step = q == chunks;
     // This thread's biases before the GEMM, which hides their latency: [j][h][e % 2] = the P and
     // G biases of channel cl_base + 8 h + e % 2 (a | b steps) or go column Acc::col(j, h, e).
     float bias[2][2][2];
@@ -151,17 +153,17 @@ __global__ void __launch_bounds__(kThreads, kOccupancyCtas)
 #pragma unroll
           for (int e = 0; e < 2; ++e) {
             const int c = q * kChunkChannels + cl_base + 8 * h + e;
-            bias[j][h][e] = c < 2 * D ? p.bias_in[j * 2 * D + c] : 0.0f;
+            bias[j][h][e] = Dm::ab_channel(c, D) ? p.bias_in[j * 2 * D + c] : 0.0f;
           }
     }
     Acc acc;
-    wait_and_multiply(acc, s.x, s.w, ld, p.Dp, kChunkN);
+    wait_and_multiply(acc, s.x, s.w, ld, Dp, kChunkN);
     __syncthreads();
-    if (q + 1 < p.input_chunks)
-      copy_tile_async(s.w, ld, w_in + int64_t(q + 1) * kChunkN * p.Dp, p.Dp, kChunkN, p.Dp,
-                      InterleavePG{});
+    if (q + 1 < chunks)
+      copy_weight_async<kD, kChunkN>(s.w, w_in + int64_t(q + 1) * kChunkN * Dp, Dp, kChunkN,
+                                     InterleavePG{});
     else if (!gate_step)
-      copy_tile_async(s.w, ld, w_in + int64_t(q + 1) * kChunkN * p.Dp, p.Dp, kChunkN, p.Dp);
+      copy_weight_async<kD, kChunkN>(s.w, w_in + int64_t(q + 1) * kChunkN * Dp, Dp, kChunkN);
 
     if (!gate_step) {
       // a | b = sigmoid(G) * P * mask into St transposed, then channel-major to global.
@@ -177,11 +179,25 @@ __global__ void __launch_bounds__(kThreads, kOccupancyCtas)
             s.st[cl * kLdAB + r] = from_f<T>(sigmoid_fast(gv) * pv * s.mask[r]);
           }
       __syncthreads();
-      store_staged_rows<kChunkChannels, kRows, true>(s.st, kLdAB, tile.n, [=](int cl) -> T* {
-        const int c = q * kChunkChannels + cl;
-        if (c >= 2 * D) return nullptr;
-        return static_cast<T*>(c < D ? p.a : p.b) + tile.channel_major(p, c < D ? c : c - D, 0);
-      });
+      // Channel c of a | b at dst + c * plane (a for c < D, b past it); static D: the step's
+      // channels are all in a or all in b (D is a multiple of kChunkChannels).
+      const int64_t plane = p.S * p.S;
+      const int64_t origin = tile.channel_major(p, D, 0, 0);
+      if constexpr (Dm::kStatic) {
+        const int c0 = q * kChunkChannels;
+        T* dst = (c0 < D ? static_cast<T*>(p.a) + origin + c0 * plane
+                         : static_cast<T*>(p.b) + origin + (c0 - D) * plane);
+        const auto row = [=](int cl) -> T* { return dst + cl * plane; };
+        // Whole in full tiles where S % 8 == 0 (every channel's 64 positions 16-byte aligned).
+        store_staged_tile<true, kChunkChannels, kRows, true>(tile.n == kRows && p.S % 8 == 0, s.st,
+                                                             kLdAB, tile.n, row, row);
+      } else {
+        store_staged_rows<kChunkChannels, kRows, true>(s.st, kLdAB, tile.n, [=](int cl) -> T* {
+          const int c = q * kChunkChannels + cl;
+          if (c >= 2 * D) return nullptr;
+          return static_cast<T*>(c < D ? p.a : p.b) + tile.channel_major(p, c < D ? c : c - D, 0);
+        });
+      }
     } else {
       // Output gate logits, row-major.
       Acc::template for_each_element<2>([&](int i, int j, int h, int e) {
@@ -189,10 +205,11 @@ __global__ void __launch_bounds__(kThreads, kOccupancyCtas)
                    acc.acc[i][j][h][e] + bias[j][h][0], acc.acc[i][j][h][e + 1] + bias[j][h][1]);
       });
       __syncthreads();
-      T* go = static_cast<T*>(p.go);
-      store_staged_rows<kRows, kChunkN, true>(s.st, kLdSt, D, [=](int r) -> T* {
-        return r < tile.n ? go + (tile.row0 + r) * D : nullptr;
-      });
+      T* go = static_cast<T*>(p.go) + tile.row0 * D;
+      const int n = tile.n;
+      store_staged_tile<Dm::kStatic, kRows, kD ? kD : kChunkN, true, true>(
+          n == kRows, s.st, kLdSt, D, [=](int r) -> T* { return go + r * D; },
+          [=](int r) -> T* { return r < n ? go + r * D : nullptr; });
     }
   }
 }
@@ -205,9 +222,11 @@ void launch_input_forward(const Params& p, cudaStream_t stream) {
     launch_kernel(input_forward_f32_kernel, dim3(unsigned(p.tiles)),
                   InputForwardF32Smem(nullptr, p.Dp).bytes, p, stream, "trimul input_forward");
   else
-    launch_kernel(input_forward_16bit_kernel<T>, dim3(unsigned(p.tiles)),
-                  InputForwardOccupancySmem<T>(nullptr, p.Dp).bytes, p, stream,
-                  "trimul input_forward");
+    with_static_d(p, [&](auto d) {
+      launch_kernel(input_forward_16bit_kernel<T, d.value>, dim3(unsigned(p.tiles)),
+                    InputForwardOccupancySmem<T>(nullptr, p.Dp).bytes, p, stream,
+                    "trimul input_forward");
+    });
 }
 
 TPF_TRIMUL_INSTANTIATE(launch_input_forward)

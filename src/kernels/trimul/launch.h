@@ -6,6 +6,7 @@
 #include <cuda_runtime.h>
 
 #include <cstddef>
+#include <cstdint>
 #include <string>
 #include <type_traits>
 
@@ -33,6 +34,24 @@ template <typename Kernel>
 void set_max_smem(Kernel kernel, size_t bytes) {
   check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(bytes)),
              "cudaFuncSetAttribute");
+}
+
+// Calls f(std::integral_constant<int, kD>{}) with the 16-bit kernels' instantiation for p.D: kD =
+// 64 or 128 (D at compile time, device.cuh's Dims), else kD = 0 (D from Params). The static ones
+// also take their tile indices in 32 bits and store the tiles' interiors with no per-piece
+// predicates, assuming 16-byte aligned outputs (store_staged_tile): both are checked here, and
+// where either does not hold (never, in practice) the run-time kernels run.
+template <typename F>
+void with_static_d(const Params& p, F&& f) {
+  const auto aligned = [](const void* q) { return reinterpret_cast<uintptr_t>(q) % 16 == 0; };
+  const bool fits = p.tiles <= INT32_MAX && aligned(p.y) && aligned(p.go) && aligned(p.a) &&
+                    aligned(p.b) && aligned(p.dz) && aligned(p.dpo) && aligned(p.zln);
+  if (fits && p.D == 64)
+    f(std::integral_constant<int, 64>{});
+  else if (fits && p.D == 128)
+    f(std::integral_constant<int, 128>{});
+  else
+    f(std::integral_constant<int, 0>{});
 }
 
 // One launch of a kernel over Params with kThreads threads per CTA and `smem` bytes of dynamic

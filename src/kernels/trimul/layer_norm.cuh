@@ -21,34 +21,35 @@ __device__ __forceinline__ float mask_value(const Params& p, int64_t i) {
 
 // x_ln of the tile's rows into X (zeros past the tile and past D); mask values per row. Warp w
 // takes rows w, w + kWarps, ...; it loads all of its rows (and their mask values) before it
-// reduces the first one.
-template <typename T>
+// reduces the first one. kD: static D (Dims), or 0.
+template <int kD = 0, typename T>
 __device__ inline void normalize_input_rows(const Params& p, const Tile& tile, T* X, int ldx,
                                             float* mask, float* mean_out, float* rstd_out) {
   const T* x = static_cast<const T*>(p.x);
   const bool masked = p.mask != nullptr;
-  const int D = int(p.D), lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  const int D = Dims<kD>::D(p), Dp = Dims<kD>::Dp(p), lane = threadIdx.x % 32,
+            warp = threadIdx.x / 32;
+  constexpr int kLanes = kLanesOf<kD>;
   float v[kRowsPerWarp][kPerLane];
   float mv[kRowsPerWarp];
 #pragma unroll
   for (int k = 0; k < kRowsPerWarp; ++k) {
     const int r = warp + kWarps * k;
+    const T* row = x + (tile.row0 + r) * D + lane;
 #pragma unroll
-    for (int t = 0; t < kPerLane; ++t) {
-      const int c = lane + 32 * t;
-      v[k][t] = (r < tile.n && c < D) ? to_f(x[(tile.row0 + r) * D + c]) : 0.0f;
-    }
+    for (int t = 0; t < kPerLane; ++t)
+      v[k][t] = (r < tile.n && lane_in_d<kD>(lane, t, D)) ? to_f(row[32 * t]) : 0.0f;
     mv[k] = (masked && r < tile.n) ? mask_value<T>(p, tile.row0 + r) : 1.0f;
   }
 #pragma unroll
   for (int k = 0; k < kRowsPerWarp; ++k) {
     const int r = warp + kWarps * k;
-    const RowStats st = row_stats(v[k], D, p.eps);
+    const RowStats st = row_stats<kD>(v[k], D, p.eps);
 #pragma unroll
-    for (int t = 0; t < kPerLane; ++t) {
+    for (int t = 0; t < kLanes; ++t) {
       const int c = lane + 32 * t;
-      if (c < p.Dp) {
-        const bool valid = r < tile.n && c < D;
+      if (kD > 0 || c < Dp) {
+        const bool valid = r < tile.n && lane_in_d<kD>(lane, t, D);
         X[r * ldx + c] =
             from_f<T>(valid ? (v[k][t] - st.mean) * st.rstd * p.ln_in_w[c] + p.ln_in_b[c] : 0.0f);
       }
@@ -64,24 +65,26 @@ __device__ inline void normalize_input_rows(const Params& p, const Tile& tile, T
 }
 
 // z_ln of the tile's rows from Z (the tile of z in T, [kRows][ld]) into X (zeros past the tile and
-// past D); mean and 1/sigma per row, and z_ln to global (row-major), where given.
-template <typename T>
+// past D); mean and 1/sigma per row, and z_ln to global (row-major), where given. kD: static D
+// (Dims), or 0.
+template <int kD = 0, typename T>
 __device__ inline void normalize_output_rows(const Params& p, const Tile& tile, const T* Z, T* X,
                                              int ld, float* mean_out, float* rstd_out, T* zln_out) {
-  const int D = int(p.D), lane = threadIdx.x % 32;
+  const int D = Dims<kD>::D(p), Dp = Dims<kD>::Dp(p), lane = threadIdx.x % 32;
+  constexpr int kLanes = kLanesOf<kD>;
   for (int r = threadIdx.x / 32; r < kRows; r += kWarps) {
     float v[kPerLane];
 #pragma unroll
     for (int k = 0; k < kPerLane; ++k) {
       const int c = lane + 32 * k;
-      v[k] = c < D ? to_f(Z[r * ld + c]) : 0.0f;
+      v[k] = lane_in_d<kD>(lane, k, D) ? to_f(Z[r * ld + c]) : 0.0f;
     }
-    const RowStats st = row_stats(v, D, p.eps);
+    const RowStats st = row_stats<kD>(v, D, p.eps);
 #pragma unroll
-    for (int k = 0; k < kPerLane; ++k) {
+    for (int k = 0; k < kLanes; ++k) {
       const int c = lane + 32 * k;
-      if (c >= p.Dp) continue;
-      const bool valid = c < D && r < tile.n;
+      if (kD == 0 && c >= Dp) continue;
+      const bool valid = lane_in_d<kD>(lane, k, D) && r < tile.n;
       const T zl =
           from_f<T>(valid ? (v[k] - st.mean) * st.rstd * p.ln_out_w[c] + p.ln_out_b[c] : 0.0f);
       X[r * ld + c] = zl;
@@ -96,40 +99,41 @@ __device__ inline void normalize_output_rows(const Params& p, const Tile& tile, 
 
 // Rows warp + kWarps (k0 + k), k < N, of the tile of a row-major [positions, D] tensor, as floats
 // held by the warp (lane l, element l + 32 e; zeros past the tile and past D): all loads first.
-template <int N, typename T>
+template <int kD = 0, int N, typename T>
 __device__ __forceinline__ void load_warp_rows(const T* src, const Tile& tile, int D, int k0,
                                                float (&v)[N][kPerLane]) {
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
 #pragma unroll
   for (int k = 0; k < N; ++k) {
     const int r = warp + kWarps * (k0 + k);
+    const T* row = src + (tile.row0 + r) * D + lane;
 #pragma unroll
-    for (int e = 0; e < kPerLane; ++e) {
-      const int c = lane + 32 * e;
-      v[k][e] = (r < tile.n && c < D) ? to_f(src[(tile.row0 + r) * D + c]) : 0.0f;
-    }
+    for (int e = 0; e < kPerLane; ++e)
+      v[k][e] = (r < tile.n && lane_in_d<kD>(lane, e, D)) ? to_f(row[32 * e]) : 0.0f;
   }
 }
 
 // The backward of y = xhat * w + b for one row held by a warp (lane l, element l + 32 t):
-// dx = rstd (g - mean(g) - xhat mean(g xhat)) with g = dy * w.
+// dx = rstd (g - mean(g) - xhat mean(g xhat)) with g = dy * w. kD: static D (Dims; then dx[t] is
+// computed for t < kD / 32 only; g through product<kD>), or 0.
+template <int kD = 0>
 __device__ __forceinline__ void layer_norm_backward_row(const float (&dy)[kPerLane],
                                                         const float (&xhat)[kPerLane],
                                                         const float* w, int D, float rstd,
                                                         float (&dx)[kPerLane]) {
   const int lane = threadIdx.x % 32;
+  constexpr int kLanes = kLanesOf<kD>;
   float g[kPerLane], s1 = 0.0f, s2 = 0.0f;
 #pragma unroll
-  for (int t = 0; t < kPerLane; ++t) {
-    const int c = lane + 32 * t;
-    g[t] = c < D ? dy[t] * w[c] : 0.0f;
+  for (int t = 0; t < kLanes; ++t) {
+    g[t] = lane_in_d<kD>(lane, t, D) ? product<kD>(dy[t], w[lane + 32 * t]) : 0.0f;
     s1 += g[t];
     s2 += g[t] * xhat[t];
   }
-  s1 = warp_sum(s1) / float(D);
-  s2 = warp_sum(s2) / float(D);
+  s1 = divide_by_d<kD>(warp_sum(s1), D);
+  s2 = divide_by_d<kD>(warp_sum(s2), D);
 #pragma unroll
-  for (int t = 0; t < kPerLane; ++t) dx[t] = rstd * (g[t] - s1 - xhat[t] * s2);
+  for (int t = 0; t < kLanes; ++t) dx[t] = rstd * (g[t] - s1 - xhat[t] * s2);
 }
 
 }  // namespace tpf::cuda::trimul

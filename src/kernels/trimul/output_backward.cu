@@ -295,17 +295,6 @@ __device__ __forceinline__ float reduce_scatter_2(const float (&v)[2]) {
   return (b2 ? v[1] : v[0]) + __shfl_xor_sync(0xffffffffu, b2 ? v[0] : v[1], 16);
 }
 
-// Tile t, with 32-bit divisions where the tile count fits (Tile(t, p)'s 64-bit divisions are a
-// few hundred instructions per tile).
-__device__ __forceinline__ Tile tile_at(int64_t t, const Params& p) {
-  if (p.tiles <= INT32_MAX) {
-    const unsigned tu = unsigned(t), tpr = unsigned(p.tiles_per_row), S = unsigned(p.S);
-    const unsigned bi = tu / tpr, b = bi / S;
-    return Tile(b, bi - b * S, int64_t(tu - bi * tpr) * kRows, p);
-  }
-  return Tile(t, p);
-}
-
 // The dynamic shared memory's base, read anew at each call (volatile: not hoisted), so that the
 // carved pointers are recomputed where they are used (a few integer instructions) instead of
 // being kept in registers across the tile loop and spilled under the 80-register bound.
@@ -318,13 +307,18 @@ __device__ __forceinline__ unsigned char* smem_base_here(unsigned char* base) {
 }
 
 // kPaired: D is even (go, dy and dgo in 32-bit pairs; scalar otherwise, for the C++ API's odd D).
-template <typename T, bool kPaired>
+// kD: static D (64 or 128; Dims; always paired), or 0 for D from Params.
+template <typename T, bool kPaired, int kD>
 __global__ void __launch_bounds__(kThreads, kOccupancyCtas)
     output_backward_16bit_kernel(const Params p) {
   using Acc = WarpTileLdsm<T>;
   using Smem = OutputBackwardOccupancySmem<T>;
+  using Dm = Dims<kD>;
+  static_assert(kD == 0 || kPaired, "static D is even");
+  // The widest row (row-major stores) or the most channels (dz's channel-major store).
+  constexpr int kMaxCols = kD ? kD : kChunkN;
   extern __shared__ __align__(128) unsigned char smem_raw[];
-  const int ld = p.Dp + kPad, D = int(p.D), Dp = p.Dp;
+  const int ld = Dm::ld(p), D = Dm::D(p), Dp = Dm::Dp(p);
   constexpr bool paired = kPaired;
   // The thread's coordinates (C fragment: g = lane / 4, t = lane % 4; the warp's rows m0.. and
   // columns n0.. of the 2 x 4 warp grid, nq = n0 / 32) from thread_index_here() at each use:
@@ -352,7 +346,7 @@ __global__ void __launch_bounds__(kThreads, kOccupancyCtas)
 
   {
     const Smem s = smem();
-    copy_tile_async(s.w, ld, static_cast<const T*>(p.w_out), Dp, Dp, Dp);
+    copy_weight_async<kD, kD>(s.w, static_cast<const T*>(p.w_out), Dp, Dp);
   }
   {
     const Smem s = smem();
@@ -365,7 +359,7 @@ __global__ void __launch_bounds__(kThreads, kOccupancyCtas)
   }
 
   for (int64_t tt = blockIdx.x; tt < p.tiles; tt += gridDim.x) {
-    const Tile tile = tile_at(tt, p);
+    const Tile tile = tile_at<Dm::kStatic>(tt, p);
     // The tile's go and dy (contiguous rows) toward L2 now; the gate epilogue reads them.
     {
       const int line = threadIdx.x % (kThreads / 2);
@@ -376,10 +370,10 @@ __global__ void __launch_bounds__(kThreads, kOccupancyCtas)
     }
     {
       const Smem s = smem();
-      load_channel_major_tile(p, tile, static_cast<const T*>(p.z), s.z, ld);
+      load_channel_major_tile<kD>(p, tile, static_cast<const T*>(p.z), s.z, ld);
       __syncthreads();
       // LayerNorm_out forward again: z_ln into X; then to global (for d p_out_weight) from X.
-      normalize_output_rows(p, tile, s.z, s.x, ld, s.mean, s.rstd, static_cast<T*>(nullptr));
+      normalize_output_rows<kD>(p, tile, s.z, s.x, ld, s.mean, s.rstd, static_cast<T*>(nullptr));
     }
     cp_async_wait_all();
     __syncthreads();
@@ -387,7 +381,8 @@ __global__ void __launch_bounds__(kThreads, kOccupancyCtas)
       const Smem s = smem();
       T* zln_tile = zln_out + tile.row0 * D;
       const int n = tile.n;
-      store_staged_rows<kRows, kChunkN, true>(
+      // (Not store_staged_tile: its whole variant spills at D = 128, registers being short here.)
+      store_staged_rows<kRows, kMaxCols, true, false, Dm::kStatic>(
           s.x, ld, D, [=](int r) -> T* { return r < n ? zln_tile + r * D : nullptr; });
     }
 
@@ -406,8 +401,8 @@ __global__ void __launch_bounds__(kThreads, kOccupancyCtas)
       float rbp[2], rbg[2];
       const T* go_t = go + tile.row0 * D;
       const T* dy_t = dy + tile.row0 * D;
-      T* dgo_t = dgo_out + tile.row0 * p.ld_dpg;
-      const int ld_dpg = int(p.ld_dpg);
+      T* dgo_t = dgo_out + tile.row0 * (Dm::kStatic ? int64_t(5) * kD : p.ld_dpg);
+      const int ld_dpg = Dm::kStatic ? 5 * kD : int(p.ld_dpg);
 #pragma unroll
       for (int j = 0; j < 2; ++j) {
         float vbp[4] = {}, vbg[4] = {};
@@ -421,8 +416,9 @@ __global__ void __launch_bounds__(kThreads, kOccupancyCtas)
               const int r = m0() + 16 * i + g() + 8 * ep, c = n0() + 16 * j + 8 * h + 2 * t();
               const bool row_ok = r < tile.n;
               const int at = r * D + c;
-              gw[h][ep] = load_pair_bits(go_t, at, row_ok && c < D, row_ok && c + 1 < D, paired);
-              dw[h][ep] = load_pair_bits(dy_t, at, row_ok && c < D, row_ok && c + 1 < D, paired);
+              const bool v0 = row_ok && Dm::channel(c, D), v1 = row_ok && Dm::channel(c + 1, D);
+              gw[h][ep] = load_pair_bits(go_t, at, v0, v1, paired);
+              dw[h][ep] = load_pair_bits(dy_t, at, v0, v1, paired);
             }
           // The first batch's loads are in flight across the barrier after which X takes dpo
           // (every warp done reading z_ln).
@@ -440,16 +436,16 @@ __global__ void __launch_bounds__(kThreads, kOccupancyCtas)
               float dpo[2], dgo[2];
 #pragma unroll
               for (int e = 0; e < 2; ++e) {
-                const bool valid = r < tile.n && c + e < D;
+                const bool valid = r < tile.n && Dm::channel(c + e, D);
                 const float po = acc.acc[i][j][h][2 * ep + e] + (e ? bias.y : bias.x);
                 const float sg = sigmoid_fast(e ? gv.y : gv.x), d = e ? dv.y : dv.x;
-                dpo[e] = valid ? d * sg : 0.0f;
-                dgo[e] = valid ? d * po * sg * (1.0f - sg) : 0.0f;
+                dpo[e] = valid ? product<kD>(d, sg) : 0.0f;
+                dgo[e] = valid ? product<kD>(d * po * sg, 1.0f - sg) : 0.0f;
                 vbp[2 * h + e] += dpo[e];
                 vbg[2 * h + e] += dgo[e];
               }
               frag[2 * h + ep] = Mma<T>::pack(dpo[0], dpo[1]);
-              if (r < tile.n && c < D) {
+              if (r < tile.n && Dm::channel(c, D)) {
                 T* dst = dgo_t + (r * ld_dpg + c);
                 if (paired) {
                   store_pair(dst, dgo[0], dgo[1]);
@@ -475,8 +471,9 @@ __global__ void __launch_bounds__(kThreads, kOccupancyCtas)
       const Smem s = smem();
       T* dpo_tile = dpo_out + tile.row0 * D;
       const int n = tile.n;
-      store_staged_rows<kRows, kChunkN, true>(
-          s.x, ld, D, [=](int r) -> T* { return r < n ? dpo_tile + r * D : nullptr; });
+      store_staged_tile<Dm::kStatic, kRows, kMaxCols, true, true>(
+          n == kRows, s.x, ld, D, [=](int r) -> T* { return dpo_tile + r * D; },
+          [=](int r) -> T* { return r < n ? dpo_tile + r * D : nullptr; });
     }
 
     // dz_ln = dpo Wp_out, in registers.
@@ -510,12 +507,12 @@ __global__ void __launch_bounds__(kThreads, kOccupancyCtas)
               const float2 z = unpack2<T>(zf[2 * h + ep]);
 #pragma unroll
               for (int e = 0; e < 2; ++e) {
-                const bool col_ok = c + e < D;
+                const bool col_ok = Dm::channel(c + e, D);
                 float& a = acc.acc[i][j][h][2 * ep + e];
                 const float dzl = col_ok ? a : 0.0f;
                 const float zhat = col_ok ? ((e ? z.y : z.x) - mean) * rstd : 0.0f;
                 if (r < tile.n) vnw[2 * h + e] += dzl * zhat;
-                a = col_ok ? dzl * (e ? w.y : w.x) : 0.0f;
+                a = col_ok ? product<kD>(dzl, e ? w.y : w.x) : 0.0f;
                 s1[ep] += a;
                 s2[ep] += a * zhat;
               }
@@ -559,8 +556,8 @@ __global__ void __launch_bounds__(kThreads, kOccupancyCtas)
         rstd[ep] = s.rstd[r];
         const float4 a = *reinterpret_cast<const float4*>(s.red + (r * 2 + 0) * kColWarps);
         const float4 b = *reinterpret_cast<const float4*>(s.red + (r * 2 + 1) * kColWarps);
-        m1[ep] = (((a.x + a.y) + a.z) + a.w) / float(D);
-        m2[ep] = (((b.x + b.y) + b.z) + b.w) / float(D);
+        m1[ep] = divide_by_d<kD>(((a.x + a.y) + a.z) + a.w, D);
+        m2[ep] = divide_by_d<kD>(((b.x + b.y) + b.z) + b.w, D);
       }
 #pragma unroll
       for (int j = 0; j < 2; ++j) {
@@ -576,7 +573,8 @@ __global__ void __launch_bounds__(kThreads, kOccupancyCtas)
             float dz[2];
 #pragma unroll
             for (int e = 0; e < 2; ++e) {
-              const float zhat = c + e < D ? ((e ? z.y : z.x) - mean[ep]) * rstd[ep] : 0.0f;
+              const float zhat =
+                  Dm::channel(c + e, D) ? ((e ? z.y : z.x) - mean[ep]) * rstd[ep] : 0.0f;
               dz[e] = rstd[ep] * (acc.acc[i][j][h][2 * ep + e] - m1[ep] - zhat * m2[ep]);
             }
             frag[2 * h + ep] = Mma<T>::pack(dz[0], dz[1]);
@@ -590,10 +588,12 @@ __global__ void __launch_bounds__(kThreads, kOccupancyCtas)
     // dz channel-major: 64 consecutive positions of a channel per staged row.
     {
       const Smem s = smem();
-      T* dz_tile = dz_out + tile.channel_major(p, 0, 0);
+      T* dz_tile = dz_out + tile.channel_major(p, D, 0, 0);
       const int64_t plane = p.S * p.S;
-      store_staged_rows<kChunkN, kRows, true>(
-          s.x, kLdZT, tile.n, [=](int c) -> T* { return c < D ? dz_tile + c * plane : nullptr; });
+      store_staged_tile<Dm::kStatic, kMaxCols, kRows, true>(
+          tile.n == kRows && p.S % 8 == 0, s.x, kLdZT, tile.n,
+          [=](int c) -> T* { return dz_tile + c * plane; },
+          [=](int c) -> T* { return c < D ? dz_tile + c * plane : nullptr; });
     }
   }
 
@@ -623,11 +623,15 @@ void launch_output_backward(const Params& p, cudaStream_t stream) {
     launch_kernel(output_backward_f32_kernel, dim3(unsigned(p.grid_backward)),
                   OutputBackwardF32Smem(nullptr, p.Dp).bytes, p, stream, "trimul output_backward");
   } else {
-    const auto kernel = p.D % 2 == 0 ? output_backward_16bit_kernel<T, true>
-                                     : output_backward_16bit_kernel<T, false>;
-    launch_kernel(kernel, dim3(unsigned(p.grid_backward)),
-                  OutputBackwardOccupancySmem<T>(nullptr, p.Dp).bytes, p, stream,
-                  "trimul output_backward");
+    with_static_d(p, [&](auto d) {
+      constexpr int kD = d.value;
+      auto kernel = output_backward_16bit_kernel<T, true, kD>;
+      if constexpr (kD == 0)
+        if (p.D % 2 != 0) kernel = output_backward_16bit_kernel<T, false, 0>;
+      launch_kernel(kernel, dim3(unsigned(p.grid_backward)),
+                    OutputBackwardOccupancySmem<T>(nullptr, p.Dp).bytes, p, stream,
+                    "trimul output_backward");
+    });
   }
 }
 

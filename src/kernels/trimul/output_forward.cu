@@ -93,46 +93,50 @@ struct OutputForwardOccupancySmem {
   }
 };
 
-template <typename T>
+// kD: static D (64 or 128; Dims), or 0 for D from Params.
+template <typename T, int kD>
 __global__ void __launch_bounds__(kThreads, kOccupancyCtas)
     output_forward_16bit_kernel(const Params p) {
   using Acc = WarpTileLdsm<T>;
+  using Dm = Dims<kD>;
   extern __shared__ __align__(128) unsigned char smem_raw[];
-  OutputForwardOccupancySmem<T> s(smem_raw, p.Dp);
-  const Tile tile(blockIdx.x, p);
-  const int ld = p.Dp + kPad, D = int(p.D);
+  const int D = Dm::D(p), Dp = Dm::Dp(p), ld = Dm::ld(p);
+  OutputForwardOccupancySmem<T> s(smem_raw, Dp);
+  const Tile tile = tile_at<true>(blockIdx.x, p);  // grids of at most 2^31 - 1 tiles
   const T* go = static_cast<const T*>(p.go) + tile.row0 * D;
 
-  copy_tile_async(s.w, ld, static_cast<const T*>(p.w_out), p.Dp, p.Dp, p.Dp);
+  copy_weight_async<kD, kD>(s.w, static_cast<const T*>(p.w_out), Dp, Dp);
   if (D % (16 / int(sizeof(T))) == 0) {
     copy_tile_async(s.st, kLdSt, go, D, tile.n, D);
   } else {
     for (int idx = threadIdx.x; idx < tile.n * D; idx += kThreads)
       s.st[idx / D * kLdSt + idx % D] = go[idx];
   }
-  load_channel_major_tile(p, tile, static_cast<const T*>(p.z), s.zx, ld);
+  load_channel_major_tile<kD>(p, tile, static_cast<const T*>(p.z), s.zx, ld);
   __syncthreads();
 
-  normalize_output_rows(p, tile, s.zx, s.zx, ld, nullptr, nullptr, static_cast<T*>(nullptr));
+  normalize_output_rows<kD>(p, tile, s.zx, s.zx, ld, nullptr, nullptr, static_cast<T*>(nullptr));
   // This thread's output biases before the GEMM, which hides their latency.
   float bias[2][2][2];
   Acc::column_values(p.bias_out, D, bias);
   Acc acc;
-  wait_and_multiply(acc, s.zx, s.w, ld, p.Dp, p.Dp);
+  wait_and_multiply(acc, s.zx, s.w, ld, Dp, Dp);
 
   // y = sigmoid(go) * (C + bp_out) in place of go in St (each element read and written by the
   // thread that owns it), then row-major to global.
+  const int n = tile.n;
   Acc::for_each_element([&](int i, int j, int h, int e) {
     const int r = Acc::row(i, e), c = Acc::col(j, h, e);
-    if (r < tile.n && c < D) {
+    if (r < n && Dm::channel(c, D)) {
       T* at = s.st + r * kLdSt + c;
       *at = from_f<T>(sigmoid_fast(to_f(*at)) * (acc.acc[i][j][h][e] + bias[j][h][e & 1]));
     }
   });
   __syncthreads();
   T* y = static_cast<T*>(p.y) + tile.row0 * D;
-  store_staged_rows<kRows, kChunkN>(s.st, kLdSt, D,
-                                    [=](int r) -> T* { return r < tile.n ? y + r * D : nullptr; });
+  store_staged_tile<Dm::kStatic, kRows, kD ? kD : kChunkN, false, true>(
+      n == kRows, s.st, kLdSt, D, [=](int r) -> T* { return y + r * D; },
+      [=](int r) -> T* { return r < n ? y + r * D : nullptr; });
 }
 
 }  // namespace
@@ -143,9 +147,11 @@ void launch_output_forward(const Params& p, cudaStream_t stream) {
     launch_kernel(output_forward_f32_kernel, dim3(unsigned(p.tiles)),
                   OutputForwardF32Smem(nullptr, p.Dp).bytes, p, stream, "trimul output_forward");
   else
-    launch_kernel(output_forward_16bit_kernel<T>, dim3(unsigned(p.tiles)),
-                  OutputForwardOccupancySmem<T>(nullptr, p.Dp).bytes, p, stream,
-                  "trimul output_forward");
+    with_static_d(p, [&](auto d) {
+      launch_kernel(output_forward_16bit_kernel<T, d.value>, dim3(unsigned(p.tiles)),
+                    OutputForwardOccupancySmem<T>(nullptr, p.Dp).bytes, p, stream,
+                    "trimul output_forward");
+    });
 }
 
 TPF_TRIMUL_INSTANTIATE(launch_output_forward)

@@ -48,12 +48,12 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
   if (threadIdx.x == 0) {
     mbar_init(&sm.kv_full, kBwdLoadThreads);
     for (int s = 0; s < 2; ++s) {
-      mbar_init(&sm.full[s], kBwdLoadThreads);
+      mbar_init(&sm.full[s], 1);  // thread 0 of the producer
       mbar_init(&sm.empty[s], 256);
     }
     for (int s = 0; s < S::DQS; ++s) {
       mbar_init(&sm.dq_full[s], 256);
-      mbar_init(&sm.dq_empty[s], 32);
+      mbar_init(&sm.dq_empty[s], 32 * kBwdDqWriters);
     }
     mbar_init(&sm.dbias_full, 256);
     mbar_init(&sm.dbias_empty, 32);
@@ -64,11 +64,11 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
   if (warpgroup == 0) {
     warpgroup_registers_dec<kBwdProducerRegisters>();
     const int warp = threadIdx.x / 32;
-    if (warp < 2)
+    if (warp == 0)
       sm90_backward_load<T, D, BT>(p, maps, sm, blk.g, blk.b, blk.h, blk.jb, grid.query_tiles);
-    else if (warp == 2)
+    else if (warp <= kBwdDqWriters)
       sm90_backward_write_dq<T, D, BT>(p, sm, blk.g, blk.b, blk.h, blk.jb, grid.key_blocks,
-                                       grid.query_tiles, chunk_first_slice);
+                                       grid.query_tiles, chunk_first_slice, warp - 1);
     else
       sm90_backward_write_dbias<T, D, BT>(p, sm, blk.g, blk.b, blk.h, blk.jb, grid.key_blocks,
                                           grid.query_tiles);
@@ -85,9 +85,9 @@ template <typename T, int D, typename BT>
 void launch(const AttentionBackwardParams& p, const Sm90BackwardWorkspace& w, cudaStream_t stream) {
   using S = Sm90BackwardSmem<T, D, BT>;
   const AttentionForwardParams& f = p.fwd;
-  launch_attention_delta<T, D>(p, stream);
-  cudaMemsetAsync(p.dq_sem, 0, w.sem_bytes, stream);  // dq_sem and dbias_sem are contiguous
   const Sm90BackwardGrid grid = sm90_backward_grid(f.N, f.Sq, f.Sk, S::A);
+  launch_attention_delta<T, D>(p, grid.query_tiles * kTileQ, stream);
+  cudaMemsetAsync(p.dq_sem, 0, w.sem_bytes, stream);  // dq_sem and dbias_sem are contiguous
 
   const size_t smem = sizeof(S);
   const bool fp16 = std::is_same_v<T, __half>;
@@ -100,6 +100,28 @@ void launch(const AttentionBackwardParams& p, const Sm90BackwardWorkspace& w, cu
   maps.k = map(f.k, f.k_stride, f.Sk, "k", maps.k_dims);
   maps.v = map(f.v, f.v_stride, f.Sk, "v", maps.v_dims);
   maps.dout = map(p.dout, p.dout_stride, f.Sq, "grad_out", maps.dout_dims);
+  if constexpr (!S::kF32Bias) {
+    // A bias whose rows TMA cannot read is copied into the workspace with 16-byte rows first.
+    const void* bias = f.bias;
+    int64_t sb = f.bias_stride_b, sh = f.bias_stride_h, sq = f.bias_stride_q;
+    if (p.bias_copy) {
+      const int64_t pitch = sm90_backward_bias_pitch(f.Sk);
+      for (int b = 0; b < f.B; ++b)
+        for (int h = 0; h < f.H; ++h)
+          cudaMemcpy2DAsync(
+              static_cast<char*>(p.bias_copy) + (int64_t(b) * f.H + h) * f.Sq * pitch * 2,
+              size_t(pitch) * 2, static_cast<const char*>(f.bias) + (b * sb + h * sh) * 2,
+              size_t(sq) * 2, size_t(f.Sk) * 2, size_t(f.Sq), cudaMemcpyDeviceToDevice, stream);
+      bias = p.bias_copy;
+      sq = pitch;
+      sh = f.Sq * pitch;
+      sb = f.H * sh;
+    }
+    const int64_t size[3] = {f.Sq, f.H, f.B}, stride[3] = {sq, sh, sb};
+    const uint32_t box[3] = {uint32_t(kTileQ), 1, 1};
+    maps.bias = tiled_tensor_map(bias, fp16, 3, size, stride, box, f.Sk, kBwdKeysPerWarpgroup,
+                                 CU_TENSOR_MAP_SWIZZLE_128B, "bias", maps.bias_dims);
+  }
   auto kernel = attention_backward_sm90_kernel<T, D, BT>;
   cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem));
   const int groups_per_chunk = w.chunk / S::A;

@@ -99,21 +99,27 @@ __device__ inline Sm90BackwardBlock sm90_backward_block(int block, int group_beg
 // of the no-swizzle core-matrix layout that the wgmma descriptors read (64 rows of 16 bytes), so
 // a 64-row tile of D features is D / 8 boxes. Features past the tensors' D and rows past S read
 // as zero. Built by the launcher; a __grid_constant__ kernel argument.
+// A 16-bit bias [B, H, Sq, Sk] likewise, as a 4-d map with a box of 64 queries x 64 keys,
+// 128-byte swizzled (each consumer warpgroup reads its 64 keys with ldmatrix).
 struct Sm90BackwardMaps {
-  CUtensorMap q, k, v, dout;
-  uint32_t q_dims, k_dims, v_dims, dout_dims;
+  CUtensorMap q, k, v, dout, bias;
+  uint32_t q_dims, k_dims, v_dims, dout_dims, bias_dims;
 };
 
 // ---- workspace --------------------------------------------------------------------------------------
-// delta [B][N][H][Sq]; dq_acc [chunk slices][B][H][Sq_pad][D] (Sq_pad: whole 64-query tiles);
+// delta and lse2 (lse log2(e)) [B][N][H][Sq_pad] (Sq_pad: whole 64-query tiles; past Sq: 0 and
+// +inf), each query tile's 64 values one bulk copy; dq_acc [chunk slices][B][H][Sq_pad][D];
 // dbias_acc [B][H][Sk_pad][Sq_pad] (keys major: the consumers' dS^T layout; Sk_pad: whole key
-// blocks); the semaphores, zeroed at each call: dq_sem [groups][B][H][T], dbias_sem [B][H][T][J].
+// blocks); the semaphores, zeroed at each call: dq_sem [groups][B][H][T], dbias_sem [B][H][T][J];
+// where a 16-bit bias's rows are not TMA-ready (Sk not a multiple of 8, say), bias_copy: the bias
+// [B][H][Sq][Sk8] with Sk8 = Sk rounded up to 8.
 struct Sm90BackwardWorkspace {
   int chunk;  // slices per launch, a multiple of kSlices
-  size_t delta, dq_acc, dbias_acc, sem, sem_bytes, total;  // byte offsets and sizes
+  size_t delta, lse2, dq_acc, dbias_acc, sem, sem_bytes, bias_copy, total;  // byte offsets, sizes
 };
+inline int64_t sm90_backward_bias_pitch(int64_t Sk) { return (Sk + 7) / 8 * 8; }
 inline Sm90BackwardWorkspace sm90_backward_workspace(int64_t B, int64_t N, int64_t H, int64_t Sq,
-                                                     int64_t Sk, int64_t head_dim) {
+                                                     int64_t Sk, int64_t head_dim, bool bias_copy) {
   auto align = [](size_t x) { return (x + 255) / 256 * 256; };
   const int64_t D = sm90_backward_head_dim(head_dim);
   const int64_t A = sm90_backward_slices(D);
@@ -128,16 +134,20 @@ inline Sm90BackwardWorkspace sm90_backward_workspace(int64_t B, int64_t N, int64
   const int64_t n_pad = grid.groups * A;
   const int64_t chunks = (n_pad + most - 1) / most;
   const int64_t chunk = ((n_pad + chunks - 1) / chunks + A - 1) / A * A;  // balanced chunks
+  const size_t rows = size_t(B * N * H * sq_pad) * sizeof(float);
   Sm90BackwardWorkspace w;
   w.chunk = int(chunk);
   w.delta = 0;
-  w.dq_acc = align(w.delta + size_t(B * N * H * Sq) * sizeof(float));
+  w.lse2 = align(w.delta + rows);
+  w.dq_acc = align(w.lse2 + rows);
   w.dbias_acc = align(w.dq_acc + size_t(chunk * per_slice));
   w.sem = align(w.dbias_acc + size_t(B * H * sk_pad * sq_pad) * sizeof(float));
   w.sem_bytes = size_t(int64_t(grid.groups) * B * H * grid.query_tiles +
                        B * H * grid.query_tiles * grid.key_blocks) *
                 sizeof(int);
-  w.total = align(w.sem + w.sem_bytes);
+  w.bias_copy = align(w.sem + w.sem_bytes);
+  w.total =
+      align(w.bias_copy + (bias_copy ? size_t(B * H * Sq * sm90_backward_bias_pitch(Sk)) * 2 : 0));
   return w;
 }
 

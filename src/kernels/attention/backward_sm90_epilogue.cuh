@@ -46,13 +46,14 @@ __device__ __forceinline__ void store_dq4(T* dst, float4 x, float scale, bool al
   }
 }
 
-// Warp 2: per query tile, waits for its turn among the key blocks of its slice group (once for all
-// the group's slices), then takes each slice's staged partials as the consumers leave them.
+// Warps 1 and 2 (`part` 0 and 1, every other float4 of a tile each): per query tile, wait for their
+// turn among the key blocks of the slice group (once for all the group's slices: the semaphore
+// counts both warps' passes), then take each slice's staged partials as the consumers leave them.
 template <typename T, int D, typename BT>
 __device__ __forceinline__ void sm90_backward_write_dq(const AttentionBackwardParams& p,
                                                        Sm90BackwardSmem<T, D, BT>& sm, int g, int b,
                                                        int h, int jb, int J, int T_tiles,
-                                                       int chunk_first_slice) {
+                                                       int chunk_first_slice, int part) {
   using S = Sm90BackwardSmem<T, D, BT>;
   constexpr int A = S::A, DQS = S::DQS, C4 = D / 4;
   const AttentionForwardParams& f = p.fwd;
@@ -63,7 +64,7 @@ __device__ __forceinline__ void sm90_backward_write_dq(const AttentionBackwardPa
 #pragma unroll 1
   for (int i = 0; i < T_tiles; ++i) {
     int* sem = p.dq_sem + ((int64_t(g) * f.B + b) * f.H + h) * T_tiles + i;
-    wait_turn(sem, jb);
+    wait_turn(sem, kBwdDqWriters * jb);
     const int q0 = i * kTileQ, qrows = min(kTileQ, f.Sq - q0);
 #pragma unroll 1
     for (int u = 0; u < A; ++u, ++staged) {
@@ -80,7 +81,7 @@ __device__ __forceinline__ void sm90_backward_write_dq(const AttentionBackwardPa
         T* out = static_cast<T*>(p.dq) + b * p.dq_stride.b + int64_t(n) * p.dq_stride.n +
                  h * p.dq_stride.h;
 #pragma unroll 4
-        for (int e = lane; e < kTileQ * C4; e += 32) {
+        for (int e = lane + 32 * part; e < kTileQ * C4; e += 32 * kBwdDqWriters) {
           const int row = e / C4, c = (e % C4) * 4;
           float4 x = make_float4(0.f, 0.f, 0.f, 0.f);
           if (v0) x = add4(x, *reinterpret_cast<const float4*>(s0 + row * S::LDQ + c));

@@ -42,8 +42,8 @@ struct Sm90BackwardSmem {
   using Config = Sm90BackwardConfig<D>;
   static constexpr int A = Config::kSlices, DQS = Config::kDqStages;
   static constexpr bool kF32Bias = sizeof(BT) == 4;
-  static constexpr int TILE = kTileQ * D;             // a 64-row core-matrix tile, elements
-  static constexpr int LDBIAS = kBwdKeyBlock + kPad;  // bias rows [query][key], padded
+  static constexpr int TILE = kTileQ * D;  // a 64-row core-matrix tile, elements
+  static constexpr int BIAS_HALF = kTileQ * kBwdKeysPerWarpgroup;  // a warpgroup's bias tile
   static constexpr int LDQ = D + 8;        // dQ staging rows (floats): conflict-free float2
   static constexpr int LDDB = kTileQ + 4;  // dbias^T staging rows [key][query] (floats)
   alignas(128) T k[A][2][TILE];            // [slice][warpgroup]: its 64 keys, core-matrix layout
@@ -52,10 +52,11 @@ struct Sm90BackwardSmem {
   alignas(128) T dout[2][A][TILE];
   alignas(
       128) T ds[2][2][kTileQ * kBwdKeysPerWarpgroup];  // [warpgroup][parity]: dS, [key/8][query][8]
-  alignas(16) T bias[kF32Bias ? 1 : 2][kF32Bias ? 8 : kTileQ * LDBIAS];  // [stage]; 16-bit only
+  // [stage][warpgroup]: [query][64 keys], 128-byte rows swizzled as TMA writes them (16-bit only).
+  alignas(1024) T bias[kF32Bias ? 1 : 2][kF32Bias ? 8 : 2 * BIAS_HALF];
   alignas(16) float dq_stage[DQS][2][kTileQ * LDQ];  // [stage][warpgroup], [query][feature]
   alignas(16) float dbias_stage[2][kBwdKeysPerWarpgroup * LDDB];  // [warpgroup], [key][query]
-  alignas(16) float lse2[2][A][kTileQ];  // lse log2e (+inf past Sq: no probability)
+  alignas(16) float lse2[2][A][kTileQ];  // lse log2e (+inf past Sq: no probability), bulk copies
   alignas(16) float delta[2][A][kTileQ];
   uint8_t key_ok[A][kBwdKeyBlock];
   uint8_t tile_state[A][2];  // kTileSkip / kTileMasked / kTileWhole per slice and warpgroup
@@ -72,13 +73,15 @@ __device__ __forceinline__ const T* slice_of(const void* base, const Strides4& s
   return static_cast<const T*>(base) + b * st.b + int64_t(n) * st.n + h * st.h;
 }
 
-// ---- producer: warps 0 and 1 (64 threads; load_tile indexes by threadIdx.x) -----------------------
-// Thread 0 copies the Q, dO, K and V tiles by TMA (Sm90BackwardMaps), the 64 threads the bias tile
-// (cp.async; a 16-bit bias only), lse, delta and the key flags; each barrier counts the 64 threads'
-// arrivals and TMA's bytes.
+// ---- producer: warp 0 ---------------------------------------------------------------------------
+// The warp reads the key flags; then thread 0 alone copies everything by TMA (Sm90BackwardMaps):
+// the K and V tiles once, per query tile the Q and dO tiles, a 16-bit bias's two 64-key halves and
+// (bulk copies) the rows of lse2 and delta from the workspace. kv_full counts the warp's arrivals,
+// full[] thread 0's; both count TMA's bytes. Warps 1 and 2 write dQ (kBwdDqWriters), warp 3 dbias.
 
-constexpr int kBwdLoadThreads = 64;
-constexpr int kBwdLoadBarrier = 3;  // named barrier of the 64 load threads
+constexpr int kBwdLoadThreads = 32;
+constexpr int kBwdLoadBarrier = 3;  // named barrier of the load threads
+constexpr int kBwdDqWriters = 2;
 
 // One 64-row tile of D features (D / 8 TMA boxes) into `dst`, the core-matrix layout.
 template <typename T, int D>
@@ -98,7 +101,6 @@ __device__ __forceinline__ void sm90_backward_load(const AttentionBackwardParams
   constexpr int A = S::A;
   constexpr uint32_t kTileBytes = S::TILE * sizeof(T);
   const AttentionForwardParams& f = p.fwd;
-  const T* safe = static_cast<const T*>(f.q);
   const int tid = threadIdx.x;
 
   // Keys and values of the CTA's slices, once (thread 0); the key flags (all).
@@ -157,46 +159,33 @@ __device__ __forceinline__ void sm90_backward_load(const AttentionBackwardParams
     slice_alive |= unsigned((sm.tile_state[u][0] | sm.tile_state[u][1]) != 0) << u;
   mbar_arrive(&sm.kv_full);
 
-  // Per query tile: Q, dO of the slices, the bias tile, lse and delta, into stage i % 2.
-  const T* bias_base =
-      static_cast<const T*>(f.bias) + b * f.bias_stride_b + h * f.bias_stride_h + jb * kBwdKeyBlock;
-  const int kcols = min(kBwdKeyBlock, f.Sk - jb * kBwdKeyBlock);
+  // Per query tile: Q, dO of the slices, the bias tile, lse2 and delta, into stage i % 2.
+  if (tid != 0) return;
+  constexpr uint32_t kBiasBytes = S::kF32Bias ? 0 : 2 * S::BIAS_HALF * sizeof(T);
+  const uint32_t stage_bytes = uint32_t(__popc(slice_alive)) * (2 * kTileBytes + 2 * kTileQ * 4);
+  const int64_t sq_pad = int64_t(T_tiles) * kTileQ;
 #pragma unroll 1
   for (int i = 0; i < T_tiles; ++i) {
     const int stage = i & 1;
     mbar_wait(&sm.empty[stage], ((i >> 1) & 1) ^ 1);
     if (cta_alive) {
-      const int q0 = i * kTileQ, qrows = min(kTileQ, f.Sq - q0);
-      if (tid == 0) {
-        mbar_expect_tx(&sm.full[stage], uint32_t(__popc(slice_alive)) * 2 * kTileBytes);
-#pragma unroll 1
-        for (int u = 0; u < A; ++u) {
-          if (!(slice_alive >> u & 1u)) continue;
-          const int n = g * A + u;
-          tma_tile<T, D>(&maps.q, maps.q_dims, &sm.full[stage], sm.q[stage][u], q0, h, n, b);
-          tma_tile<T, D>(&maps.dout, maps.dout_dims, &sm.full[stage], sm.dout[stage][u], q0, h, n,
-                         b);
-        }
-      }
+      const int q0 = i * kTileQ;
+      mbar_expect_tx(&sm.full[stage], stage_bytes + kBiasBytes);
       if constexpr (!S::kF32Bias)
-        load_tile<T, kTileQ, kBwdKeyBlock, kBwdLoadThreads>(
-            sm.bias[stage], bias_base + int64_t(q0) * f.bias_stride_q, f.bias_stride_q, qrows,
-            kcols, f.bias_aligned, safe);
-      for (int e = tid; e < A * kTileQ; e += kBwdLoadThreads) {
-        const int u = e / kTileQ, r = e % kTileQ, n = g * A + u;
-        float lse2 = INFINITY, delta = 0.f;
-        if ((slice_alive >> u & 1u) && r < qrows) {
-          lse2 = f.lse[b * f.lse_stride_b + int64_t(n) * f.lse_stride_n + h * f.lse_stride_h +
-                       int64_t(q0 + r) * f.lse_stride_s] *
-                 kBwdLog2e;
-          delta = p.delta[((int64_t(b) * f.N + n) * f.H + h) * f.Sq + q0 + r];
-        }
-        sm.lse2[stage][u][r] = lse2;
-        sm.delta[stage][u][r] = delta;
+        for (int w = 0; w < 2; ++w)
+          tma_load_bias(&maps.bias, maps.bias_dims, &sm.full[stage],
+                        sm.bias[stage] + w * S::BIAS_HALF,
+                        jb * kBwdKeyBlock + w * kBwdKeysPerWarpgroup, q0, h, b);
+#pragma unroll 1
+      for (int u = 0; u < A; ++u) {
+        if (!(slice_alive >> u & 1u)) continue;
+        const int n = g * A + u;
+        tma_tile<T, D>(&maps.q, maps.q_dims, &sm.full[stage], sm.q[stage][u], q0, h, n, b);
+        tma_tile<T, D>(&maps.dout, maps.dout_dims, &sm.full[stage], sm.dout[stage][u], q0, h, n, b);
+        const int64_t row = ((int64_t(b) * f.N + n) * f.H + h) * sq_pad + q0;
+        bulk_copy(p.lse2 + row, &sm.full[stage], sm.lse2[stage][u], kTileQ * 4);
+        bulk_copy(p.delta + row, &sm.full[stage], sm.delta[stage][u], kTileQ * 4);
       }
-      cp_async_commit();
-      cp_async_wait<0>();
-      fence_proxy_async();
     }
     mbar_arrive(&sm.full[stage]);
   }
@@ -235,6 +224,19 @@ struct ConsumerAccumulators {
   float dk[A][D / 8][4];
   float dv[A][D / 8][4];
 };
+
+// load_transposed (mma.cuh) of the 16 x 16 block at queries row0.., keys 16 warp.. of a warpgroup's
+// 16-bit bias tile [64 queries][64 keys] as TMA wrote it with the 128-byte swizzle: the 16-byte
+// chunk c of row r sits at chunk c ^ (r % 8) of its 128-byte row (the tile starts on 1024 bytes).
+template <typename T>
+__device__ __forceinline__ void load_bias_transposed(uint32_t (&r)[4], const T* tile, int row0,
+                                                     int warp, int lane) {
+  const int row = row0 + (lane & 7) + (lane >> 4) * 8, chunk = 2 * warp + ((lane >> 3) & 1);
+  const uint32_t addr = smem_addr(tile) + uint32_t(row * 128 + ((chunk ^ (row & 7)) << 4));
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(addr));
+}
 
 // A float32 bias: this thread's elements of bias^T for query tile q0 (bias_keys: the bias rows of
 // (b, h) from the warpgroup's first key), in the accumulator layout of S^T: b[j][2 r + e] is
@@ -304,8 +306,7 @@ __device__ __forceinline__ void sm90_backward_consume(
     if constexpr (!S::kF32Bias) {
 #pragma unroll
       for (int jj = 0; jj < 4; ++jj)
-        load_transposed(bias2[jj], sm.bias[stage], S::LDBIAS, jj * 16,
-                        w * kBwdKeysPerWarpgroup + warp * kWarpRows);
+        load_bias_transposed(bias2[jj], sm.bias[stage] + w * S::BIAS_HALF, jj * 16, warp, lane);
     }
     float db[8][4];
 #pragma unroll

@@ -107,9 +107,14 @@ void attention_backward(const AttentionBackwardArgs& a, const AttentionDims& d, 
   p.dout_aligned = rows_aligned(a.dout, 3);
   p.delta_vectorized = p.dout_aligned && rows_aligned(a.o, 3) &&
                        (!a.residual.present || rows_aligned(a.residual.view, 3));
-  const Sm90BackwardWorkspace w = sm90_backward_workspace(d.B, d.N, d.H, d.Sq, d.Sk, d.D);
+  const bool f32_bias = a.bias.dtype == DType::f32;
+  const bool bias_copy = !f32_bias && !attention_tma_ready(a.bias);
+  const Sm90BackwardWorkspace w =
+      sm90_backward_workspace(d.B, d.N, d.H, d.Sq, d.Sk, d.D, bias_copy);
   char* ws = static_cast<char*>(a.workspace(w.total));
   p.delta = reinterpret_cast<float*>(ws + w.delta);
+  p.lse2 = reinterpret_cast<float*>(ws + w.lse2);
+  p.bias_copy = bias_copy ? ws + w.bias_copy : nullptr;
   p.dq_acc = reinterpret_cast<float*>(ws + w.dq_acc);
   p.dbias_acc_t = reinterpret_cast<float*>(ws + w.dbias_acc);
   p.dq_sem = reinterpret_cast<int*>(ws + w.sem);
@@ -118,7 +123,6 @@ void attention_backward(const AttentionBackwardArgs& a, const AttentionDims& d, 
   p.dbias_sem = p.dq_sem + int64_t(grid.groups) * d.B * d.H * grid.query_tiles;
   p.dq_aligned = rows_aligned(a.dq, 3);
   auto s = static_cast<cudaStream_t>(stream);
-  const bool f32_bias = a.bias.dtype == DType::f32;
   if (a.q.dtype == DType::bf16)
     attention_backward_sm90_launch<__nv_bfloat16>(p, w, f32_bias, s);
   else

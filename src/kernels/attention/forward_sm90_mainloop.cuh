@@ -73,7 +73,7 @@ __device__ __forceinline__ void produce(const Params& p, const Tile& t, uint8_t*
     Barrier::wait(&empty[s], ((i / kStages) & 1) ^ 1);
     Barrier::arrive_and_expect_tx(&full[s], L::kLoadBytes);
     uint8_t* stage = smem + s * L::kStageBytes;
-    bulk_load(bias + int64_t(kt) * kBiasTileFloats, &full[s], stage, L::kBiasBytes);
+    bulk_copy(bias + int64_t(kt) * kBiasTileFloats, &full[s], stage, L::kBiasBytes);
 #pragma unroll
     for (int g = 0; g < L::G; ++g)
 #pragma unroll

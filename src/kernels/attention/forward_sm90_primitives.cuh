@@ -101,10 +101,6 @@ __device__ __forceinline__ uint32_t smem_u32(const void* p) {
 
 using Barrier = cutlass::arch::ClusterTransactionBarrier;
 
-__device__ __forceinline__ void bulk_load(const void* src, uint64_t* bar, void* dst, int bytes) {
-  cute::SM90_BULK_COPY_G2S::copy(src, bar, dst, bytes);
-}
-
 // Named barrier over the two consumer warpgroups (id 0 is __syncthreads).
 __device__ __forceinline__ void consumer_barrier() {
   asm volatile("bar.sync 1, 256;\n" ::: "memory");

@@ -48,7 +48,11 @@ struct AttentionBackwardParams {
   int head_dim;  // the tensors' D; the kernel's (backward_sm90.h) may be larger, zero-padded
   bool dout_aligned;
   bool delta_vectorized;  // o, dout (and residual) rows start on 16-byte boundaries
-  float* delta;  // [B, N, H, Sq], in the workspace (backward_sm90.h's Sm90BackwardWorkspace)
+  // In the workspace (backward_sm90.h's Sm90BackwardWorkspace): delta and lse log2(e) per query
+  // row, [B][N][H][Sq_pad]; a copy of a bias whose rows TMA cannot read, or nullptr.
+  float* delta;
+  float* lse2;
+  void* bias_copy;
   // The Hopper backward (backward_sm90.h): fp32 accumulators of dQ (one chunk of slices) and of
   // dbias^T, the semaphores that order the CTAs adding to them, and whether dq's rows allow 8-byte
   // stores.

@@ -32,41 +32,54 @@ inline PFN_cuTensorMapEncodeTiled_v12000 tensor_map_encoder() {
   return fn;
 }
 
-// A 16-bit [B, N, H, S, D] tensor (`st`: its strides in elements, the feature stride 1) as a 5-d TMA
-// map with a box of `box_rows` rows x `box_d` features: dim 0 is D (of size D: columns past it
-// read as zero), dims 1..4 are row, h, n, b sorted by stride (the layout TMA's documentation
-// describes, whatever the view); their positions go to `dims` (tma_load_rows's argument). Rows past
-// S read as zero too.
-inline CUtensorMap rows_tensor_map(const void* data, const Strides4& st, int B, int N, int H, int S,
-                                   int D, bool fp16, uint32_t box_d, uint32_t box_rows,
-                                   CUtensorMapSwizzle swizzle, const char* name, uint32_t& dims) {
+// A 16-bit tensor as a TMA map of rank 1 + `outer`: dim 0 the contiguous one (`inner` elements,
+// read as zero past them), then the `outer` others (size, stride in elements, box) sorted by
+// stride (the layout TMA's documentation describes, whatever the view); dims gets the position of
+// outer dim j in bits 2j..2j+1 (tma_load_rows / tma_load_bias's argument).
+inline CUtensorMap tiled_tensor_map(const void* data, bool fp16, int outer, const int64_t* size,
+                                    const int64_t* stride, const uint32_t* box, int64_t inner,
+                                    uint32_t box_inner, CUtensorMapSwizzle swizzle,
+                                    const char* name, uint32_t& dims) {
   struct Dim {
     int64_t size, stride;
     uint32_t box;
-    int which;  // 0 row, 1 h, 2 n, 3 b
+    int which;
   };
-  Dim d[4] = {{S, st.s, box_rows, 0}, {H, st.h, 1, 1}, {N, st.n, 1, 2}, {B, st.b, 1, 3}};
-  std::stable_sort(d, d + 4, [](const Dim& a, const Dim& b) { return a.stride < b.stride; });
-  cuuint64_t sizes[5] = {cuuint64_t(D)};
+  Dim d[4];
+  for (int j = 0; j < outer; ++j) d[j] = {size[j], stride[j], box[j], j};
+  std::stable_sort(d, d + outer, [](const Dim& a, const Dim& b) { return a.stride < b.stride; });
+  cuuint64_t sizes[5] = {cuuint64_t(inner)};
   cuuint64_t strides[4];
-  cuuint32_t box[5] = {box_d};
+  cuuint32_t boxes[5] = {box_inner};
   dims = 0;
-  for (int i = 0; i < 4; ++i) {
+  for (int i = 0; i < outer; ++i) {
     sizes[1 + i] = cuuint64_t(d[i].size);
     strides[i] = cuuint64_t(d[i].stride) * 2;
-    box[1 + i] = d[i].box;
+    boxes[1 + i] = d[i].box;
     dims |= uint32_t(i) << (2 * d[i].which);
   }
   const cuuint32_t elem[5] = {1, 1, 1, 1, 1};
   CUtensorMap map;
   const CUresult r = tensor_map_encoder()(
-      &map, fp16 ? CU_TENSOR_MAP_DATA_TYPE_FLOAT16 : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 5,
-      const_cast<void*>(data), sizes, strides, box, elem, CU_TENSOR_MAP_INTERLEAVE_NONE, swizzle,
-      CU_TENSOR_MAP_L2_PROMOTION_L2_128B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+      &map, fp16 ? CU_TENSOR_MAP_DATA_TYPE_FLOAT16 : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16,
+      cuuint32_t(1 + outer), const_cast<void*>(data), sizes, strides, boxes, elem,
+      CU_TENSOR_MAP_INTERLEAVE_NONE, swizzle, CU_TENSOR_MAP_L2_PROMOTION_L2_128B,
+      CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
   TPF_CHECK(r == CUDA_SUCCESS,
             std::string("could not describe ") + name + " for TMA (cuTensorMapEncodeTiled error " +
                 std::to_string(int(r)) + "): rows must start on 16-byte boundaries");
   return map;
+}
+
+// A 16-bit [B, N, H, S, D] tensor (`st`: its strides in elements, the feature stride 1) with a box
+// of `box_rows` rows x `box_d` features (rows and features past the tensor read as zero); outer
+// dims row, h, n, b.
+inline CUtensorMap rows_tensor_map(const void* data, const Strides4& st, int B, int N, int H, int S,
+                                   int D, bool fp16, uint32_t box_d, uint32_t box_rows,
+                                   CUtensorMapSwizzle swizzle, const char* name, uint32_t& dims) {
+  const int64_t size[4] = {S, H, N, B}, stride[4] = {st.s, st.h, st.n, st.b};
+  const uint32_t box[4] = {box_rows, 1, 1, 1};
+  return tiled_tensor_map(data, fp16, 4, size, stride, box, D, box_d, swizzle, name, dims);
 }
 
 // ---- device ------------------------------------------------------------------------------------------
@@ -90,6 +103,26 @@ __device__ __forceinline__ void tma_load_rows(const CUtensorMap* map, uint32_t d
     for (int i = 0; i < 4; ++i) c[1 + i] = dim == i ? order[which] : c[1 + i];
   }
   tma_load_5d(map, bar, dst, c[0], c[1], c[2], c[3], c[4]);
+}
+
+// The box of a 4-d map (tiled_tensor_map, outer dims row, h, b) at column c0, row row0 of (b, h).
+__device__ __forceinline__ void tma_load_bias(const CUtensorMap* map, uint32_t dims, uint64_t* bar,
+                                              void* dst, int c0, int row0, int h, int b) {
+  const int order[3] = {row0, h, b};
+  int c[4] = {c0, 0, 0, 0};
+#pragma unroll
+  for (int which = 0; which < 3; ++which) {
+    const int dim = (dims >> (2 * which)) & 3;
+#pragma unroll
+    for (int i = 0; i < 3; ++i) c[1 + i] = dim == i ? order[which] : c[1 + i];
+  }
+  constexpr uint64_t kCacheHintNormal = 0x1000000000000000ull;
+  cute::SM90_TMA_LOAD_4D::copy(map, bar, kCacheHintNormal, dst, c[0], c[1], c[2], c[3]);
+}
+
+// `bytes` (a multiple of 16, both ends on 16 bytes) from global to shared memory, completing on bar.
+__device__ __forceinline__ void bulk_copy(const void* src, uint64_t* bar, void* dst, int bytes) {
+  cute::SM90_BULK_COPY_G2S::copy(src, bar, dst, bytes);
 }
 
 }  // namespace tpf::cuda

@@ -60,10 +60,14 @@ CUEQUIVARIANCE = [
     "cudnn_fmha::(anonymous namespace)::zero_invalid_triangle_attention_rows(unsigned short*, "
     "float*, float*, int const*, unsigned int, unsigned int, unsigned int, unsigned int, long, "
     "long, long, long, unsigned long, long, long)",
+    # ... mangled, should the profiler not demangle it
+    "_ZN10cudnn_fmha3fwd4fp1634cudnn_sm80_fprop_sdpa_fp16_64x64xDILb0ELi32EEEvNS_19Attention"
+    "DescriptorENS_9strides_tES4_S4_S4_S4_S4_S4_PfS5_fS5_S5_S5_S5_S5_Pbii",
     # Trimul: the extension's sm90 CUDA kernels
     "void cueq::kf_zhifan_sm90::project_kernel<128, false, false, false, false, 64, false>("
     "__nv_bfloat16 const*, float const*, float const*, float*, long, CUtensorMap_st, "
     "CUtensorMap_st, CUtensorMap_st, __nv_bfloat16 const*, __nv_bfloat16 const*, float)",
+    "_ZN4cueq14kf_zhifan_sm9016fold_output_gateEP13__nv_bfloat16PKS1_S4_i",
     "cueq::kf_zhifan_sm90::fold_output_gate(__nv_bfloat16*, __nv_bfloat16 const*, "
     "__nv_bfloat16 const*, int)",
     "cueq::trimul::x0x1_approx_dual_projection_vjp::(anonymous namespace)::"

@@ -46,10 +46,11 @@ CLASSES: tuple[tuple[str, str], ...] = (
     # cutlass). Its CUDA kernels: libcue_ops.so's kernelcatcher:: and the torch extension's
     # cueq:: (the sm90 trimul kernels cueq::kf_zhifan_sm90::...). Triangle attention: its own,
     # statically linked cuDNN-derived FMHA (cudnn_fmha:: in the name or in the arguments, and a
-    # few extern "C" kernels). Trimul: its prebuilt CuTe DSL cubins (kernel_cutlass_<function>_...,
+    # few extern "C" kernels; the namespaces match their mangled names too, should the profiler
+    # not demangle one). Trimul: its prebuilt CuTe DSL cubins (kernel_cutlass_<function>_...,
     # one hashed kf<hex digest>___...), its Triton kernels (by function name), its torch ops.
-    ("cuequivariance", r"kernelcatcher::|\bcueq::|cuequivariance"
-                       r"|cudnn_fmha::|^(void )?(cudnn_sm\d+_[fb]prop_(sdpa|fmha)"
+    ("cuequivariance", r"kernelcatcher|\bcueq::|_ZN4cueq|cuequivariance"
+                       r"|cudnn_fmha|^(void )?(cudnn_sm\d+_[fb]prop_(sdpa|fmha)"
                        r"|native_sm\d+_fprop_fmha)|^compute_dot_do_o$"
                        r"|^kernel_cutlass_|^kf[0-9a-f]{32,}_"
                        r"|^(fused_sigmoid_gated_dual_gemm|layer_norm_transpose|trimul_ln1_vjp"

@@ -46,7 +46,8 @@ def test_every_kernel_of_ours_is_in_its_class():
     ("aten::addmm", "gemm", True),
     ("fused_sigmoid_gated_dual_gemm_forward_kernel", "cuequivariance", True),
     ("layer_norm_transpose_backward_kernel", "cuequivariance", True),
-    ("void kernelcatcher::attention::fwd_kernel<float>(Params)", "cuequivariance", True),
+    ("void cudnn_fmha::fwd::fp16::cudnn_sm80_fprop_sdpa_fp16_64x64xD<false, 32>"
+     "(cudnn_fmha::AttentionDescriptor, cudnn_fmha::strides_t)", "cuequivariance", True),
     ("void at::native::(anonymous namespace)::vectorized_layer_norm_kernel<c10::BFloat16, float>"
      "(int, float, c10::BFloat16 const*, c10::BFloat16 const*)", "other_pytorch", True),
     ("void at::native::vectorized_elementwise_kernel<4, at::native::CUDAFunctor_add<float>>"
@@ -97,7 +98,7 @@ def test_breakdown_of_a_client_stack(bench, tmp_path, capsys):
                        "--warmup", "1", "--breakdown", "--json", str(out),
                        "--plot", str(png)]) == 0
     data = json.loads(out.read_text())
-    assert data["meta"]["breakdown_classes"] == dict(breakdown.CLASSES)
+    assert data["meta"]["breakdown_classes"] == [list(row) for row in breakdown.CLASSES]
     rows = {r["path"]: r for r in data["rows"] if r["status"] == "ok"}
     assert set(rows) == {"pytorch", "ours"}
     ours, torch_path = check_breakdown(rows["ours"]), check_breakdown(rows["pytorch"])

@@ -25,13 +25,13 @@ import torch
 from torch.autograd import DeviceType
 
 # ---- the classification table ----------------------------------------------------------------
-# (class, regex over kernel names on CUDA and op names on the CPU); first match wins, so the
-# cuEquivariance patterns (its Triton kernels are named ...gemm...) come before the GEMM ones.
+# (class, regex over kernel names on CUDA and op names on the CPU); first match wins. A class may
+# have several rows: PyTorch's attention kernels (their names carry CUTLASS types) are matched
+# before the GEMM row, the rest of PyTorch after it. The names were checked against the kernels
+# the libraries hold (tests/python/test_breakdown_names.py: cuEquivariance 0.13's libcue_ops.so,
+# its torch extension's kernels and prebuilt CuTe DSL cubins, its Triton sources; PyTorch's
+# libtorch_cuda.so; cuBLAS(Lt)): how to list them again is in that test's docstring.
 CLASSES: tuple[tuple[str, str], ...] = (
-    # cuEquivariance (cuequivariance_ops): its CUDA library's kernelcatcher:: namespace, its Triton
-    # kernels (trimul: the gated dual GEMM, the LayerNorm + transpose), its torch ops.
-    ("cuequivariance", r"kernelcatcher|cuequivariance|\bcueq|fused_sigmoid_gated_dual_gemm"
-                       r"|layer_norm_transpose"),
     # Ours (src/kernels/attention): forward, backward, its delta and the bias passes.
     ("ours_attention", r"attention_forward_sm90|attention_backward_sm90|attention_delta"
                        r"|bias_prepass|attention_dbias_finish|^tpfkit::attention_"),
@@ -42,24 +42,53 @@ CLASSES: tuple[tuple[str, str], ...] = (
     # Ours (src/kernels/glue, tpfkit.ops.glue): LayerNorm, SwiGLU, the gated output.
     ("ours_glue", r"layer_norm_(forward|backward|finish)_kernel|swiglu_kernel|gated_output_kernel"
                    r"|^tpfkit::(layer_norm|swiglu|gated_output)"),
+    # cuEquivariance (cuequivariance_ops 0.13), before the GEMM row (its kernels' names say gemm,
+    # cutlass). Its CUDA kernels: libcue_ops.so's kernelcatcher:: and the torch extension's
+    # cueq:: (the sm90 trimul kernels cueq::kf_zhifan_sm90::...). Triangle attention: its own,
+    # statically linked cuDNN-derived FMHA (cudnn_fmha:: in the name or in the arguments, and a
+    # few extern "C" kernels; the namespaces match their mangled names too, should the profiler
+    # not demangle one). Trimul: its prebuilt CuTe DSL cubins (kernel_cutlass_<function>_...,
+    # one hashed kf<hex digest>___...), its Triton kernels (by function name), its torch ops.
+    ("cuequivariance", r"kernelcatcher|\bcueq::|_ZN4cueq|cuequivariance"
+                       r"|cudnn_fmha|^(void )?(cudnn_sm\d+_[fb]prop_(sdpa|fmha)"
+                       r"|native_sm\d+_fprop_fmha)|^compute_dot_do_o$"
+                       r"|^kernel_cutlass_|^kf[0-9a-f]{32,}_"
+                       r"|^(fused_sigmoid_gated_dual_gemm|layer_norm_transpose|trimul_ln1_vjp"
+                       r"|pairformer_join_norm_gate|pair_repr_to_attention_bias)\w*_kernel"
+                       r"|^_(attn_fwd_save(_fused_gate)?|attn_dq_dbias_native|attn_dkdv_native"
+                       r"|pair_bias_only_fwd(_persist)?|pair_update_finalize_masked_bias|pair_bwd"
+                       r"|pair_sufficient_stats_finalize|reduce_rows2|grad_wbias_reduce_gen"
+                       r"|gate_bwd_delta_gen|dout_gate_bwd_delta|gate_vjp_producer"
+                       r"|sm120_projection|matmul"
+                       r"|pair_repr_to_attention_bias_prepare_affine_weights)_kernel"),
+    # PyTorch's attention (scaled_dot_product_attention: flash, memory-efficient, cuDNN), before
+    # the GEMM row: their names carry cutlass:: types.
+    ("other_pytorch", r"\bpytorch_flash::|\bfmha_cutlass[FB]_|PyTorchMemEffAttention"
+                      r"|cudnn_generated_fort_native_sdpa"),
     # cuBLAS / cuBLASLt / CUTLASS GEMMs (PyTorch's matmuls and our trimul's contraction); the
-    # CPU's matmul ops.
-    ("gemm", r"gemm|gemv|nvjet|cutlass|xmma|splitKreduce|cublas"
+    # CPU's matmul ops. (Not fbgemm: PyTorch's jagged-tensor kernels are named after it.)
+    ("gemm", r"(?<!fb)gemm|gemv|nvjet|cutlass|xmma|splitKreduce|cublas"
              r"|^aten::(mm|addmm|bmm|baddbmm|addbmm|_addmm_activation"
              r"|_?mkldnn_\w*(matmul|linear))$"),
-    # PyTorch's other kernels and ops, known as such: elementwise, reductions, copies, softmax,
-    # LayerNorm, dropout, the autograd engine's own ops; on the CPU also the records of autograd
-    # Functions' forwards (ours: Eager, _TrimulEager: the host time around our calls).
+    # PyTorch's other kernels and ops, known as such: elementwise, reductions, copies, softmax
+    # (softmax_warp_* sit outside at::), LayerNorm, dropout, indexing, cub/thrust, the autograd
+    # engine's own ops; Inductor's Triton kernels (triton_*); on the CPU also the records of
+    # autograd Functions' forwards (ours: Eager, _TrimulEager: the host time around our calls).
+    # TriFast's Triton kernels (_fwd, _bwd_kv, _bwd_q, _bwd_b; no client path here runs it) are
+    # named here too, as other.
     ("other_pytorch", r"at::|c10::|^aten::|^autograd::|^torch::autograd::|Backward\d*$"
                       r"|AccumulateGrad|^detach_?$|^\w*Eager$|^Memcpy|^Memset|elementwise"
-                      r"|reduce_kernel|cunn_|cudnn|^triton_"),
+                      r"|reduce_kernel|cunn_|cudnn|^triton_|softmax_warp_(forward|backward)"
+                      r"|indexing_backward_kernel|\bat_cuda_detail::|\bthrust::"
+                      r"|^_(fwd|bwd_kv|bwd_q|bwd_b)$"),
 )
 OTHER = "other_pytorch"  # where a name no pattern matches goes (counted as unknown)
-NAMES = tuple(dict.fromkeys(c for c, _ in CLASSES))
+# The classes in the order of the tables and the plot's stacked bars.
+NAMES = ("cuequivariance", "ours_attention", "ours_trimul", "ours_glue", "gemm", OTHER)
 LABELS = {"ours_attention": "our attention", "ours_trimul": "our trimul",
           "ours_glue": "our glue", "gemm": "cuBLAS/GEMM", "cuequivariance": "cuEquivariance",
           OTHER: "other PyTorch"}
-assert OTHER in NAMES and set(NAMES) == set(LABELS)
+assert set(NAMES) == set(c for c, _ in CLASSES) == set(LABELS)
 _PATTERNS = tuple((c, re.compile(p)) for c, p in CLASSES)
 UNKNOWN_TOP = 10
 

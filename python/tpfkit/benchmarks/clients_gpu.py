@@ -431,7 +431,8 @@ def run(args: argparse.Namespace) -> int:
     meta = {"commit": git_commit(), "gpu": gpu, "date": datetime.date.today().isoformat(),
             "torch": torch.__version__, "precision": "bf16 autocast, fp32 parameters",
             "placeholders": placeholders, "module": args.module, "config": args.config,
-            "breakdown_classes": dict(breakdown.CLASSES) if args.breakdown else None}
+            "breakdown_classes": ([list(row) for row in breakdown.CLASSES]
+                                  if args.breakdown else None)}
     for name in ("openfold3", "boltz", "protenix", "cuequivariance_torch",
                  "cuequivariance_ops_torch"):
         try:

@@ -205,8 +205,10 @@ sub(kc, """    sm90_backward_store_dkdv<T, D, S::A>(p, acc, blk.g, blk.b, blk.h,
   if (threadIdx.x < 5 * 16) atomicAdd(&g_bwd_prof[0][0] + threadIdx.x, (&sm.prof[0][0])[threadIdx.x]);
   if (threadIdx.x == 0) atomicAdd(&g_bwd_prof[4][15], 1ull);
 }""")
-sub(kc, """  attention_dbias_finish_kernel<BT><<<finish, dim3(32, 8), 0, stream>>>(p, sq_pad, sk_pad);
-}""", """  attention_dbias_finish_kernel<BT><<<finish, dim3(32, 8), 0, stream>>>(p, sq_pad, sk_pad);
+sub(kc, """  attention_dbias_finish_kernel<BT>
+      <<<finish, dim3(kBwdFinishTile, kBwdFinishRows), 0, stream>>>(p, sq_pad, sk_pad);
+}""", """  attention_dbias_finish_kernel<BT>
+      <<<finish, dim3(kBwdFinishTile, kBwdFinishRows), 0, stream>>>(p, sq_pad, sk_pad);
   {
     static int calls = 0;
     unsigned long long h[5][16];

@@ -132,7 +132,8 @@ void check_tma_ready(const TensorView& t, const char* name, const char* kernel) 
                 "-byte elements");
 }
 
-// What the CUDA kernels take beyond the checks above (the tensors' device is made current there).
+// What the CUDA kernels take beyond the checks above (the tensors' device is made current there):
+// every limit of api.h, so that no launch meets one after another was queued.
 void check_cuda(const TensorView& q, const AttentionDims& d, bool forward) {
   TPF_CHECK(q.dtype == DType::bf16 || q.dtype == DType::f16,
             std::string("q must be bfloat16 or float16 for the CUDA kernels (float32 CUDA inputs "
@@ -146,10 +147,17 @@ void check_cuda(const TensorView& q, const AttentionDims& d, bool forward) {
               "k must have at most " + std::to_string(cuda::attention_forward_max_keys(d.D)) +
                   " keys for the CUDA forward at D = " + std::to_string(d.D) +
                   ", got Sk = " + std::to_string(d.Sk));
-  } else
+  } else {
     TPF_CHECK(cuda::attention_head_dim_supported(d.D),
               std::string("q must have one of the CUDA backward's head dims D = ") +
                   cuda::kAttentionHeadDims + ", got D = " + std::to_string(d.D));
+    TPF_CHECK(d.Sk <= cuda::kAttentionBackwardMaxKeys,
+              "k must have at most " + std::to_string(cuda::kAttentionBackwardMaxKeys) +
+                  " keys for the CUDA backward, got Sk = " + std::to_string(d.Sk));
+  }
+  TPF_CHECK(d.N <= cuda::kAttentionMaxSlices,
+            "q must have at most " + std::to_string(cuda::kAttentionMaxSlices) +
+                " slices N for the CUDA kernels, got " + q.shape_string());
   TPF_CHECK(d.B * d.H <= cuda::kAttentionMaxGridY &&
                 (d.Sq + cuda::kAttentionQueryTile - 1) / cuda::kAttentionQueryTile <=
                     cuda::kAttentionMaxGridY,

@@ -124,7 +124,8 @@ void require_weights(const TrimulWeights& w, const char* prefix, DType dtype) {
   }
 }
 
-// What the CUDA kernels need beyond the checks above: D a multiple of 8 up to kTrimulMaxD, a mask
+// What the CUDA kernels need beyond the checks above: D a multiple of 8 up to kTrimulMaxD, sizes
+// up to kTrimulMaxPositions (api.h: every limit a launch would meet, checked before any), a mask
 // of bool, uint8 or a 16- or 32-bit float type, all weights of one 16- or 32-bit float type (the
 // kernels read them in it), contiguous tensors. Returns the weights' dtype.
 DType check_cuda(const TrimulDims& d, const TensorView& x, const OptionalTensor& mask,
@@ -132,6 +133,10 @@ DType check_cuda(const TrimulDims& d, const TensorView& x, const OptionalTensor&
   TPF_CHECK(d.D % 8 == 0 && d.D <= cuda::kTrimulMaxD,
             "x must have D a multiple of 8 and at most " + std::to_string(cuda::kTrimulMaxD) +
                 " for the CUDA kernels, got D = " + std::to_string(d.D));
+  TPF_CHECK(d.B * d.S * d.S <= cuda::kTrimulMaxPositions && d.B * d.D <= cuda::kTrimulMaxPositions,
+            "x must have B * S * S and B * D each at most " +
+                std::to_string(cuda::kTrimulMaxPositions) + " for the CUDA kernels, got " +
+                x.shape_string());
   require_contiguous(x, "x");
   if (mask.present) {
     const DType m = mask.view.dtype;

@@ -315,6 +315,28 @@ TEST(Errors, NameTheArgument) {
                     a.mask.view.shape[2] = sk;
                   }}},
                 forward);
+  // The backward's most keys (its dbias finish kernel's grid) and both kernels' most slices.
+  expect_errors(g,
+                {{"k must have at most 2097120 keys for the CUDA backward, got Sk = 2097121",
+                  [](auto& a) {
+                    on_cuda(a);
+                    const int64_t sk = 2097121;
+                    a.k.shape[3] = a.v.shape[3] = a.dk.shape[3] = a.dv.shape[3] = sk;
+                    a.bias.shape[3] = a.dbias.shape[3] = sk;
+                    a.mask.view.shape[2] = sk;
+                  }}},
+                backward);
+  const std::vector<BadInput> slices = {
+      {"q must have at most 2147483647 slices N for the CUDA kernels, got [1, 2147483648, 1, 5, "
+       "16]",
+       [](auto& a) {
+         on_cuda(a);
+         for (TensorView* t : {&a.q, &a.k, &a.v, &a.o, &a.dout, &a.dq, &a.dk, &a.dv, &a.lse})
+           t->shape[1] = int64_t(1) << 31;
+         a.mask.view.shape[1] = int64_t(1) << 31;
+       }}};
+  expect_errors(g, slices, forward);
+  expect_errors(g, slices, backward);
   expect_errors(g,
                 {{"o must have q's dtype bfloat16, got float32",
                   [](auto& a) { on_cuda(a), a.o.dtype = DType::f32; }},

@@ -350,6 +350,20 @@ TEST(TrimulErrors, CudaChecksNameTheArgument) {
   expect_error(a, "norm_in_bias must have the weights' dtype float16");
   a = backward_args(p12, out12);
   expect_error(a, "x must have D a multiple of 8 and at most 128 for the CUDA kernels, got D = 12");
+  // cuBLAS's 32-bit sizes (and the forward kernels' grids): B S S positions at most 2^31 - 1.
+  a = b;
+  {
+    const int64_t S = 46341, D = p.D;  // S^2 = 2^31 + 2^17 - 7
+    auto resize = [&](TensorView& t, std::initializer_list<int64_t> shape) {
+      t = make_view(t.data, t.dtype, shape, t.device);
+    };
+    for (TensorView* t : {&a.x, &a.saved.go, &a.dy, &a.dx}) resize(*t, {1, S, S, D});
+    for (TensorView* t : {&a.saved.a, &a.saved.b, &a.saved.z}) resize(*t, {1, D, S, S});
+    resize(a.mask.view, {1, S, S});
+  }
+  expect_error(a,
+               "x must have B * S * S and B * D each at most 2147483647 for the CUDA kernels, got "
+               "[1, 46341, 46341, 8]");
   a = b;
   a.x.stride[1] = 2 * p.S * p.D;
   expect_error(a, "x must be contiguous for the CUDA kernels");

@@ -5,20 +5,22 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "kernels/attention/backward_sm90_tiles.h"
 #include "kernels/attention/forward_sm90_layout.h"
-#include "kernels/attention/tile_config.h"
 #include "tpf/attention.h"
 
 namespace tpf::cuda {
 
-// What the kernels take: bfloat16 or float16 inputs, these head dims, and at most
-// kAttentionMaxGridY of each of B * H and query tiles (grid dimensions y and z). The forward
+// What the kernels take, every limit that a launch would otherwise meet (src/ops checks each before
+// anything is queued): bfloat16 or float16 inputs, these head dims, at most kAttentionMaxGridY of
+// each of B * H and query tiles (grid dimensions y and z), at most kAttentionMaxSlices slices N
+// (32-bit indices; the forward's grid dimension x), and these key counts. The forward
 // (forward_sm90.h) takes every multiple of 8 up to 128, a bias of q's dtype or float32, and K and
-// V rows that TMA can copy (attention_tma_ready); the backward every multiple of 8 up to 64 and the
-// same biases (a float32 bias's gradient in float32).
+// V rows that TMA can copy (attention_tma_ready); the backward every multiple of 8 up to 64, the
+// same biases (a float32 bias's gradient in float32) and Q, K, V and dO rows that TMA can copy.
 constexpr const char* kAttentionForwardHeadDims = "8, 16, 24, ..., 128 (multiples of 8)";
 inline bool attention_forward_head_dim_supported(int64_t D) {
-  return D >= 8 && D <= 128 && D % 8 == 0;
+  return D >= 8 && D <= fwd90::kMaxHeadDim && D % 8 == 0;
 }
 // The most keys the CUDA forward takes at head dim D (its key tiles' mask words in shared memory).
 inline int64_t attention_forward_max_keys(int64_t D) { return fwd90::max_keys(int(D)); }
@@ -34,6 +36,9 @@ inline bool attention_tma_ready(const TensorView& t) {
 }
 constexpr int64_t kAttentionMaxGridY = 65535;
 constexpr int64_t kAttentionQueryTile = kTileQ;
+constexpr int64_t kAttentionMaxSlices = 2147483647;
+// The most keys the CUDA backward takes: its dbias finish kernel's key tiles are grid dimension y.
+constexpr int64_t kAttentionBackwardMaxKeys = kAttentionMaxGridY * kBwdFinishTile;
 
 bool available();
 // Asks a.workspace for the bias pre-pass's scratch.

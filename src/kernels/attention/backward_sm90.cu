@@ -2,9 +2,9 @@
 //
 //  1. delta = rowsum(dO * (O + r)) (backward_preprocess.cuh).
 //  2. attention_backward_sm90_kernel, one launch per chunk of slices. A CTA owns a 128-key block in
-//     kSlices slices (backward_sm90.h) and walks every 64-query tile:
-//       warps 0-1  load (cp.async into the no-swizzle core-matrix layout wgmma reads; mbarriers),
-//       warp  2    adds the staged dQ partials to the fp32 dQ accumulator in key-block order,
+//     kSlices slices (backward_sm90_tiles.h) and walks every 64-query tile:
+//       warp  0    loads (thread 0 by TMA into the layouts wgmma and ldmatrix read; mbarriers),
+//       warps 1-2  add the staged dQ partials to the fp32 dQ accumulator in key-block order,
 //       warp  3    adds the staged dbias^T tiles to the fp32 dbias accumulator in slice-group order,
 //       warpgroups 1, 2 (64 keys each) recompute P^T and dS^T once per tile and use them for dV,
 //                  dK (registers), dQ (staged) and dbias (registers over the slices, then staged)
@@ -86,9 +86,6 @@ void launch(const AttentionBackwardParams& p, const Sm90BackwardWorkspace& w, cu
   using S = Sm90BackwardSmem<T, D, BT>;
   const AttentionForwardParams& f = p.fwd;
   const Sm90BackwardGrid grid = sm90_backward_grid(f.N, f.Sq, f.Sk, S::A);
-  launch_attention_delta<T, D>(p, grid.query_tiles * kTileQ, stream);
-  cudaMemsetAsync(p.dq_sem, 0, w.sem_bytes, stream);  // dq_sem and dbias_sem are contiguous
-
   const size_t smem = sizeof(S);
   const bool fp16 = std::is_same_v<T, __half>;
   Sm90BackwardMaps maps;
@@ -100,27 +97,32 @@ void launch(const AttentionBackwardParams& p, const Sm90BackwardWorkspace& w, cu
   maps.k = map(f.k, f.k_stride, f.Sk, "k", maps.k_dims);
   maps.v = map(f.v, f.v_stride, f.Sk, "v", maps.v_dims);
   maps.dout = map(p.dout, p.dout_stride, f.Sq, "grad_out", maps.dout_dims);
+  // Every map before anything is queued: one that cannot be built throws with nothing launched.
+  // A 16-bit bias whose rows TMA cannot read is read from a copy in the workspace with 16-byte rows
+  // (p.bias_copy, made below).
+  const int64_t pitch = sm90_backward_bias_pitch(f.Sk);
   if constexpr (!S::kF32Bias) {
-    // A bias whose rows TMA cannot read is copied into the workspace with 16-byte rows first.
-    const void* bias = f.bias;
-    int64_t sb = f.bias_stride_b, sh = f.bias_stride_h, sq = f.bias_stride_q;
-    if (p.bias_copy) {
-      const int64_t pitch = sm90_backward_bias_pitch(f.Sk);
+    const int64_t size[3] = {f.Sq, f.H, f.B};
+    const int64_t stride[3] = {p.bias_copy ? pitch : f.bias_stride_q,
+                               p.bias_copy ? f.Sq * pitch : f.bias_stride_h,
+                               p.bias_copy ? f.H * f.Sq * pitch : f.bias_stride_b};
+    const uint32_t box[3] = {uint32_t(kTileQ), 1, 1};
+    maps.bias =
+        tiled_tensor_map(p.bias_copy ? p.bias_copy : f.bias, fp16, 3, size, stride, box, f.Sk,
+                         kBwdKeysPerWarpgroup, CU_TENSOR_MAP_SWIZZLE_128B, "bias", maps.bias_dims);
+  }
+  launch_attention_delta<T, D>(p, grid.query_tiles * kTileQ, stream);
+  cudaMemsetAsync(p.dq_sem, 0, w.sem_bytes, stream);  // dq_sem and dbias_sem are contiguous
+  if constexpr (!S::kF32Bias) {
+    if (p.bias_copy)
       for (int b = 0; b < f.B; ++b)
         for (int h = 0; h < f.H; ++h)
           cudaMemcpy2DAsync(
               static_cast<char*>(p.bias_copy) + (int64_t(b) * f.H + h) * f.Sq * pitch * 2,
-              size_t(pitch) * 2, static_cast<const char*>(f.bias) + (b * sb + h * sh) * 2,
-              size_t(sq) * 2, size_t(f.Sk) * 2, size_t(f.Sq), cudaMemcpyDeviceToDevice, stream);
-      bias = p.bias_copy;
-      sq = pitch;
-      sh = f.Sq * pitch;
-      sb = f.H * sh;
-    }
-    const int64_t size[3] = {f.Sq, f.H, f.B}, stride[3] = {sq, sh, sb};
-    const uint32_t box[3] = {uint32_t(kTileQ), 1, 1};
-    maps.bias = tiled_tensor_map(bias, fp16, 3, size, stride, box, f.Sk, kBwdKeysPerWarpgroup,
-                                 CU_TENSOR_MAP_SWIZZLE_128B, "bias", maps.bias_dims);
+              size_t(pitch) * 2,
+              static_cast<const char*>(f.bias) + (b * f.bias_stride_b + h * f.bias_stride_h) * 2,
+              size_t(f.bias_stride_q) * 2, size_t(f.Sk) * 2, size_t(f.Sq), cudaMemcpyDeviceToDevice,
+              stream);
   }
   auto kernel = attention_backward_sm90_kernel<T, D, BT>;
   cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem));
@@ -132,8 +134,10 @@ void launch(const AttentionBackwardParams& p, const Sm90BackwardWorkspace& w, cu
   }
   const int64_t sq_pad = int64_t(grid.query_tiles) * kTileQ,
                 sk_pad = int64_t(grid.key_blocks) * kBwdKeyBlock;
-  const dim3 finish((f.Sq + 31) / 32, (f.Sk + 31) / 32, f.B * f.H);
-  attention_dbias_finish_kernel<BT><<<finish, dim3(32, 8), 0, stream>>>(p, sq_pad, sk_pad);
+  const dim3 finish((f.Sq + kBwdFinishTile - 1) / kBwdFinishTile,
+                    (f.Sk + kBwdFinishTile - 1) / kBwdFinishTile, f.B * f.H);
+  attention_dbias_finish_kernel<BT>
+      <<<finish, dim3(kBwdFinishTile, kBwdFinishRows), 0, stream>>>(p, sq_pad, sk_pad);
 }
 
 template <typename T, typename BT>

@@ -1,6 +1,7 @@
-// The Hopper backward (backward_sm90.cu): its tile heuristics, the order of its CTAs (the scheduler
-// the cross-CTA sums rely on) and its workspace, shared by the host launcher, the workspace query and
-// the kernel. Host and device code; nothing here launches anything.
+// The Hopper backward (backward_sm90.cu): the order of its CTAs (the scheduler the cross-CTA sums
+// rely on), its TMA maps and its workspace, shared by the host launcher, the workspace query and the
+// kernel; its tile sizes are backward_sm90_tiles.h. Host and device code; nothing here launches
+// anything.
 #pragma once
 #include <cuda.h>
 #include <cuda_runtime.h>
@@ -10,48 +11,17 @@
 #include <cstdint>
 #include <cstdlib>
 
+#include "kernels/attention/backward_sm90_tiles.h"
 #include "kernels/attention/params.h"
-#include "kernels/attention/tile_config.h"
 
 namespace tpf::cuda {
-
-// ---- heuristics -------------------------------------------------------------------------------------
-// A CTA is one producer warpgroup and two consumer warpgroups. It owns a block of 128 keys (64 per
-// consumer warpgroup: wgmma's M for S^T = K Q^T) in kSlices consecutive slices and walks every
-// 64-query tile. For each (query tile, slice) a consumer recomputes P^T and dS^T once and uses them
-// for dV, dK (kept in registers over the query tiles: D fp32 registers per slice per thread), its
-// dQ partial and the dbias tile summed over the CTA's slices. kSlices keeps dK/dV at 64 registers
-// (D = 16: 4 slices, 32: 2, 64: 1), which leaves room for the score, dP and dbias tiles under the
-// consumers' 224 registers; more slices per CTA would divide the dbias traffic further.
-constexpr int kBwdKeysPerWarpgroup = 64;
-constexpr int kBwdKeyBlock = 2 * kBwdKeysPerWarpgroup;
-constexpr int kBwdThreads = 384;
-constexpr int kBwdProducerRegisters = 56;
-constexpr int kBwdConsumerRegisters = 224;
-
-template <int D>
-struct Sm90BackwardConfig {
-  static_assert(D == 16 || D == 32 || D == 64, "the Hopper backward is built for D = 16, 32, 64");
-  static constexpr int kSlices = D == 16 ? 4 : D == 32 ? 2 : 1;
-  // Staged dQ partials (each 64 x D fp32 per consumer warpgroup): two let the consumers run a
-  // slice ahead of the dQ writer; D = 64 has shared memory for one.
-  static constexpr int kDqStages = D <= 32 ? 2 : 1;
-};
-
-// Every head dim that is a multiple of 8 up to 64 (api.h) runs as the next built one (16, 32, 64): the
-// tiles of Q, K, V and dO are zero past the tensors' D (their products and sums are exact), and
-// only the tensors' D columns of dQ, dK and dV are stored. D = 8, 24, 40, 48, 56 pay 100% / 33% /
-// 60% / 33% / 14% more MMA work than an exact fit would.
-inline int sm90_backward_head_dim(int64_t D) { return D <= 16 ? 16 : D <= 32 ? 32 : 64; }
-inline int sm90_backward_slices(int64_t D) {
-  const int built = sm90_backward_head_dim(D);
-  return built == 16 ? 4 : built == 32 ? 2 : 1;
-}
 
 // fp32 dQ accumulators are bounded to this many bytes; the slices run in chunks that fit (one
 // kernel launch each). 128 MiB is three chunks at S = 768, D = 32, which keeps the peak memory of
 // forward + backward under cuEquivariance's.
 constexpr int64_t kSm90DqBudgetBytes = 128LL << 20;
+// The most CTAs of one launch (grid dimension x).
+constexpr int64_t kSm90MaxCtas = 2147483647;
 
 // ---- scheduler --------------------------------------------------------------------------------------
 // One CTA per (slice group g, b, h, key block jb). dQ of a (slice, query tile) sums over the key
@@ -130,7 +100,10 @@ inline Sm90BackwardWorkspace sm90_backward_workspace(int64_t B, int64_t N, int64
   // TPF_ATTENTION_DQ_BUDGET_BYTES lowers the budget (tests use it to force many chunks).
   int64_t budget = kSm90DqBudgetBytes;
   if (const char* env = std::getenv("TPF_ATTENTION_DQ_BUDGET_BYTES")) budget = std::atoll(env);
-  const int64_t most = std::max<int64_t>(A, budget / std::max<int64_t>(per_slice, 1) / A * A);
+  int64_t most = std::max<int64_t>(A, budget / std::max<int64_t>(per_slice, 1) / A * A);
+  // A launch is at most kSm90MaxCtas CTAs (grid x): chunks of whole groups fit, since one group's
+  // B H J CTAs do (src/ops bounds B H and Sk, api.h).
+  most = std::min(most, std::max<int64_t>(1, kSm90MaxCtas / (B * H * grid.key_blocks)) * A);
   const int64_t n_pad = grid.groups * A;
   const int64_t chunks = (n_pad + most - 1) / most;
   const int64_t chunk = ((n_pad + chunks - 1) / chunks + A - 1) / A * A;  // balanced chunks

@@ -185,23 +185,24 @@ __device__ __forceinline__ void sm90_backward_store_dkdv(const AttentionBackward
   }
 }
 
-// dbias[b, h, q, k] = dbias_acc[b, h, k, q] in the output dtype T (the bias's): 32 x 32 tiles
-// through shared memory, reads and writes along rows.
+// dbias[b, h, q, k] = dbias_acc[b, h, k, q] in the output dtype T (the bias's): kBwdFinishTile^2
+// tiles through shared memory, reads and writes along rows.
 template <typename T>
 __global__ void attention_dbias_finish_kernel(const AttentionBackwardParams p, int64_t sq_pad,
                                               int64_t sk_pad) {
   const AttentionForwardParams& f = p.fwd;
-  __shared__ float tile[32][33];
+  constexpr int kT = kBwdFinishTile;
+  __shared__ float tile[kT][kT + 1];
   const int bh = blockIdx.z, b = bh / f.H, h = bh % f.H;
-  const int q0 = blockIdx.x * 32, k0 = blockIdx.y * 32;
+  const int q0 = blockIdx.x * kT, k0 = blockIdx.y * kT;
   const float* acc = p.dbias_acc_t + int64_t(bh) * sk_pad * sq_pad;
-  for (int r = threadIdx.y; r < 32; r += blockDim.y) {  // rows: keys
+  for (int r = threadIdx.y; r < kT; r += blockDim.y) {  // rows: keys
     const int k = k0 + r, q = q0 + threadIdx.x;
     tile[r][threadIdx.x] = (k < f.Sk && q < f.Sq) ? acc[int64_t(k) * sq_pad + q] : 0.f;
   }
   __syncthreads();
   T* out = static_cast<T*>(p.dbias) + b * p.dbias_stride_b + h * p.dbias_stride_h;
-  for (int r = threadIdx.y; r < 32; r += blockDim.y) {  // rows: queries
+  for (int r = threadIdx.y; r < kT; r += blockDim.y) {  // rows: queries
     const int q = q0 + r, k = k0 + threadIdx.x;
     if (q < f.Sq && k < f.Sk)
       out[int64_t(q) * p.dbias_stride_q + k] = from_float<T>(tile[threadIdx.x][r]);

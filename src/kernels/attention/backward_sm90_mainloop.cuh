@@ -21,8 +21,8 @@
 #include <cstdint>
 
 #include "kernels/attention/backward_sm90.h"
+#include "kernels/attention/backward_sm90_tiles.h"
 #include "kernels/attention/params.h"
-#include "kernels/attention/tile_config.h"
 #include "kernels/attention/tma.cuh"
 #include "kernels/common/mma.cuh"
 #include "kernels/common/tile_io.cuh"
@@ -79,9 +79,7 @@ __device__ __forceinline__ const T* slice_of(const void* base, const Strides4& s
 // (bulk copies) the rows of lse2 and delta from the workspace. kv_full counts the warp's arrivals,
 // full[] thread 0's; both count TMA's bytes. Warps 1 and 2 write dQ (kBwdDqWriters), warp 3 dbias.
 
-constexpr int kBwdLoadThreads = 32;
 constexpr int kBwdLoadBarrier = 3;  // named barrier of the load threads
-constexpr int kBwdDqWriters = 2;
 
 // One 64-row tile of D features (D / 8 TMA boxes) into `dst`, the core-matrix layout.
 template <typename T, int D>

@@ -10,7 +10,7 @@
 #include "kernels/attention/api.h"
 #include "kernels/attention/backward_sm90.h"
 #include "kernels/attention/forward_sm90.h"
-#include "kernels/attention/forward_sm90_heuristics.h"
+#include "kernels/attention/forward_sm90_tiles.h"
 #include "kernels/attention/params.h"
 #include "kernels/common/device_guard.h"
 #include "tpf/error.h"

@@ -11,7 +11,7 @@
 //   - online softmax with one FFMA per score before the exponential, conditional rescaling, and
 //     part of the exponentials on the FMA pipe (forward_sm90_softmax.cuh).
 // The producer's registers go to the consumers (setmaxnreg). Every sum runs in a fixed order:
-// results are bitwise reproducible. Files: heuristics (tile shapes), layout (shared memory),
+// results are bitwise reproducible. Files: tiles (the tile table), layout (shared memory),
 // params, scheduler (CTA -> work), mainloop (producer, consumers), softmax, epilogue.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -29,11 +29,6 @@
 
 namespace tpf::cuda::fwd90 {
 namespace {
-
-// Producer registers: one thread issues copies. Consumers: Q fragments, O and the score tile of
-// G slices. 128 x 24 + 256 x 240 = 64512 of the SM's 65536.
-constexpr int kProducerRegs = 24;
-constexpr int kConsumerRegs = 240;
 
 template <typename T, int DP>
 __global__ void __launch_bounds__(kThreads, 1)
@@ -90,14 +85,14 @@ __global__ void __launch_bounds__(kThreads, 1)
 // (row, col + 1), (row + 8, col), (row + 8, col + 1). Keys past Sk are -inf (masked), rows past
 // Sq 0.
 template <typename TB>
-__global__ void __launch_bounds__(256)
+__global__ void __launch_bounds__(kPrepassThreads)
     bias_prepass_kernel(const TB* bias, int64_t sb, int64_t sh, int64_t sq, int H, int Sq, int Sk,
                         int q_blocks, int key_tiles, float inv_scale, float4* out) {
   const int kt = blockIdx.x, qb = blockIdx.y, bh = blockIdx.z, b = bh / H, h = bh % H;
   const TB* src = bias + b * sb + h * sh;
   float4* dst = out + (int64_t(bh) * q_blocks + qb) * int64_t(key_tiles) * (kBiasTileFloats / 4) +
                 int64_t(kt) * (kBiasTileFloats / 4);
-  for (int f = threadIdx.x; f < kBiasTileFloats / 4; f += 256) {
+  for (int f = threadIdx.x; f < kBiasTileFloats / 4; f += kPrepassThreads) {
     const int lane = f & 31, j = (f >> 5) & 7, w = (f >> 8) & 3, wg = f >> 10;
     const int row = qb * kRows + wg * kRowsPerWarpgroup + w * 16 + (lane >> 2);
     const int col = kt * kKeys + j * 8 + (lane & 3) * 2;
@@ -127,7 +122,7 @@ template <typename TB>
 void launch_prepass(const AttentionForwardArgs& a, const AttentionDims& d, const Params& p,
                     float* out, cudaStream_t stream) {
   const dim3 grid(p.key_tiles, p.q_blocks, int(d.B * d.H));
-  bias_prepass_kernel<TB><<<grid, 256, 0, stream>>>(
+  bias_prepass_kernel<TB><<<grid, kPrepassThreads, 0, stream>>>(
       static_cast<const TB*>(a.bias.data), a.bias.stride[0], a.bias.stride[1], a.bias.stride[2],
       int(d.H), int(d.Sq), int(d.Sk), p.q_blocks, p.key_tiles, float(1.0 / std::fabs(a.scale)),
       reinterpret_cast<float4*>(out));

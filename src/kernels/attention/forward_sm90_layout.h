@@ -3,7 +3,7 @@
 #include <cstddef>
 #include <cstdint>
 
-#include "kernels/attention/forward_sm90_heuristics.h"
+#include "kernels/attention/forward_sm90_tiles.h"
 
 namespace tpf::cuda::fwd90 {
 

@@ -9,8 +9,8 @@
 #include <cmath>
 #include <cstdint>
 
-#include "kernels/attention/forward_sm90_heuristics.h"
 #include "kernels/attention/forward_sm90_primitives.cuh"
+#include "kernels/attention/forward_sm90_tiles.h"
 #include "kernels/common/mma.cuh"
 
 namespace tpf::cuda::fwd90 {

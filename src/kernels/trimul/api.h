@@ -9,6 +9,10 @@ namespace tpf::cuda {
 
 // The CUDA kernels' limits on the channel count D (a multiple of 8, at most this).
 constexpr int64_t kTrimulMaxD = 128;
+// ... and on the sizes (src/ops checks them before anything is queued): B S S positions and B D
+// channels at most this, cuBLAS's 32-bit GEMM sizes (positions: the weight gradients' K; channels:
+// the contraction's batch), which also bounds the forward kernels' grids (a CTA per 64 positions).
+constexpr int64_t kTrimulMaxPositions = 2147483647;
 
 // Each sizes its workspace once and asks a.workspace for it.
 void trimul_forward(const TrimulForwardArgs& a, const TrimulDims& d, void* stream);

@@ -1,5 +1,7 @@
-// Pure tile-shape heuristics of the Hopper forward (forward_sm90.cu), host and device alike: no
-// CUDA types, so the core library (workspace size) and the kernels compute the same numbers.
+// The tile table of the Hopper forward (forward_sm90.cu): every tile size, thread role and register
+// budget, with the reason for each, in one place. Host and device alike, no CUDA types, so the
+// core library (workspace size, api.h's limits) and the kernels compute the same numbers; the
+// shared-memory layout these give is forward_sm90_layout.h.
 #pragma once
 #include <cstddef>
 #include <cstdint>
@@ -14,7 +16,13 @@ constexpr int kKeys = 64;
 constexpr int kStages = 2;
 constexpr int kConsumers = 2;                     // consumer warpgroups
 constexpr int kThreads = 128 * (1 + kConsumers);  // + the producer warpgroup
-constexpr int kBiasTileFloats = kRows * kKeys;    // one stage's bias, fp32 in fragment order
+// Producer registers: one thread issues copies. Consumers: Q fragments, O and the score tile of
+// G slices. 128 x 24 + 256 x 240 = 64512 of the SM's 65536.
+constexpr int kProducerRegs = 24;
+constexpr int kConsumerRegs = 240;
+// The bias pre-pass (forward_sm90.cu): one CTA of this many threads per 32 KB bias block.
+constexpr int kPrepassThreads = 256;
+constexpr int kBiasTileFloats = kRows * kKeys;  // one stage's bias, fp32 in fragment order
 constexpr int kMaxHeadDim = 128;
 
 // The head dim rounded up to whole k-steps of the QK^T MMA (16); the padding columns are zero.

@@ -1,0 +1,55 @@
+// The tile table of the Hopper backward (backward_sm90.cu): every tile size, thread role and
+// register budget, with the reason for each, in one place. Pure numbers, host and device alike (no
+// CUDA types), so that src/ops' validation (api.h), the workspace and the kernels read the same.
+#pragma once
+#include <cstdint>
+
+namespace tpf::cuda {
+
+// The query tile: 64 queries (wgmma's N for S^T = K Q^T), walked by each CTA's key block; the
+// validation bounds the number of these tiles (api.h).
+constexpr int kTileQ = 64;
+constexpr int kWarpRows = 16;  // rows of one warp's MMA tile
+
+// A CTA is one producer warpgroup and two consumer warpgroups. It owns a block of 128 keys (64 per
+// consumer warpgroup: wgmma's M for S^T = K Q^T) in kSlices consecutive slices and walks every
+// 64-query tile. For each (query tile, slice) a consumer recomputes P^T and dS^T once and uses them
+// for dV, dK (kept in registers over the query tiles: D fp32 registers per slice per thread), its
+// dQ partial and the dbias tile summed over the CTA's slices. kSlices keeps dK/dV at 64 registers
+// (D = 16: 4 slices, 32: 2, 64: 1), which leaves room for the score, dP and dbias tiles under the
+// consumers' 224 registers; more slices per CTA would divide the dbias traffic further.
+constexpr int kBwdKeysPerWarpgroup = 64;
+constexpr int kBwdKeyBlock = 2 * kBwdKeysPerWarpgroup;
+constexpr int kBwdThreads = 384;
+constexpr int kBwdProducerRegisters = 56;
+constexpr int kBwdConsumerRegisters = 224;
+// The producer warpgroup's roles: warp 0 loads (its lanes read the key flags, thread 0 issues every
+// TMA copy), warps 1..kBwdDqWriters write dQ, the last warp dbias.
+constexpr int kBwdLoadThreads = 32;
+constexpr int kBwdDqWriters = 2;
+
+// Every head dim that is a multiple of 8 up to 64 (api.h) runs as the next built one (16, 32, 64): the
+// tiles of Q, K, V and dO are zero past the tensors' D (their products and sums are exact), and
+// only the tensors' D columns of dQ, dK and dV are stored. D = 8, 24, 40, 48, 56 pay 100% / 33% /
+// 60% / 33% / 14% more MMA work than an exact fit would.
+constexpr int sm90_backward_head_dim(int64_t D) { return D <= 16 ? 16 : D <= 32 ? 32 : 64; }
+// Slices per CTA at head dim D (see above).
+constexpr int sm90_backward_slices(int64_t D) {
+  return sm90_backward_head_dim(D) == 16 ? 4 : sm90_backward_head_dim(D) == 32 ? 2 : 1;
+}
+
+template <int D>
+struct Sm90BackwardConfig {
+  static_assert(D == 16 || D == 32 || D == 64, "the Hopper backward is built for D = 16, 32, 64");
+  static constexpr int kSlices = sm90_backward_slices(D);
+  // Staged dQ partials (each 64 x D fp32 per consumer warpgroup): two let the consumers run a
+  // slice ahead of the dQ writer; D = 64 has shared memory for one.
+  static constexpr int kDqStages = D <= 32 ? 2 : 1;
+};
+
+// The dbias finish kernel (backward_sm90_epilogue.cuh): 32 x 32 tiles of dbias transposed through
+// shared memory by 32 x 8 threads, one CTA per tile (grid: query tiles, key tiles, B * H).
+constexpr int kBwdFinishTile = 32;
+constexpr int kBwdFinishRows = 8;
+
+}  // namespace tpf::cuda

@@ -469,17 +469,12 @@ __device__ __forceinline__ Tile persistent_tile(int64_t t, const Params& p) {
     return Tile(t, p);
 }
 
-// Loop trip counts of the tile passes at the largest D: every pass is fully unrolled with these
-// compile-time counts (elements past D or past the tile are predicated off), so that each thread
-// issues all of its global loads before it waits for the first one. With the loads in one
-// dependent chain per element instead, a CTA keeps only a few hundred bytes in flight and the
-// kernels run at DRAM latency rather than bandwidth.
-constexpr int kRowsPerWarp = kRows / kWarps;  // rows of a tile per warp in row passes
-constexpr int kPerLane = kMaxD / 32;          // row elements per lane in row passes
-constexpr int kTileElemsPerThread = kMaxD * kRows / kThreads;  // channel-major tile passes
-static_assert(kRows % kWarps == 0 && kMaxD % 32 == 0 && (kMaxD * kRows) % kThreads == 0,
-              "the tile passes divide evenly among the threads");
-static_assert(kThreads % kRows == 0, "a thread keeps one row in channel-major passes");
+// Loop trip counts of the tile passes at the largest D (tiles.h's kRowsPerWarp, kPerLane,
+// kTileElemsPerThread): every pass is fully unrolled with these compile-time counts (elements past
+// D or past the tile are predicated off), so that each thread issues all of its global loads before
+// it waits for the first one. With the loads in one dependent chain per element instead, a CTA
+// keeps only a few hundred bytes in flight and the kernels run at DRAM latency rather than
+// bandwidth.
 
 // ---- Channel counts fixed at compile time or read at run time.
 //

@@ -49,7 +49,7 @@ struct InputBackwardF32Smem {
   }
 };
 
-__global__ void __launch_bounds__(kThreads, 2) input_backward_f32_kernel(const Params p) {
+__global__ void __launch_bounds__(kThreads, kF32Ctas) input_backward_f32_kernel(const Params p) {
   using T = float;
   extern __shared__ __align__(128) unsigned char smem_raw[];
   InputBackwardF32Smem s(smem_raw, p.Dp);

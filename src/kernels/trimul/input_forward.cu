@@ -31,7 +31,7 @@ struct InputForwardF32Smem {
   }
 };
 
-__global__ void __launch_bounds__(kThreads, 2) input_forward_f32_kernel(const Params p) {
+__global__ void __launch_bounds__(kThreads, kF32Ctas) input_forward_f32_kernel(const Params p) {
   using T = float;
   extern __shared__ __align__(128) unsigned char smem_raw[];
   InputForwardF32Smem s(smem_raw, p.Dp);

@@ -41,7 +41,7 @@ struct OutputBackwardF32Smem {
   }
 };
 
-__global__ void __launch_bounds__(kThreads, 2) output_backward_f32_kernel(const Params p) {
+__global__ void __launch_bounds__(kThreads, kF32Ctas) output_backward_f32_kernel(const Params p) {
   using T = float;
   extern __shared__ __align__(128) unsigned char smem_raw[];
   OutputBackwardF32Smem s(smem_raw, p.Dp);

@@ -30,7 +30,7 @@ struct OutputForwardF32Smem {
   }
 };
 
-__global__ void __launch_bounds__(kThreads, 2) output_forward_f32_kernel(const Params p) {
+__global__ void __launch_bounds__(kThreads, kF32Ctas) output_forward_f32_kernel(const Params p) {
   using T = float;
   extern __shared__ __align__(128) unsigned char smem_raw[];
   OutputForwardF32Smem s(smem_raw, p.Dp);

@@ -28,6 +28,10 @@ constexpr int kLdCT = kRows + 4;
 constexpr int kLdSt = kChunkN + kPad;
 // fp32 staging large enough for either layout.
 constexpr int kStagingFloats = kRows * kLdC > kChunkN* kLdCT ? kRows* kLdC : kChunkN* kLdCT;
+// CTAs per SM that the kernels are bounded for (__launch_bounds__): the 16-bit types' kernels and
+// the float32 ones.
+constexpr int kOccupancyCtas = 3;
+constexpr int kF32Ctas = 2;
 // Persistent CTAs of the float32 backward kernels (two per SM on a 132-SM H100/H200). A constant,
 // not the device's SM count: the order of the bias and LayerNorm gradient sums follows from it.
 constexpr int kBackwardCtas = 264;
@@ -42,6 +46,15 @@ constexpr int kOccupancyBackwardCtas = 396;
 constexpr int kMaxOutputBackwardCtas =
     kOccupancyBackwardCtas > kBackwardCtas ? kOccupancyBackwardCtas : kBackwardCtas;
 
+// The tile passes' trip counts at the largest D (device.cuh): rows per warp and row elements per
+// lane in row passes, elements per thread in channel-major passes.
+constexpr int kRowsPerWarp = kRows / kWarps;
+constexpr int kPerLane = kMaxD / 32;
+constexpr int kTileElemsPerThread = kMaxD * kRows / kThreads;
+
+static_assert(kRows % kWarps == 0 && kMaxD % 32 == 0 && (kMaxD * kRows) % kThreads == 0,
+              "the tile passes divide evenly among the threads");
+static_assert(kThreads % kRows == 0, "a thread keeps one row in channel-major passes");
 static_assert(kRows == 2 * 32 && kChunkN == 4 * 32, "the 2 x 4 grid of 32 x 32 warp tiles");
 static_assert(kMaxD <= kChunkN, "output-side GEMMs and dx_ln are one kChunkN step");
 

@@ -189,6 +189,20 @@ __device__ __forceinline__ void sm90_backward_load(const AttentionBackwardParams
   }
 }
 
+// d = A B^T for 64-row core-matrix tiles of D features, both read K-major (keys A, queries B):
+// the wgmma steps over K = 16 features, the first overwriting d.
+template <typename T, int D>
+__device__ __forceinline__ void keys_times_queries(float (&d)[8][4], const T* a, const T* b) {
+#pragma unroll
+  for (int ks = 0; ks < D / 16; ++ks) {
+    const uint64_t da = desc_k_major(a + ks * 2 * 64 * 8), db = desc_k_major(b + ks * 2 * 64 * 8);
+    if (ks == 0)
+      Wgmma<T, 64>::template ss<0, 0, 0>(d, da, db);
+    else
+      Wgmma<T, 64>::template ss<1, 0, 0>(d, da, db);
+  }
+}
+
 // ---- consumers: warpgroups 1 and 2 ------------------------------------------------------------------
 
 // The packed 16-bit A fragment (rows of this warp, k = 16 kk .. 16 kk + 15) of an accumulator tile
@@ -329,24 +343,8 @@ __device__ __forceinline__ void sm90_backward_consume(
 
       float st[8][4], dpt[8][4];  // S^T, dP^T: this warp's 16 keys x 64 queries
       wgmma_fence();
-#pragma unroll
-      for (int ks = 0; ks < D / 16; ++ks) {
-        const uint64_t a = desc_k_major(kt + ks * 2 * 64 * 8),
-                       bq = desc_k_major(qt + ks * 2 * 64 * 8);
-        if (ks == 0)
-          Wgmma<T, 64>::template ss<0, 0, 0>(st, a, bq);
-        else
-          Wgmma<T, 64>::template ss<1, 0, 0>(st, a, bq);
-      }
-#pragma unroll
-      for (int ks = 0; ks < D / 16; ++ks) {
-        const uint64_t a = desc_k_major(vt + ks * 2 * 64 * 8),
-                       bd = desc_k_major(dot + ks * 2 * 64 * 8);
-        if (ks == 0)
-          Wgmma<T, 64>::template ss<0, 0, 0>(dpt, a, bd);
-        else
-          Wgmma<T, 64>::template ss<1, 0, 0>(dpt, a, bd);
-      }
+      keys_times_queries<T, D>(st, kt, qt);    // S^T = K Q^T
+      keys_times_queries<T, D>(dpt, vt, dot);  // dP^T = V dO^T
       wgmma_commit();
       wgmma_wait<0>();
       fence_regs(st);

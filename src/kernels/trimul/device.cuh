@@ -240,22 +240,13 @@ struct WarpTileF32 {
     }
   }
 
-  __device__ void store(float* C, int ldc, int N) const {
-    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-    const int m0 = (warp & 1) * 32, n0 = (warp >> 1) * 32;
-    const int row = lane >> 1, col = (lane & 1) * 8;
-#pragma unroll
-    for (int j = 0; j < 2; ++j) {
-      if (n0 + 16 * j >= N) break;
-#pragma unroll
-      for (int i = 0; i < 2; ++i)
-#pragma unroll
-        for (int e = 0; e < 8; ++e)
-          C[(m0 + 16 * i + row) * ldc + n0 + 16 * j + col + e] = acc[i][j][e];
-    }
-  }
+  __device__ void store(float* C, int ldc, int N) const { store_as<false>(C, ldc, N); }
+  __device__ void store_col_major(float* C, int ldc, int N) const { store_as<true>(C, ldc, N); }
 
-  __device__ void store_col_major(float* C, int ldc, int N) const {
+ private:
+  // Row-major C[m][n] (kColMajor: C[n][m]) of the warp's columns below N.
+  template <bool kColMajor>
+  __device__ void store_as(float* C, int ldc, int N) const {
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     const int m0 = (warp & 1) * 32, n0 = (warp >> 1) * 32;
     const int row = lane >> 1, col = (lane & 1) * 8;
@@ -265,8 +256,12 @@ struct WarpTileF32 {
 #pragma unroll
       for (int i = 0; i < 2; ++i)
 #pragma unroll
-        for (int e = 0; e < 8; ++e)
-          C[(n0 + 16 * j + col + e) * ldc + m0 + 16 * i + row] = acc[i][j][e];
+        for (int e = 0; e < 8; ++e) {
+          if constexpr (kColMajor)
+            C[(n0 + 16 * j + col + e) * ldc + m0 + 16 * i + row] = acc[i][j][e];
+          else
+            C[(m0 + 16 * i + row) * ldc + n0 + 16 * j + col + e] = acc[i][j][e];
+        }
     }
   }
 };

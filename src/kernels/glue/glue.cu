@@ -165,16 +165,6 @@ __global__ void __launch_bounds__(kColumnSumCols* kColumnSumRowGroups)
 }
 
 template <typename F>
-void with_type(DType d, F&& f) {
-  switch (d) {
-    case DType::f32: return f(float{});
-    case DType::bf16: return f(__nv_bfloat16{});
-    case DType::f16: return f(__half{});
-    default: throw Error(std::string("unsupported dtype for the CUDA kernels: ") + dtype_name(d));
-  }
-}
-
-template <typename F>
 void with_per_lane(int C, F&& f) {
   if (C <= 128) return f(std::integral_constant<int, 4>{});
   if (C <= 256) return f(std::integral_constant<int, 8>{});
@@ -275,9 +265,9 @@ void layer_norm_forward(const LayerNormForwardArgs& a, const Rows& rows, int64_t
   DeviceGuard guard(a.x.device_index);
   const int C = int(a.x.shape[a.x.ndim - 1]);
   const unsigned grid = grid_for(n_rows, kWarps);
-  with_type(a.x.dtype, [&](auto tx) {
+  with_float_type(a.x.dtype, [&](auto tx) {
     using TX = decltype(tx);
-    with_type(a.y.dtype, [&](auto ty) {
+    with_float_type(a.y.dtype, [&](auto ty) {
       using TY = decltype(ty);
       with_per_lane(C, [&](auto pl) {
         layer_norm_forward_kernel<TX, TY, decltype(pl)::value>
@@ -300,9 +290,9 @@ void layer_norm_backward(const LayerNormBackwardArgs& a, const Rows& rows, int64
   const size_t smem = size_t(kWarps) * 2 * C * sizeof(float);
   auto s = static_cast<cudaStream_t>(stream);
   float* partial = static_cast<float*>(a.workspace(size_t(blocks) * size_t(2 * C) * sizeof(float)));
-  with_type(a.x.dtype, [&](auto tx) {
+  with_float_type(a.x.dtype, [&](auto tx) {
     using TX = decltype(tx);
-    with_type(a.dy.dtype, [&](auto td) {
+    with_float_type(a.dy.dtype, [&](auto td) {
       using TD = decltype(td);
       with_per_lane(C, [&](auto pl) {
         auto kernel = layer_norm_backward_kernel<TX, TD, decltype(pl)::value>;
@@ -330,7 +320,7 @@ void swiglu(const SwigluArgs& a, void* stream) {
   DeviceGuard guard(a.ab.device_index);
   const int64_t M = a.ab.shape[0], H = a.ab.shape[1] / 2;
   const TensorView& out = Backward ? a.dab : a.h;
-  with_type(a.ab.dtype, [&](auto t) {
+  with_float_type(a.ab.dtype, [&](auto t) {
     using T = decltype(t);
     constexpr int V = 16 / sizeof(T);
     const T* ab = static_cast<const T*>(a.ab.data);
@@ -352,7 +342,7 @@ void gated_output(const GatedOutputArgs& a, const Heads& heads, void* stream) {
   DeviceGuard guard(a.g.device_index);
   const int64_t R = a.g.shape[0], HD = a.g.shape[1], gs = a.g.stride[0];
   const TensorView& out = Backward ? a.dg : a.y;
-  with_type(a.g.dtype, [&](auto t) {
+  with_float_type(a.g.dtype, [&](auto t) {
     using T = decltype(t);
     constexpr int V = 16 / sizeof(T);
     const T* g = static_cast<const T*>(a.g.data);

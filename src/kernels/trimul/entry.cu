@@ -174,22 +174,14 @@ void backward(const TrimulBackwardArgs& a, const TrimulDims& d, cudaStream_t str
 
 void trimul_forward(const TrimulForwardArgs& a, const TrimulDims& d, void* stream) {
   DeviceGuard guard(a.x.device_index);
-  auto s = static_cast<cudaStream_t>(stream);
-  switch (a.x.dtype) {
-    case DType::f32: return forward<float>(a, d, s);
-    case DType::bf16: return forward<__nv_bfloat16>(a, d, s);
-    default: return forward<__half>(a, d, s);
-  }
+  with_float_type(a.x.dtype,
+                  [&](auto t) { forward<decltype(t)>(a, d, static_cast<cudaStream_t>(stream)); });
 }
 
 void trimul_backward(const TrimulBackwardArgs& a, const TrimulDims& d, void* stream) {
   DeviceGuard guard(a.x.device_index);
-  auto s = static_cast<cudaStream_t>(stream);
-  switch (a.x.dtype) {
-    case DType::f32: return backward<float>(a, d, s);
-    case DType::bf16: return backward<__nv_bfloat16>(a, d, s);
-    default: return backward<__half>(a, d, s);
-  }
+  with_float_type(a.x.dtype,
+                  [&](auto t) { backward<decltype(t)>(a, d, static_cast<cudaStream_t>(stream)); });
 }
 
 }  // namespace tpf::cuda

@@ -159,12 +159,9 @@ void launch_pack_weights_as(const Params& p, const PackArgs& a, cudaStream_t str
 
 template <typename T>
 void launch_pack_weights(const Params& p, const PackArgs& a, cudaStream_t stream) {
-  switch (a.dtype) {
-    case DType::f32: return launch_pack_weights_as<T, float>(p, a, stream);
-    case DType::bf16: return launch_pack_weights_as<T, __nv_bfloat16>(p, a, stream);
-    case DType::f16: return launch_pack_weights_as<T, __half>(p, a, stream);
-    default: throw Error("trimul pack_weights: weights must be float32, bfloat16 or float16");
-  }
+  with_float_type(
+      a.dtype, [&](auto w) { launch_pack_weights_as<T, decltype(w)>(p, a, stream); },
+      "trimul pack_weights: the weights");
 }
 
 template void launch_pack_weights<float>(const Params&, const PackArgs&, cudaStream_t);
@@ -189,12 +186,9 @@ void launch_finish_backward(const FinishArgs& a, cudaStream_t stream) {
   constexpr int kBlock = 256;
   const int64_t threads = int64_t(6) * a.D * a.D;
   const unsigned grid = unsigned((threads + kBlock - 1) / kBlock);
-  switch (a.dtype) {
-    case DType::f32: finish_backward_kernel<float><<<grid, kBlock, 0, stream>>>(a); break;
-    case DType::bf16: finish_backward_kernel<__nv_bfloat16><<<grid, kBlock, 0, stream>>>(a); break;
-    case DType::f16: finish_backward_kernel<__half><<<grid, kBlock, 0, stream>>>(a); break;
-    default: throw Error("trimul finish_backward: weights must be float32, bfloat16 or float16");
-  }
+  with_float_type(
+      a.dtype, [&](auto w) { finish_backward_kernel<decltype(w)><<<grid, kBlock, 0, stream>>>(a); },
+      "trimul finish_backward: the weights");
   check_launch("trimul finish_backward");
 }
 

@@ -164,34 +164,39 @@ void layer_norm_backward(const LayerNormBackwardArgs& a, void* stream) {
   cuda::layer_norm_backward(a, rows, n_rows, stream);
 }
 
-void swiglu_forward(const SwigluArgs& a, void* stream) {
+namespace {
+
+// One validated call of each op, forward or backward: an empty one does nothing.
+void swiglu(const SwigluArgs& a, bool backward, void* stream) {
   int64_t M = 0, H = 0;
-  check_swiglu(a, false, &M, &H);
+  check_swiglu(a, backward, &M, &H);
   if (M * H == 0) return;
-  if (a.ab.device == Device::cpu) return cpu::swiglu(a, false, M, H);
-  cuda::swiglu_forward(a, stream);
+  if (a.ab.device == Device::cpu) return cpu::swiglu(a, backward, M, H);
+  if (backward)
+    cuda::swiglu_backward(a, stream);
+  else
+    cuda::swiglu_forward(a, stream);
 }
 
-void swiglu_backward(const SwigluArgs& a, void* stream) {
-  int64_t M = 0, H = 0;
-  check_swiglu(a, true, &M, &H);
-  if (M * H == 0) return;
-  if (a.ab.device == Device::cpu) return cpu::swiglu(a, true, M, H);
-  cuda::swiglu_backward(a, stream);
+void gated_output(const GatedOutputArgs& a, bool backward, void* stream) {
+  const Heads heads = check_gated_output(a, backward);
+  if (a.g.numel() == 0) return;
+  if (a.g.device == Device::cpu) return cpu::gated_output(a, heads, backward);
+  if (backward)
+    cuda::gated_output_backward(a, heads, stream);
+  else
+    cuda::gated_output_forward(a, heads, stream);
 }
 
+}  // namespace
+
+void swiglu_forward(const SwigluArgs& a, void* stream) { swiglu(a, false, stream); }
+void swiglu_backward(const SwigluArgs& a, void* stream) { swiglu(a, true, stream); }
 void gated_output_forward(const GatedOutputArgs& a, void* stream) {
-  const Heads heads = check_gated_output(a, false);
-  if (a.g.numel() == 0) return;
-  if (a.g.device == Device::cpu) return cpu::gated_output(a, heads, false);
-  cuda::gated_output_forward(a, heads, stream);
+  gated_output(a, false, stream);
 }
-
 void gated_output_backward(const GatedOutputArgs& a, void* stream) {
-  const Heads heads = check_gated_output(a, true);
-  if (a.g.numel() == 0) return;
-  if (a.g.device == Device::cpu) return cpu::gated_output(a, heads, true);
-  cuda::gated_output_backward(a, heads, stream);
+  gated_output(a, true, stream);
 }
 
 }  // namespace tpf

@@ -15,35 +15,25 @@ namespace tpf::cuda {
 template <typename T>
 struct Mma;
 
-template <>
-struct Mma<__nv_bfloat16> {
-  static __device__ __forceinline__ void run(float c[4], const uint32_t a[4], const uint32_t b[2]) {
-    asm volatile(
-        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
-        "{%8,%9}, {%0,%1,%2,%3};\n"
-        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
-  }
-  static __device__ __forceinline__ uint32_t pack(float lo, float hi) {
-    __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
-    return *reinterpret_cast<uint32_t*>(&v);
-  }
-};
-
-template <>
-struct Mma<__half> {
-  static __device__ __forceinline__ void run(float c[4], const uint32_t a[4], const uint32_t b[2]) {
-    asm volatile(
-        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
-        "{%8,%9}, {%0,%1,%2,%3};\n"
-        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
-  }
-  static __device__ __forceinline__ uint32_t pack(float lo, float hi) {
-    __half2 v = __floats2half2_rn(lo, hi);
-    return *reinterpret_cast<uint32_t*>(&v);
-  }
-};
+// Mma<T>::run: c += a b for one warp (the fragments above); pack: two floats as T's 32-bit pair.
+#define TPF_MMA_DEFINE(TY, PTXTY, PAIR, PACK)                                           \
+  template <>                                                                           \
+  struct Mma<TY> {                                                                      \
+    static __device__ __forceinline__ void run(float c[4], const uint32_t a[4],         \
+                                               const uint32_t b[2]) {                   \
+      asm volatile("mma.sync.aligned.m16n8k16.row.col.f32." PTXTY "." PTXTY             \
+                   ".f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"       \
+                   : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])                     \
+                   : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1])); \
+    }                                                                                   \
+    static __device__ __forceinline__ uint32_t pack(float lo, float hi) {               \
+      PAIR v = PACK(lo, hi);                                                            \
+      return *reinterpret_cast<uint32_t*>(&v);                                          \
+    }                                                                                   \
+  };
+TPF_MMA_DEFINE(__nv_bfloat16, "bf16", __nv_bfloat162, __floats2bfloat162_rn)
+TPF_MMA_DEFINE(__half, "f16", __half2, __floats2half2_rn)
+#undef TPF_MMA_DEFINE
 
 __device__ __forceinline__ uint32_t smem_addr(const void* p) {
   return static_cast<uint32_t>(__cvta_generic_to_shared(p));

@@ -1,6 +1,6 @@
-// The Hopper backward (backward_sm90.cu): the order of its CTAs (the scheduler the cross-CTA sums
-// rely on), its TMA maps and its workspace, shared by the host launcher, the workspace query and the
-// kernel; its tile sizes are backward_sm90_tiles.h. Host and device code; nothing here launches
+// The Hopper backward (backward_sm90.cu): its TMA maps and its workspace, shared by the host
+// launcher, the workspace query and the kernel; its tile sizes are backward_sm90_tiles.h, the order
+// of its CTAs backward_sm90_schedule.h. Host and device code; nothing here launches
 // anything.
 #pragma once
 #include <cuda.h>
@@ -11,6 +11,7 @@
 #include <cstdint>
 #include <cstdlib>
 
+#include "kernels/attention/backward_sm90_schedule.h"
 #include "kernels/attention/backward_sm90_tiles.h"
 #include "kernels/attention/params.h"
 
@@ -22,47 +23,6 @@ namespace tpf::cuda {
 constexpr int64_t kSm90DqBudgetBytes = 128LL << 20;
 // The most CTAs of one launch (grid dimension x).
 constexpr int64_t kSm90MaxCtas = 2147483647;
-
-// ---- scheduler --------------------------------------------------------------------------------------
-// One CTA per (slice group g, b, h, key block jb). dQ of a (slice, query tile) sums over the key
-// blocks of its slice group in the order jb = 0, 1, ..., dbias of a (query tile, key block) over the
-// slice groups in the order g = 0, 1, ...: each writer waits for the CTA before it in its order
-// (semaphores, backward_sm90_epilogue.cuh). The numbering keeps both orders increasing (a CTA only
-// waits for lower-numbered ones) and puts the CTA a writer waits for far enough back that it has
-// usually passed that tile already: the groups go in blocks of kBwdGroupBlock, numbered
-// (group block, jb, group in block, b, h) from the slowest, so the previous key block of a slice
-// group is kBwdGroupBlock * B * H CTAs back and the previous slice group at least B * H.
-// Numbered with jb fastest (before 2026-12-07), the key blocks of a group started together and
-// each waited a writer's round trip for the one before it: blocks of 2 groups measured 5-9% faster
-// (H100; 1, 2 and 4 tried: notes-attention's designs table).
-constexpr int kBwdGroupBlock = 2;
-struct Sm90BackwardGrid {
-  int query_tiles, key_blocks;  // T, J
-  int groups;                   // slice groups in all, ceil(N / kSlices)
-};
-__host__ __device__ inline Sm90BackwardGrid sm90_backward_grid(int N, int Sq, int Sk, int slices) {
-  return {(Sq + kTileQ - 1) / kTileQ, (Sk + kBwdKeyBlock - 1) / kBwdKeyBlock,
-          (N + slices - 1) / slices};
-}
-struct Sm90BackwardBlock {
-  int g, b, h, jb;  // g counts slice groups from the first slice (all chunks)
-};
-// CTA `block` of a launch over `groups` slice groups from `group_begin`.
-__device__ inline Sm90BackwardBlock sm90_backward_block(int block, int group_begin, int groups,
-                                                        int B, int H, int J) {
-  const int BH = B * H, per_block = kBwdGroupBlock * J * BH;
-  const int g_hi = block / per_block;
-  int rest = block % per_block;
-  const int in_block = min(kBwdGroupBlock, groups - g_hi * kBwdGroupBlock);
-  Sm90BackwardBlock c;
-  c.jb = rest / (in_block * BH);
-  rest %= in_block * BH;
-  c.g = group_begin + g_hi * kBwdGroupBlock + rest / BH;
-  rest %= BH;
-  c.b = rest / H;
-  c.h = rest % H;
-  return c;
-}
 
 // ---- TMA ---------------------------------------------------------------------------------------------
 // q, k, v and dO as 5-d TMA maps (tma.cuh) with a box of 64 rows x 8 features: one column block

@@ -208,24 +208,15 @@ def short(name: str) -> str:
     return name.split("(")[0].removeprefix("void ")[:60]
 
 
-@pytest.mark.parametrize("name", CUEQUIVARIANCE, ids=short)
-def test_cuequivariance_names(name):
-    assert breakdown.classify(name) == ("cuequivariance", True), name
+# Each known name and the class it must land in (TriFast's Triton kernels are neither ours nor
+# cuEquivariance's: other PyTorch).
+EXPECTED = ([(n, "cuequivariance") for n in CUEQUIVARIANCE] + [(n, "other_pytorch") for n in PYTORCH]
+            + [(n, "gemm") for n in GEMM] + [(n, "other_pytorch") for n in TRIFAST])
 
 
-@pytest.mark.parametrize("name", PYTORCH, ids=short)
-def test_pytorch_names(name):
-    assert breakdown.classify(name) == ("other_pytorch", True), name
-
-
-@pytest.mark.parametrize("name", GEMM, ids=short)
-def test_gemm_names(name):
-    assert breakdown.classify(name) == ("gemm", True), name
-
-
-@pytest.mark.parametrize("name", TRIFAST, ids=short)
-def test_trifast_names_are_neither_ours_nor_cuequivariance(name):
-    assert breakdown.classify(name) == ("other_pytorch", True), name
+@pytest.mark.parametrize("name,expected", EXPECTED, ids=[short(n) for n, _ in EXPECTED])
+def test_known_names_land_in_their_class(name, expected):
+    assert breakdown.classify(name) == (expected, True), name
 
 
 def test_the_table_is_consistent():

@@ -37,7 +37,7 @@ __device__ __forceinline__ void store_delta(const AttentionBackwardParams& p, in
   p.delta[r] = real ? delta : 0.f;
   p.lse2[r] = real ? f.lse[x.b * f.lse_stride_b + int64_t(x.n) * f.lse_stride_n +
                            x.h * f.lse_stride_h + int64_t(x.s) * f.lse_stride_s] *
-                         1.4426950408889634f
+                         kLog2e
                    : INFINITY;
 }
 

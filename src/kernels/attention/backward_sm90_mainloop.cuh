@@ -25,12 +25,9 @@
 #include "kernels/attention/params.h"
 #include "kernels/attention/tma.cuh"
 #include "kernels/common/mma.cuh"
-#include "kernels/common/tile_io.cuh"
 #include "kernels/common/wgmma.cuh"
 
 namespace tpf::cuda {
-
-constexpr float kBwdLog2e = 1.4426950408889634f;
 
 // What a consumer warpgroup does with its 64 keys of a slice.
 enum : uint8_t { kTileSkip = 0, kTileMasked = 1, kTileWhole = 2 };
@@ -365,8 +362,8 @@ __device__ __forceinline__ void sm90_backward_consume(
             bias = make_float2(biasf[j][2 * r], biasf[j][2 * r + 1]);
           else
             bias = unpack2<T>(bias2[j >> 1][(j & 1) * 2 + r]);
-          float p0 = fast_exp2(fmaf(fmaf(st[j][2 * r], scale, bias.x), kBwdLog2e, -l2.x));
-          float p1 = fast_exp2(fmaf(fmaf(st[j][2 * r + 1], scale, bias.y), kBwdLog2e, -l2.y));
+          float p0 = fast_exp2(fmaf(fmaf(st[j][2 * r], scale, bias.x), kLog2e, -l2.x));
+          float p1 = fast_exp2(fmaf(fmaf(st[j][2 * r + 1], scale, bias.y), kLog2e, -l2.y));
           p0 = keep[u][r] ? p0 : 0.f;
           p1 = keep[u][r] ? p1 : 0.f;
           const float ds0 = p0 * (dpt[j][2 * r] - dl.x), ds1 = p1 * (dpt[j][2 * r + 1] - dl.y);

@@ -63,8 +63,6 @@ AttentionForwardParams forward_params(const Args& a, const AttentionDims& d) {
   p.Sq = int(d.Sq);
   p.Sk = int(d.Sk);
   p.scale = float(a.scale);
-  p.qkv_aligned = rows_aligned(q, 3) && rows_aligned(k, 3) && rows_aligned(v, 3);
-  p.bias_aligned = rows_aligned(bias, 2);
   return p;
 }
 

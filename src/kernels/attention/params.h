@@ -31,9 +31,7 @@ struct AttentionForwardParams {
   int64_t mask_stride_b, mask_stride_n;
   int64_t lse_stride_b, lse_stride_n, lse_stride_h, lse_stride_s;
   int B, N, H, Sq, Sk;
-  float scale;        // softmax scale
-  bool qkv_aligned;   // rows of q, k, v start on 16-byte boundaries (vector loads)
-  bool bias_aligned;  // rows of bias start on 16-byte boundaries
+  float scale;  // softmax scale
 };
 
 struct AttentionBackwardParams {

@@ -111,6 +111,8 @@ __device__ __forceinline__ float2 unpack2<__half>(uint32_t r) {
 // 2^x on the SFU, flushing results below 2^-126 to zero: exp2f's extra work keeps those denormal
 // (two multiplies and a compare per call around the same MUFU.EX2), which a probability of at
 // most 1e-38 relative to the row's largest does not need. -inf gives +0.
+constexpr float kLog2e = 1.4426950408889634f;  // log2(e): exp(x) = 2^(x log2(e))
+
 __device__ __forceinline__ float fast_exp2(float x) {
   float y;
   asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));

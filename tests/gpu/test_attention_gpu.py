@@ -370,6 +370,45 @@ def test_bad_input_names_the_argument_on_cuda():
         assert got is not None and message in got, (dtype, i, message, got)
 
 
+FRESH_THREADS = """
+import threading, torch, tpfkit as tpf
+def leaves(D):
+    g = lambda *s: torch.randn(*s, device="cuda", dtype=torch.bfloat16).requires_grad_(True)
+    return g(1, 2, 4, 100, D), g(1, 2, 4, 100, D), g(1, 2, 4, 100, D), g(1, 1, 4, 100, 100)
+q, k, v, bias = leaves(32)
+o = tpf.triangle_attention(q, k, v, bias)
+o.backward(torch.randn_like(o))  # autograd's own thread: its first CUDA work is our backward
+errors = []
+def step(D):
+    try:
+        x = leaves(D)
+        tpf.triangle_attention(*x).float().square().sum().backward()
+    except Exception as e:
+        errors.append(repr(e))
+for D in (16, 64):  # a new Python thread each: forward and backward from there
+    t = threading.Thread(target=step, args=(D,))
+    t.start()
+    t.join()
+assert not errors, errors
+print("FRESH_OK")
+"""
+
+
+def test_first_call_on_a_fresh_thread():
+    """The first forward and backward of a process, and of a new thread: the TMA maps are encoded
+    by a driver call, which needs the thread's context current (2026-12-07: the first backward of
+    every process failed with cuTensorMapEncodeTiled error 201 on autograd's thread)."""
+    import os
+    import subprocess
+    import sys
+    here = os.path.dirname(os.path.abspath(__file__))
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(
+        [os.path.join(here, "..", "python"), os.environ.get("PYTHONPATH", "")]))
+    run = subprocess.run([sys.executable, "-c", FRESH_THREADS], capture_output=True, text=True,
+                         env=env, timeout=300)
+    assert run.returncode == 0 and "FRESH_OK" in run.stdout, run.stderr[-3000:]
+
+
 # ---- the Hopper forward (forward_sm90.cu): every head dim it takes, forward only ----------------
 # (The backward takes D = 16, 32, 64; the tests above run both at those.)
 

@@ -4,8 +4,9 @@
 //  2. attention_backward_sm90_kernel, one launch per chunk of slices. A CTA owns a 128-key block in
 //     kSlices slices (backward_sm90_tiles.h) and walks every 64-query tile:
 //       warp  0    loads (thread 0 by TMA into the layouts wgmma and ldmatrix read; mbarriers),
-//       warps 1-2  add the staged dQ partials to the fp32 dQ accumulator in key-block order,
-//       warp  3    adds the staged dbias^T tiles to the fp32 dbias accumulator in slice-group order,
+//       warps 1-3  add the staged dQ partials to the fp32 dQ accumulator in key-block order
+//                  (kBwdDqWriters of them) and the staged dbias^T tiles to the fp32 dbias
+//                  accumulator in slice-group order (the others),
 //       warpgroups 1, 2 (64 keys each) recompute P^T and dS^T once per tile and use them for dV,
 //                  dK (registers), dQ (staged) and dbias (registers over the slices, then staged)
 //                  (backward_sm90_mainloop.cuh).
@@ -56,7 +57,7 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
       mbar_init(&sm.dq_empty[s], 32 * kBwdDqWriters);
     }
     mbar_init(&sm.dbias_full, 256);
-    mbar_init(&sm.dbias_empty, 32);
+    mbar_init(&sm.dbias_empty, 32 * kBwdDbiasWriters);
   }
   __syncthreads();
 
@@ -71,7 +72,7 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
                                        grid.query_tiles, chunk_first_slice, warp - 1);
     else
       sm90_backward_write_dbias<T, D, BT>(p, sm, blk.g, blk.b, blk.h, blk.jb, grid.key_blocks,
-                                          grid.query_tiles);
+                                          grid.query_tiles, warp - 1 - kBwdDqWriters);
   } else {
     warpgroup_registers_inc<kBwdConsumerRegisters>();
     const int w = warpgroup - 1;

@@ -1,4 +1,4 @@
-// The Hopper backward's outputs: the dQ and dbias writers (warps 2 and 3 of the producer warpgroup),
+// The Hopper backward's outputs: the dQ and dbias writers (warps 1-3 of the producer warpgroup),
 // which add the consumers' staged tiles to the fp32 accumulators in global memory in a fixed order
 // across CTAs (semaphores, wgmma.cuh), the consumers' dK/dV stores, and the kernel that turns the
 // dbias accumulator into dbias.
@@ -46,7 +46,7 @@ __device__ __forceinline__ void store_dq4(T* dst, float4 x, float scale, bool al
   }
 }
 
-// Warps 1 and 2 (`part` 0 and 1, every other float4 of a tile each): per query tile, wait for their
+// Warps 1..kBwdDqWriters (`part` 0, 1, ...: every kBwdDqWriters-th float4 of a tile each): per query tile, wait for their
 // turn among the key blocks of the slice group (once for all the group's slices: the semaphore
 // counts both warps' passes), then take each slice's staged partials as the consumers leave them.
 template <typename T, int D, typename BT>
@@ -105,13 +105,14 @@ __device__ __forceinline__ void sm90_backward_write_dq(const AttentionBackwardPa
   }
 }
 
-// Warp 3: per query tile, the CTA's dbias^T tile (keys of both warpgroups x 64 queries), in its
-// slice group's turn.
+// The last kBwdDbiasWriters warps (`part` 0, 1, ...: every kBwdDbiasWriters-th float4 each): per
+// query tile, the CTA's dbias^T tile (keys of both warpgroups x 64 queries), in its slice group's
+// turn (the semaphore counts every writer warp's pass).
 template <typename T, int D, typename BT>
 __device__ __forceinline__ void sm90_backward_write_dbias(const AttentionBackwardParams& p,
                                                           Sm90BackwardSmem<T, D, BT>& sm, int g,
-                                                          int b, int h, int jb, int J,
-                                                          int T_tiles) {
+                                                          int b, int h, int jb, int J, int T_tiles,
+                                                          int part) {
   using S = Sm90BackwardSmem<T, D, BT>;
   const AttentionForwardParams& f = p.fwd;
   const int lane = threadIdx.x & 31;
@@ -121,7 +122,7 @@ __device__ __forceinline__ void sm90_backward_write_dbias(const AttentionBackwar
   for (int i = 0; i < T_tiles; ++i) {
     mbar_wait(&sm.dbias_full, i & 1);
     int* sem = p.dbias_sem + ((int64_t(b) * f.H + h) * T_tiles + i) * J + jb;
-    wait_turn(sem, g);
+    wait_turn(sem, kBwdDbiasWriters * g);
 #pragma unroll 1
     for (int w = 0; w < 2; ++w) {
       const bool valid = sm.dbias_valid[w] != 0;
@@ -133,7 +134,7 @@ __device__ __forceinline__ void sm90_backward_write_dbias(const AttentionBackwar
                        sq_pad +
                    int64_t(i) * kTileQ;
 #pragma unroll 4
-      for (int e = lane; e < kBwdKeysPerWarpgroup * C4; e += 32) {
+      for (int e = lane + 32 * part; e < kBwdKeysPerWarpgroup * C4; e += 32 * kBwdDbiasWriters) {
         const int key = e / C4, c = (e % C4) * 4;
         const float4 x = valid ? *reinterpret_cast<const float4*>(src + key * S::LDDB + c)
                                : make_float4(0.f, 0.f, 0.f, 0.f);

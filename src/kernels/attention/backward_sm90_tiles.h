@@ -24,9 +24,11 @@ constexpr int kBwdThreads = 384;
 constexpr int kBwdProducerRegisters = 56;
 constexpr int kBwdConsumerRegisters = 224;
 // The producer warpgroup's roles: warp 0 loads (its lanes read the key flags, thread 0 issues every
-// TMA copy), warps 1..kBwdDqWriters write dQ, the last warp dbias.
+// TMA copy), warps 1..kBwdDqWriters write dQ, the other kBwdDbiasWriters dbias.
 constexpr int kBwdLoadThreads = 32;
 constexpr int kBwdDqWriters = 2;
+constexpr int kBwdDbiasWriters = 1;
+static_assert(1 + kBwdDqWriters + kBwdDbiasWriters == 4, "the producer warpgroup has four warps");
 
 // Every head dim that is a multiple of 8 up to 64 (api.h) runs as the next built one (16, 32, 64): the
 // tiles of Q, K, V and dO are zero past the tensors' D (their products and sums are exact), and

@@ -4,6 +4,7 @@
 #pragma once
 #include <cuda.h>
 #include <cudaTypedefs.h>
+#include <cuda_runtime.h>
 
 #include <algorithm>
 #include <cstdint>
@@ -30,6 +31,29 @@ inline PFN_cuTensorMapEncodeTiled_v12000 tensor_map_encoder() {
     return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(f);
   }();
   return fn;
+}
+
+// The encoder is a driver call and needs a current context, which a thread that has made no
+// runtime call yet lacks: autograd's backward thread on its first call in a process (the encoder
+// answered CUDA_ERROR_INVALID_CONTEXT, 201, and the op failed; 2026-12-07). Where the thread has
+// none, the runtime's current device's primary context is made current (cudaSetDevice does that
+// since CUDA 12). Never during a stream capture: a capturing thread has its context current, and
+// cudaFree(nullptr), the usual way, would end the capture.
+inline void make_context_current() {
+  static PFN_cuCtxGetCurrent_v4000 get = [] {
+    void* f = nullptr;
+    cudaDriverEntryPointQueryResult q{};
+    const cudaError_t e =
+        cudaGetDriverEntryPointByVersion("cuCtxGetCurrent", &f, 4000, cudaEnableDefault, &q);
+    TPF_CHECK(e == cudaSuccess && q == cudaDriverEntryPointSuccess && f != nullptr,
+              "the CUDA driver has no cuCtxGetCurrent");
+    return reinterpret_cast<PFN_cuCtxGetCurrent_v4000>(f);
+  }();
+  CUcontext ctx = nullptr;
+  if (get(&ctx) == CUDA_SUCCESS && ctx != nullptr) return;
+  int device = 0;
+  TPF_CHECK(cudaGetDevice(&device) == cudaSuccess && cudaSetDevice(device) == cudaSuccess,
+            "could not make the CUDA device's context current on this thread");
 }
 
 // A 16-bit tensor as a TMA map of rank 1 + `outer`: dim 0 the contiguous one (`inner` elements,
@@ -59,6 +83,7 @@ inline CUtensorMap tiled_tensor_map(const void* data, bool fp16, int outer, cons
     dims |= uint32_t(i) << (2 * d[i].which);
   }
   const cuuint32_t elem[5] = {1, 1, 1, 1, 1};
+  make_context_current();
   CUtensorMap map;
   const CUresult r = tensor_map_encoder()(
       &map, fp16 ? CU_TENSOR_MAP_DATA_TYPE_FLOAT16 : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16,
@@ -67,7 +92,10 @@ inline CUtensorMap tiled_tensor_map(const void* data, bool fp16, int outer, cons
       CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
   TPF_CHECK(r == CUDA_SUCCESS,
             std::string("could not describe ") + name + " for TMA (cuTensorMapEncodeTiled error " +
-                std::to_string(int(r)) + "): rows must start on 16-byte boundaries");
+                std::to_string(int(r)) + ")" +
+                (r == CUDA_ERROR_INVALID_VALUE
+                     ? ": its start and every stride but the last must be multiples of 16 bytes"
+                     : ""));
   return map;
 }
 

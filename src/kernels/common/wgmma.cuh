@@ -177,8 +177,13 @@ __device__ __forceinline__ int load_acquire(const int* p) {
   asm volatile("ld.global.acquire.gpu.b32 %0, [%1];\n" : "=r"(v) : "l"(p) : "memory");
   return v;
 }
+// Waits until the count reaches `turn`: "at least", never "equal". Where several warps of one CTA
+// take the same turn (the backward's dQ writers), the first to pass it moves the count on before a
+// slow one has looked; an equality test then spins forever and every later CTA of the chain with
+// it (a hang seen on an H100, 2026-12-07). Counts only grow within a call (zeroed before each), and
+// a value past `turn` implies `turn` was reached first: every pass follows its own wait.
 __device__ __forceinline__ void wait_turn(const int* sem, int turn) {
-  while (load_acquire(sem) != turn) {}
+  while (load_acquire(sem) < turn) {}
 }
 // Called by every lane of a warp after its stores and reductions of the sum: each lane's fence
 // orders its own writes, and lane 0's fence after the warp's sync releases what the others wrote

@@ -44,7 +44,7 @@ inline void make_context_current() {
     void* f = nullptr;
     cudaDriverEntryPointQueryResult q{};
     const cudaError_t e =
-        cudaGetDriverEntryPointByVersion("cuCtxGetCurrent", &f, 4000, cudaEnableDefault, &q);
+        cudaGetDriverEntryPointByVersion("cuCtxGetCurrent", &f, 12000, cudaEnableDefault, &q);
     TPF_CHECK(e == cudaSuccess && q == cudaDriverEntryPointSuccess && f != nullptr,
               "the CUDA driver has no cuCtxGetCurrent");
     return reinterpret_cast<PFN_cuCtxGetCurrent_v4000>(f);

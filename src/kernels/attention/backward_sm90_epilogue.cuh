@@ -4,8 +4,8 @@
 // dbias accumulator into dbias.
 //
 // dQ of (slice n, query tile i) = scale * sum over key blocks jb = 0, 1, ..., J - 1 of
-// (partial of warpgroup 0 + partial of warpgroup 1): key block 0 stores its sum, the next ones add
-// theirs (16-byte reductions at L2), the last reads the total, adds its own and writes dq.
+// (partial of warpgroup 0 + partial of warpgroup 1): each key block stores its sum in its own slot,
+// the last to finish the tile (a count) adds the slots in that order and writes dq.
 // dbias^T of (query tile i, key block jb) = sum over slice groups g = 0, 1, ... of the CTA's sum
 // over its slices: group 0 stores, the others add; attention_dbias_finish_kernel transposes it
 // into dbias. Either order is the CTA numbering of the scheduler (backward_sm90.h).
@@ -46,9 +46,15 @@ __device__ __forceinline__ void store_dq4(T* dst, float4 x, float scale, bool al
   }
 }
 
-// Warps 1..kBwdDqWriters (`part` 0, 1, ...: every kBwdDqWriters-th float4 of a tile each): per query tile, wait for their
-// turn among the key blocks of the slice group (once for all the group's slices: the semaphore
-// counts both warps' passes), then take each slice's staged partials as the consumers leave them.
+// Warps 1..kBwdDqWriters (`part` 0, 1, ...: every kBwdDqWriters-th float4 of a tile each): per
+// query tile, each slice's two staged partials summed (warpgroup 0's, then 1's) into this key
+// block's slot of dq_acc as the consumers leave them, then a count of the tile's key blocks: the
+// one that finds itself last (whichever it is) adds the J slots in key-block order and writes dq.
+// No writer waits for another CTA, so the key blocks of a slice group run side by side; before
+// 2026-12-07 each added to one accumulator in its turn (semaphores), and the last key block's
+// writer waited J - 1 turns before its first tile while its consumers stalled on full staging
+// buffers. The sums are the same: ((x_0 + x_1) + x_2) + ..., scaled once, so dq is bitwise what
+// the turns gave. J = 1: straight into dq.
 template <typename T, int D, typename BT>
 __device__ __forceinline__ void sm90_backward_write_dq(const AttentionBackwardParams& p,
                                                        Sm90BackwardSmem<T, D, BT>& sm, int g, int b,
@@ -58,13 +64,19 @@ __device__ __forceinline__ void sm90_backward_write_dq(const AttentionBackwardPa
   constexpr int A = S::A, DQS = S::DQS, C4 = D / 4;
   const AttentionForwardParams& f = p.fwd;
   const int lane = threadIdx.x & 31;
-  const int64_t sq_pad = int64_t(T_tiles) * kTileQ;
-  const bool first = jb == 0, last = jb == J - 1;
+  const int64_t sq_pad = int64_t(T_tiles) * kTileQ, slot_floats = sq_pad * D;
+  // Slot jb of slice n: dq_acc[n - chunk_first_slice][b][h][jb] (backward_sm90.h).
+  auto slot = [&](int n, int k) {
+    return p.dq_acc +
+           (((int64_t(n - chunk_first_slice) * f.B + b) * f.H + h) * J + k) * slot_floats;
+  };
+  auto out_of = [&](int n) {
+    return static_cast<T*>(p.dq) + b * p.dq_stride.b + int64_t(n) * p.dq_stride.n +
+           h * p.dq_stride.h;
+  };
   int staged = 0;
 #pragma unroll 1
   for (int i = 0; i < T_tiles; ++i) {
-    int* sem = p.dq_sem + ((int64_t(g) * f.B + b) * f.H + h) * T_tiles + i;
-    wait_turn(sem, kBwdDqWriters * jb);
     const int q0 = i * kTileQ, qrows = min(kTileQ, f.Sq - q0);
 #pragma unroll 1
     for (int u = 0; u < A; ++u, ++staged) {
@@ -72,36 +84,48 @@ __device__ __forceinline__ void sm90_backward_write_dq(const AttentionBackwardPa
       mbar_wait(&sm.dq_full[buf], (staged / DQS) & 1);
       const int n = g * A + u;
       const bool v0 = sm.dq_valid[buf][0] != 0, v1 = sm.dq_valid[buf][1] != 0;
-      if (n < f.N && (first || last || v0 || v1)) {
+      if (n < f.N) {
         const float* s0 = sm.dq_stage[buf][0];
         const float* s1 = sm.dq_stage[buf][1];
-        float* acc = p.dq_acc +
-                     ((int64_t(n - chunk_first_slice) * f.B + b) * f.H + h) * sq_pad * D +
-                     int64_t(q0) * D;
-        T* out = static_cast<T*>(p.dq) + b * p.dq_stride.b + int64_t(n) * p.dq_stride.n +
-                 h * p.dq_stride.h;
+        float* acc = slot(n, jb) + int64_t(q0) * D;
+        T* out = out_of(n);
 #pragma unroll 4
         for (int e = lane + 32 * part; e < kTileQ * C4; e += 32 * kBwdDqWriters) {
           const int row = e / C4, c = (e % C4) * 4;
           float4 x = make_float4(0.f, 0.f, 0.f, 0.f);
           if (v0) x = add4(x, *reinterpret_cast<const float4*>(s0 + row * S::LDQ + c));
           if (v1) x = add4(x, *reinterpret_cast<const float4*>(s1 + row * S::LDQ + c));
-          float* a = acc + row * D + c;
-          if (last) {
-            if (!first) x = add4(__ldcg(reinterpret_cast<const float4*>(a)), x);
+          if (J == 1) {
             if (row < qrows && c < p.head_dim)
               store_dq4(out + int64_t(q0 + row) * p.dq_stride.s + c, x, f.scale, p.dq_aligned);
-          } else if (first) {
-            *reinterpret_cast<float4*>(a) = x;
           } else {
-            red_add4(a, x);
+            __stcg(reinterpret_cast<float4*>(acc + row * D + c), x);
           }
         }
       }
       __syncwarp();
       mbar_arrive(&sm.dq_empty[buf]);
     }
-    pass_turn(sem, lane);
+    if (J == 1) continue;
+    int* count =
+        p.dq_sem + ((((int64_t(g) * f.B + b) * f.H + h) * T_tiles + i) * kBwdDqWriters + part);
+    if (!arrive_last(count, J, lane)) continue;
+#pragma unroll 1
+    for (int u = 0; u < A; ++u) {
+      const int n = g * A + u;
+      if (n >= f.N) continue;
+      const float* acc = slot(n, 0) + int64_t(q0) * D;
+      T* out = out_of(n);
+#pragma unroll 2
+      for (int e = lane + 32 * part; e < qrows * C4; e += 32 * kBwdDqWriters) {
+        const int row = e / C4, c = (e % C4) * 4;
+        if (c >= p.head_dim) continue;
+        float4 x = __ldcg(reinterpret_cast<const float4*>(acc + row * D + c));
+        for (int k = 1; k < J; ++k)
+          x = add4(x, __ldcg(reinterpret_cast<const float4*>(acc + k * slot_floats + row * D + c)));
+        store_dq4(out + int64_t(q0 + row) * p.dq_stride.s + c, x, f.scale, p.dq_aligned);
+      }
+    }
   }
 }
 

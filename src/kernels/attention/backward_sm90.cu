@@ -56,8 +56,10 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
       mbar_init(&sm.dq_full[s], 256);
       mbar_init(&sm.dq_empty[s], 32 * kBwdDqWriters);
     }
-    mbar_init(&sm.dbias_full, 256);
-    mbar_init(&sm.dbias_empty, 32 * kBwdDbiasWriters);
+    for (int s = 0; s < S::DBS; ++s) {
+      mbar_init(&sm.dbias_full[s], 256);
+      mbar_init(&sm.dbias_empty[s], 32 * kBwdDbiasWriters);
+    }
   }
   __syncthreads();
 
@@ -88,6 +90,7 @@ void launch(const AttentionBackwardParams& p, const Sm90BackwardWorkspace& w, cu
   const AttentionForwardParams& f = p.fwd;
   const Sm90BackwardGrid grid = sm90_backward_grid(f.N, f.Sq, f.Sk, S::A);
   const size_t smem = sizeof(S);
+  static_assert(sizeof(S) <= 227 * 1024, "the backward's shared memory exceeds the SM's 227 KB");
   const bool fp16 = std::is_same_v<T, __half>;
   Sm90BackwardMaps maps;
   auto map = [&](const void* data, const Strides4& st, int rows, const char* name, uint32_t& dims) {

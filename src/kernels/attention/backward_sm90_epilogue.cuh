@@ -144,14 +144,15 @@ __device__ __forceinline__ void sm90_backward_write_dbias(const AttentionBackwar
   constexpr int C4 = kTileQ / 4;
 #pragma unroll 1
   for (int i = 0; i < T_tiles; ++i) {
-    mbar_wait(&sm.dbias_full, i & 1);
+    const int dbs = i % S::DBS;
+    mbar_wait(&sm.dbias_full[dbs], (i / S::DBS) & 1);
     int* sem = p.dbias_sem + ((int64_t(b) * f.H + h) * T_tiles + i) * J + jb;
     wait_turn(sem, kBwdDbiasWriters * g);
 #pragma unroll 1
     for (int w = 0; w < 2; ++w) {
-      const bool valid = sm.dbias_valid[w] != 0;
+      const bool valid = sm.dbias_valid[dbs][w] != 0;
       if (!valid && g > 0) continue;
-      const float* src = sm.dbias_stage[w];
+      const float* src = sm.dbias_stage[dbs][w];
       float* acc = p.dbias_acc_t +
                    ((int64_t(b) * f.H + h) * (int64_t(J) * kBwdKeyBlock) + jb * kBwdKeyBlock +
                     w * kBwdKeysPerWarpgroup) *
@@ -170,7 +171,7 @@ __device__ __forceinline__ void sm90_backward_write_dbias(const AttentionBackwar
       }
     }
     __syncwarp();
-    mbar_arrive(&sm.dbias_empty);
+    mbar_arrive(&sm.dbias_empty[dbs]);
     pass_turn(sem, lane);
   }
 }

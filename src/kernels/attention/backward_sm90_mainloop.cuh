@@ -37,7 +37,7 @@ enum : uint8_t { kTileSkip = 0, kTileMasked = 1, kTileWhole = 2 };
 template <typename T, int D, typename BT>
 struct Sm90BackwardSmem {
   using Config = Sm90BackwardConfig<D>;
-  static constexpr int A = Config::kSlices, DQS = Config::kDqStages;
+  static constexpr int A = Config::kSlices, DQS = Config::kDqStages, DBS = Config::kDbiasStages;
   static constexpr bool kF32Bias = sizeof(BT) == 4;
   static constexpr int TILE = kTileQ * D;  // a 64-row core-matrix tile, elements
   static constexpr int BIAS_HALF = kTileQ * kBwdKeysPerWarpgroup;  // a warpgroup's bias tile
@@ -52,15 +52,17 @@ struct Sm90BackwardSmem {
   // [stage][warpgroup]: [query][64 keys], 128-byte rows swizzled as TMA writes them (16-bit only).
   alignas(1024) T bias[kF32Bias ? 1 : 2][kF32Bias ? 8 : 2 * BIAS_HALF];
   alignas(16) float dq_stage[DQS][2][kTileQ * LDQ];  // [stage][warpgroup], [query][feature]
-  alignas(16) float dbias_stage[2][kBwdKeysPerWarpgroup * LDDB];  // [warpgroup], [key][query]
+  alignas(16) float dbias_stage[DBS][2]
+                               [kBwdKeysPerWarpgroup * LDDB];  // [stage][warpgroup], [key][query]
   alignas(16) float lse2[2][A][kTileQ];  // lse log2e (+inf past Sq: no probability), bulk copies
   alignas(16) float delta[2][A][kTileQ];
   uint8_t key_ok[A][kBwdKeyBlock];
   uint8_t tile_state[A][2];  // kTileSkip / kTileMasked / kTileWhole per slice and warpgroup
   int cta_alive;             // some tile is not kTileSkip
   int dq_valid[DQS][2];      // the staged dQ partial holds data (else: zero)
-  int dbias_valid[2];
-  uint64_t kv_full, full[2], empty[2], dq_full[DQS], dq_empty[DQS], dbias_full, dbias_empty;
+  int dbias_valid[DBS][2];
+  uint64_t kv_full, full[2], empty[2], dq_full[DQS], dq_empty[DQS], dbias_full[DBS],
+      dbias_empty[DBS];
 };
 
 // The slice (b, n, h) of a [B, N, H, S, D] tensor.
@@ -431,9 +433,10 @@ __device__ __forceinline__ void sm90_backward_consume(
     }
     mbar_arrive(&sm.empty[stage]);  // this stage's Q, dO, bias, lse, delta are read
 
-    mbar_wait(&sm.dbias_empty, (i & 1) ^ 1);
+    const int dbs = i % S::DBS;
+    mbar_wait(&sm.dbias_empty[dbs], ((i / S::DBS) & 1) ^ 1);
     if (any) {
-      float* sdb = sm.dbias_stage[w];
+      float* sdb = sm.dbias_stage[dbs][w];
 #pragma unroll
       for (int r = 0; r < 2; ++r) {
         const int key = warp * kWarpRows + (lane >> 2) + r * 8;
@@ -443,8 +446,8 @@ __device__ __forceinline__ void sm90_backward_consume(
               make_float2(db[j][2 * r], db[j][2 * r + 1]);
       }
     }
-    if (ctid == 0) sm.dbias_valid[w] = any;
-    mbar_arrive(&sm.dbias_full);
+    if (ctid == 0) sm.dbias_valid[dbs][w] = any;
+    mbar_arrive(&sm.dbias_full[dbs]);
   }
 }
 

@@ -47,6 +47,9 @@ struct Sm90BackwardConfig {
   // Staged dQ partials (each 64 x D fp32 per consumer warpgroup): two let the consumers run a
   // slice ahead of the dQ writer; D = 64 has shared memory for one.
   static constexpr int kDqStages = D <= 32 ? 2 : 1;
+  // Staged dbias^T tiles (64 keys x 64 queries fp32 per consumer warpgroup, 35 KB): two let the
+  // consumers run a query tile ahead of the dbias writer; only D = 16 has the shared memory.
+  static constexpr int kDbiasStages = D == 16 ? 2 : 1;
 };
 
 // The dbias finish kernel (backward_sm90_epilogue.cuh): 32 x 32 tiles of dbias transposed through

@@ -38,8 +38,8 @@ struct Sm90BackwardMaps {
 
 // ---- workspace --------------------------------------------------------------------------------------
 // delta and lse2 (lse log2(e)) [B][N][H][Sq_pad] (Sq_pad: whole 64-query tiles; past Sq: 0 and
-// +inf), each query tile's 64 values one bulk copy; dq_acc [chunk slices][B][H][J][Sq_pad][D] (a
-// slot per key block, backward_sm90_epilogue.cuh);
+// +inf), each query tile's 64 values one bulk copy; dq_acc [chunk slices][B][H][J][2][Sq_pad][D]
+// (a slot per key block and consumer warpgroup, dq_slot);
 // dbias_acc [B][H][Sk_pad][Sq_pad] (keys major: the consumers' dS^T layout; Sk_pad: whole key
 // blocks); the counts and semaphores, zeroed at each call: dq_sem [groups][B][H][T][kBwdDqWriters]
 // (the key blocks done with a tile), dbias_sem [B][H][T][J] (turns);
@@ -58,7 +58,7 @@ inline Sm90BackwardWorkspace sm90_backward_workspace(int64_t B, int64_t N, int64
   const Sm90BackwardGrid grid = sm90_backward_grid(int(N), int(Sq), int(Sk), int(A));
   const int64_t sq_pad = int64_t(grid.query_tiles) * kTileQ,
                 sk_pad = int64_t(grid.key_blocks) * kBwdKeyBlock;
-  const int64_t per_slice = B * H * grid.key_blocks * sq_pad * D * int64_t(sizeof(float));
+  const int64_t per_slice = B * H * grid.key_blocks * 2 * sq_pad * D * int64_t(sizeof(float));
   // TPF_ATTENTION_DQ_BUDGET_BYTES lowers the budget (tests use it to force many chunks).
   int64_t budget = kSm90DqBudgetBytes;
   if (const char* env = std::getenv("TPF_ATTENTION_DQ_BUDGET_BYTES")) budget = std::atoll(env);

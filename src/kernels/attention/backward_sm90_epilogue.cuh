@@ -4,8 +4,8 @@
 // dbias accumulator into dbias.
 //
 // dQ of (slice n, query tile i) = scale * sum over key blocks jb = 0, 1, ..., J - 1 of
-// (partial of warpgroup 0 + partial of warpgroup 1): each key block stores its sum in its own slot,
-// the last to finish the tile (a count) adds the slots in that order and writes dq.
+// (partial of warpgroup 0 + partial of warpgroup 1): the consumers store their partials in slots,
+// the last key block to finish the tile (a count) adds them in that order and writes dq.
 // dbias^T of (query tile i, key block jb) = sum over slice groups g = 0, 1, ... of the CTA's sum
 // over its slices: group 0 stores, the others add; attention_dbias_finish_kernel transposes it
 // into dbias. Either order is the CTA numbering of the scheduler (backward_sm90.h).
@@ -47,82 +47,55 @@ __device__ __forceinline__ void store_dq4(T* dst, float4 x, float scale, bool al
 }
 
 // Warps 1..kBwdDqWriters (`part` 0, 1, ...: every kBwdDqWriters-th float4 of a tile each): per
-// query tile, each slice's two staged partials summed (warpgroup 0's, then 1's) into this key
-// block's slot of dq_acc as the consumers leave them, then a count of the tile's key blocks: the
-// one that finds itself last (whichever it is) adds the J slots in key-block order and writes dq.
-// No writer waits for another CTA, so the key blocks of a slice group run side by side; before
-// 2026-12-07 each added to one accumulator in its turn (semaphores), and the last key block's
-// writer waited J - 1 turns before its first tile while its consumers stalled on full staging
-// buffers. The sums are the same: ((x_0 + x_1) + x_2) + ..., scaled once, so dq is bitwise what
-// the turns gave. J = 1: straight into dq.
+// query tile, once the consumers have stored their partials in their slots (dq_slot, two per key
+// block), a count of the tile's key blocks; the one that finds itself last (whichever it is) adds
+// the slots in key-block order and writes dq: x_jb = (0 + warpgroup 0's) + warpgroup 1's, dq =
+// scale (((x_0 + x_1) + x_2) + ...), the sums the turns of the former design made (bitwise). No
+// writer waits for another CTA. The consumers' plain stores are released to the other CTAs by
+// the count (their mbarrier arrival, then arrive_last's fences: the PTX model's cumulativity, as
+// CUTLASS's semaphores use after a CTA barrier).
 template <typename T, int D, typename BT>
 __device__ __forceinline__ void sm90_backward_write_dq(const AttentionBackwardParams& p,
                                                        Sm90BackwardSmem<T, D, BT>& sm, int g, int b,
-                                                       int h, int jb, int J, int T_tiles,
+                                                       int h, int J, int T_tiles,
                                                        int chunk_first_slice, int part) {
   using S = Sm90BackwardSmem<T, D, BT>;
-  constexpr int A = S::A, DQS = S::DQS, C4 = D / 4;
+  constexpr int A = S::A, C4 = D / 4;
   const AttentionForwardParams& f = p.fwd;
   const int lane = threadIdx.x & 31;
   const int64_t sq_pad = int64_t(T_tiles) * kTileQ, slot_floats = sq_pad * D;
-  // Slot jb of slice n: dq_acc[n - chunk_first_slice][b][h][jb] (backward_sm90.h).
-  auto slot = [&](int n, int k) {
-    return p.dq_acc +
-           (((int64_t(n - chunk_first_slice) * f.B + b) * f.H + h) * J + k) * slot_floats;
-  };
-  auto out_of = [&](int n) {
-    return static_cast<T*>(p.dq) + b * p.dq_stride.b + int64_t(n) * p.dq_stride.n +
-           h * p.dq_stride.h;
-  };
-  int staged = 0;
 #pragma unroll 1
   for (int i = 0; i < T_tiles; ++i) {
-    const int q0 = i * kTileQ, qrows = min(kTileQ, f.Sq - q0);
-#pragma unroll 1
-    for (int u = 0; u < A; ++u, ++staged) {
-      const int buf = staged % DQS;
-      mbar_wait(&sm.dq_full[buf], (staged / DQS) & 1);
-      const int n = g * A + u;
-      const bool v0 = sm.dq_valid[buf][0] != 0, v1 = sm.dq_valid[buf][1] != 0;
-      if (n < f.N) {
-        const float* s0 = sm.dq_stage[buf][0];
-        const float* s1 = sm.dq_stage[buf][1];
-        float* acc = slot(n, jb) + int64_t(q0) * D;
-        T* out = out_of(n);
-#pragma unroll 4
-        for (int e = lane + 32 * part; e < kTileQ * C4; e += 32 * kBwdDqWriters) {
-          const int row = e / C4, c = (e % C4) * 4;
-          float4 x = make_float4(0.f, 0.f, 0.f, 0.f);
-          if (v0) x = add4(x, *reinterpret_cast<const float4*>(s0 + row * S::LDQ + c));
-          if (v1) x = add4(x, *reinterpret_cast<const float4*>(s1 + row * S::LDQ + c));
-          if (J == 1) {
-            if (row < qrows && c < p.head_dim)
-              store_dq4(out + int64_t(q0 + row) * p.dq_stride.s + c, x, f.scale, p.dq_aligned);
-          } else {
-            __stcg(reinterpret_cast<float4*>(acc + row * D + c), x);
-          }
-        }
-      }
-      __syncwarp();
-      mbar_arrive(&sm.dq_empty[buf]);
-    }
-    if (J == 1) continue;
+    mbar_wait(&sm.dq_full[i & 1], (i >> 1) & 1);
+    __syncwarp();
+    mbar_arrive(&sm.dq_empty[i & 1]);
     int* count =
         p.dq_sem + ((((int64_t(g) * f.B + b) * f.H + h) * T_tiles + i) * kBwdDqWriters + part);
     if (!arrive_last(count, J, lane)) continue;
+    const int q0 = i * kTileQ, qrows = min(kTileQ, f.Sq - q0);
 #pragma unroll 1
     for (int u = 0; u < A; ++u) {
       const int n = g * A + u;
       if (n >= f.N) continue;
-      const float* acc = slot(n, 0) + int64_t(q0) * D;
-      T* out = out_of(n);
+      const float* s =
+          dq_slot<D>(p, n - chunk_first_slice, b, h, J, 0, 0, sq_pad) + int64_t(q0) * D;
+      T* out = static_cast<T*>(p.dq) + b * p.dq_stride.b + int64_t(n) * p.dq_stride.n +
+               h * p.dq_stride.h;
 #pragma unroll 2
       for (int e = lane + 32 * part; e < qrows * C4; e += 32 * kBwdDqWriters) {
         const int row = e / C4, c = (e % C4) * 4;
         if (c >= p.head_dim) continue;
-        float4 x = __ldcg(reinterpret_cast<const float4*>(acc + row * D + c));
-        for (int k = 1; k < J; ++k)
-          x = add4(x, __ldcg(reinterpret_cast<const float4*>(acc + k * slot_floats + row * D + c)));
+        const float* a = s + row * D + c;
+        float4 x = make_float4(0.f, 0.f, 0.f, 0.f);
+        x = add4(add4(x, __ldcg(reinterpret_cast<const float4*>(a))),
+                 __ldcg(reinterpret_cast<const float4*>(a + slot_floats)));
+        for (int k = 1; k < J; ++k) {
+          const float* ak = a + 2 * k * slot_floats;
+          float4 y = make_float4(0.f, 0.f, 0.f, 0.f);
+          y = add4(add4(y, __ldcg(reinterpret_cast<const float4*>(ak))),
+                   __ldcg(reinterpret_cast<const float4*>(ak + slot_floats)));
+          x = add4(x, y);
+        }
         store_dq4(out + int64_t(q0 + row) * p.dq_stride.s + c, x, f.scale, p.dq_aligned);
       }
     }

@@ -1,7 +1,7 @@
 // The Hopper attention backward's CTA order (src/kernels/attention/backward_sm90_schedule.h): each
-// launch covers every (slice group, b, h, key block) once, and the CTA that a dbias writer waits
-// for (the previous slice group of its key block) is numbered lower, so that the semaphores cannot
-// deadlock however many CTAs are resident. (dQ waits for no CTA: backward_sm90_epilogue.cuh.)
+// launch covers every (slice group, b, h, key block) once, and the CTA that a dQ or dbias writer
+// waits for (the previous key block of its slice group, the previous slice group of its key block)
+// is numbered lower, so that the semaphores cannot deadlock however many CTAs are resident.
 #include <gtest/gtest.h>
 
 #include <map>
@@ -32,6 +32,9 @@ TEST(AttentionSchedule, EveryCtaOnceAndEveryWaitOnALowerNumber) {
             ASSERT_EQ(int(index.size()), ctas);
             for (const auto& [key, block] : index) {
               const auto [g, b, h, jb] = key;
+              if (jb > 0) {  // dQ: key block jb - 1 of the same slice group adds first
+                EXPECT_LT(index.at(std::make_tuple(g, b, h, jb - 1)), block);
+              }
               if (g > group_begin) {  // dbias: slice group g - 1 of the same key block adds first
                 EXPECT_LT(index.at(std::make_tuple(g - 1, b, h, jb)), block);
               }

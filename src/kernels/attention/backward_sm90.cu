@@ -4,13 +4,11 @@
 //  2. attention_backward_sm90_kernel, one launch per chunk of slices. A CTA owns a 128-key block in
 //     kSlices slices (backward_sm90_tiles.h) and walks every 64-query tile:
 //       warp  0    loads (thread 0 by TMA into the layouts wgmma and ldmatrix read; mbarriers),
-//       warps 1-3  count the key blocks done with a query tile, the last adding the dQ partials
-//                  the consumers stored in slots, in key-block order (kBwdDqWriters of them),
-//                  and add the staged dbias^T tiles to the fp32 dbias accumulator in
-//                  slice-group order (the others),
+//       warps 1-3  add the staged dQ partials to the fp32 dQ accumulator in key-block order
+//                  (kBwdDqWriters of them) and the staged dbias^T tiles to the fp32 dbias
+//                  accumulator in slice-group order (the others),
 //       warpgroups 1, 2 (64 keys each) recompute P^T and dS^T once per tile and use them for dV,
-//                  dK (registers), dQ (stored in a slot) and dbias (registers over the slices,
-//                  then staged)
+//                  dK (registers), dQ (staged) and dbias (registers over the slices, then staged)
 //                  (backward_sm90_mainloop.cuh).
 //     The consumers never wait on another CTA: only the writers do, on semaphores that make every
 //     sum run in one order (backward_sm90_epilogue.cuh), so all four gradients are bitwise
@@ -54,14 +52,12 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
       mbar_init(&sm.full[s], 1);  // thread 0 of the producer
       mbar_init(&sm.empty[s], 256);
     }
-    for (int s = 0; s < 2; ++s) {
+    for (int s = 0; s < S::DQS; ++s) {
       mbar_init(&sm.dq_full[s], 256);
       mbar_init(&sm.dq_empty[s], 32 * kBwdDqWriters);
     }
-    for (int s = 0; s < S::DBS; ++s) {
-      mbar_init(&sm.dbias_full[s], 256);
-      mbar_init(&sm.dbias_empty[s], 32 * kBwdDbiasWriters);
-    }
+    mbar_init(&sm.dbias_full, 256);
+    mbar_init(&sm.dbias_empty, 32 * kBwdDbiasWriters);
   }
   __syncthreads();
 
@@ -72,7 +68,7 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
     if (warp == 0)
       sm90_backward_load<T, D, BT>(p, maps, sm, blk.g, blk.b, blk.h, blk.jb, grid.query_tiles);
     else if (warp <= kBwdDqWriters)
-      sm90_backward_write_dq<T, D, BT>(p, sm, blk.g, blk.b, blk.h, grid.key_blocks,
+      sm90_backward_write_dq<T, D, BT>(p, sm, blk.g, blk.b, blk.h, blk.jb, grid.key_blocks,
                                        grid.query_tiles, chunk_first_slice, warp - 1);
     else
       sm90_backward_write_dbias<T, D, BT>(p, sm, blk.g, blk.b, blk.h, blk.jb, grid.key_blocks,
@@ -81,8 +77,7 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
     warpgroup_registers_inc<kBwdConsumerRegisters>();
     const int w = warpgroup - 1;
     ConsumerAccumulators<D, S::A> acc;
-    sm90_backward_consume<T, D, BT>(p, sm, acc, w, blk.g, blk.b, blk.h, blk.jb, grid.key_blocks,
-                                    grid.query_tiles, chunk_first_slice);
+    sm90_backward_consume<T, D, BT>(p, sm, acc, w, blk.b, blk.h, blk.jb, grid.query_tiles);
     sm90_backward_store_dkdv<T, D, S::A>(p, acc, blk.g, blk.b, blk.h, blk.jb, w);
   }
 }
@@ -93,7 +88,6 @@ void launch(const AttentionBackwardParams& p, const Sm90BackwardWorkspace& w, cu
   const AttentionForwardParams& f = p.fwd;
   const Sm90BackwardGrid grid = sm90_backward_grid(f.N, f.Sq, f.Sk, S::A);
   const size_t smem = sizeof(S);
-  static_assert(sizeof(S) <= 227 * 1024, "the backward's shared memory exceeds the SM's 227 KB");
   const bool fp16 = std::is_same_v<T, __half>;
   Sm90BackwardMaps maps;
   auto map = [&](const void* data, const Strides4& st, int rows, const char* name, uint32_t& dims) {

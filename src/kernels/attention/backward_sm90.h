@@ -38,11 +38,9 @@ struct Sm90BackwardMaps {
 
 // ---- workspace --------------------------------------------------------------------------------------
 // delta and lse2 (lse log2(e)) [B][N][H][Sq_pad] (Sq_pad: whole 64-query tiles; past Sq: 0 and
-// +inf), each query tile's 64 values one bulk copy; dq_acc [chunk slices][B][H][J][2][Sq_pad][D]
-// (a slot per key block and consumer warpgroup, dq_slot);
+// +inf), each query tile's 64 values one bulk copy; dq_acc [chunk slices][B][H][Sq_pad][D];
 // dbias_acc [B][H][Sk_pad][Sq_pad] (keys major: the consumers' dS^T layout; Sk_pad: whole key
-// blocks); the counts and semaphores, zeroed at each call: dq_sem [groups][B][H][T][kBwdDqWriters]
-// (the key blocks done with a tile), dbias_sem [B][H][T][J] (turns);
+// blocks); the semaphores, zeroed at each call: dq_sem [groups][B][H][T], dbias_sem [B][H][T][J];
 // where a 16-bit bias's rows are not TMA-ready (Sk not a multiple of 8, say), bias_copy: the bias
 // [B][H][Sq][Sk8] with Sk8 = Sk rounded up to 8.
 struct Sm90BackwardWorkspace {
@@ -58,7 +56,7 @@ inline Sm90BackwardWorkspace sm90_backward_workspace(int64_t B, int64_t N, int64
   const Sm90BackwardGrid grid = sm90_backward_grid(int(N), int(Sq), int(Sk), int(A));
   const int64_t sq_pad = int64_t(grid.query_tiles) * kTileQ,
                 sk_pad = int64_t(grid.key_blocks) * kBwdKeyBlock;
-  const int64_t per_slice = B * H * grid.key_blocks * 2 * sq_pad * D * int64_t(sizeof(float));
+  const int64_t per_slice = B * H * sq_pad * D * int64_t(sizeof(float));
   // TPF_ATTENTION_DQ_BUDGET_BYTES lowers the budget (tests use it to force many chunks).
   int64_t budget = kSm90DqBudgetBytes;
   if (const char* env = std::getenv("TPF_ATTENTION_DQ_BUDGET_BYTES")) budget = std::atoll(env);
@@ -77,7 +75,7 @@ inline Sm90BackwardWorkspace sm90_backward_workspace(int64_t B, int64_t N, int64
   w.dq_acc = align(w.lse2 + rows);
   w.dbias_acc = align(w.dq_acc + size_t(chunk * per_slice));
   w.sem = align(w.dbias_acc + size_t(B * H * sk_pad * sq_pad) * sizeof(float));
-  w.sem_bytes = size_t(int64_t(grid.groups) * B * H * grid.query_tiles * kBwdDqWriters +
+  w.sem_bytes = size_t(int64_t(grid.groups) * B * H * grid.query_tiles +
                        B * H * grid.query_tiles * grid.key_blocks) *
                 sizeof(int);
   w.bias_copy = align(w.sem + w.sem_bytes);

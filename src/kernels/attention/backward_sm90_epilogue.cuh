@@ -4,8 +4,8 @@
 // dbias accumulator into dbias.
 //
 // dQ of (slice n, query tile i) = scale * sum over key blocks jb = 0, 1, ..., J - 1 of
-// (partial of warpgroup 0 + partial of warpgroup 1): the consumers store their partials in slots,
-// the last key block to finish the tile (a count) adds them in that order and writes dq.
+// (partial of warpgroup 0 + partial of warpgroup 1): key block 0 stores its sum, the next ones add
+// theirs (16-byte reductions at L2), the last reads the total, adds its own and writes dq.
 // dbias^T of (query tile i, key block jb) = sum over slice groups g = 0, 1, ... of the CTA's sum
 // over its slices: group 0 stores, the others add; attention_dbias_finish_kernel transposes it
 // into dbias. Either order is the CTA numbering of the scheduler (backward_sm90.h).
@@ -46,59 +46,62 @@ __device__ __forceinline__ void store_dq4(T* dst, float4 x, float scale, bool al
   }
 }
 
-// Warps 1..kBwdDqWriters (`part` 0, 1, ...: every kBwdDqWriters-th float4 of a tile each): per
-// query tile, once the consumers have stored their partials in their slots (dq_slot, two per key
-// block), a count of the tile's key blocks; the one that finds itself last (whichever it is) adds
-// the slots in key-block order and writes dq: x_jb = (0 + warpgroup 0's) + warpgroup 1's, dq =
-// scale (((x_0 + x_1) + x_2) + ...), the sums the turns of the former design made (bitwise). No
-// writer waits for another CTA. The consumers' plain stores are released to the other CTAs by
-// the count (their mbarrier arrival, then arrive_last's fences: the PTX model's cumulativity, as
-// CUTLASS's semaphores use after a CTA barrier).
+// Warps 1..kBwdDqWriters (`part` 0, 1, ...: every kBwdDqWriters-th float4 of a tile each): per query tile, wait for their
+// turn among the key blocks of the slice group (once for all the group's slices: the semaphore
+// counts both warps' passes), then take each slice's staged partials as the consumers leave them.
 template <typename T, int D, typename BT>
 __device__ __forceinline__ void sm90_backward_write_dq(const AttentionBackwardParams& p,
                                                        Sm90BackwardSmem<T, D, BT>& sm, int g, int b,
-                                                       int h, int J, int T_tiles,
+                                                       int h, int jb, int J, int T_tiles,
                                                        int chunk_first_slice, int part) {
   using S = Sm90BackwardSmem<T, D, BT>;
-  constexpr int A = S::A, C4 = D / 4;
+  constexpr int A = S::A, DQS = S::DQS, C4 = D / 4;
   const AttentionForwardParams& f = p.fwd;
   const int lane = threadIdx.x & 31;
-  const int64_t sq_pad = int64_t(T_tiles) * kTileQ, slot_floats = sq_pad * D;
+  const int64_t sq_pad = int64_t(T_tiles) * kTileQ;
+  const bool first = jb == 0, last = jb == J - 1;
+  int staged = 0;
 #pragma unroll 1
   for (int i = 0; i < T_tiles; ++i) {
-    mbar_wait(&sm.dq_full[i & 1], (i >> 1) & 1);
-    __syncwarp();
-    mbar_arrive(&sm.dq_empty[i & 1]);
-    int* count =
-        p.dq_sem + ((((int64_t(g) * f.B + b) * f.H + h) * T_tiles + i) * kBwdDqWriters + part);
-    if (!arrive_last(count, J, lane)) continue;
+    int* sem = p.dq_sem + ((int64_t(g) * f.B + b) * f.H + h) * T_tiles + i;
+    wait_turn(sem, kBwdDqWriters * jb);
     const int q0 = i * kTileQ, qrows = min(kTileQ, f.Sq - q0);
 #pragma unroll 1
-    for (int u = 0; u < A; ++u) {
+    for (int u = 0; u < A; ++u, ++staged) {
+      const int buf = staged % DQS;
+      mbar_wait(&sm.dq_full[buf], (staged / DQS) & 1);
       const int n = g * A + u;
-      if (n >= f.N) continue;
-      const float* s =
-          dq_slot<D>(p, n - chunk_first_slice, b, h, J, 0, 0, sq_pad) + int64_t(q0) * D;
-      T* out = static_cast<T*>(p.dq) + b * p.dq_stride.b + int64_t(n) * p.dq_stride.n +
-               h * p.dq_stride.h;
-#pragma unroll 2
-      for (int e = lane + 32 * part; e < qrows * C4; e += 32 * kBwdDqWriters) {
-        const int row = e / C4, c = (e % C4) * 4;
-        if (c >= p.head_dim) continue;
-        const float* a = s + row * D + c;
-        float4 x = make_float4(0.f, 0.f, 0.f, 0.f);
-        x = add4(add4(x, __ldcg(reinterpret_cast<const float4*>(a))),
-                 __ldcg(reinterpret_cast<const float4*>(a + slot_floats)));
-        for (int k = 1; k < J; ++k) {
-          const float* ak = a + 2 * k * slot_floats;
-          float4 y = make_float4(0.f, 0.f, 0.f, 0.f);
-          y = add4(add4(y, __ldcg(reinterpret_cast<const float4*>(ak))),
-                   __ldcg(reinterpret_cast<const float4*>(ak + slot_floats)));
-          x = add4(x, y);
+      const bool v0 = sm.dq_valid[buf][0] != 0, v1 = sm.dq_valid[buf][1] != 0;
+      if (n < f.N && (first || last || v0 || v1)) {
+        const float* s0 = sm.dq_stage[buf][0];
+        const float* s1 = sm.dq_stage[buf][1];
+        float* acc = p.dq_acc +
+                     ((int64_t(n - chunk_first_slice) * f.B + b) * f.H + h) * sq_pad * D +
+                     int64_t(q0) * D;
+        T* out = static_cast<T*>(p.dq) + b * p.dq_stride.b + int64_t(n) * p.dq_stride.n +
+                 h * p.dq_stride.h;
+#pragma unroll 4
+        for (int e = lane + 32 * part; e < kTileQ * C4; e += 32 * kBwdDqWriters) {
+          const int row = e / C4, c = (e % C4) * 4;
+          float4 x = make_float4(0.f, 0.f, 0.f, 0.f);
+          if (v0) x = add4(x, *reinterpret_cast<const float4*>(s0 + row * S::LDQ + c));
+          if (v1) x = add4(x, *reinterpret_cast<const float4*>(s1 + row * S::LDQ + c));
+          float* a = acc + row * D + c;
+          if (last) {
+            if (!first) x = add4(__ldcg(reinterpret_cast<const float4*>(a)), x);
+            if (row < qrows && c < p.head_dim)
+              store_dq4(out + int64_t(q0 + row) * p.dq_stride.s + c, x, f.scale, p.dq_aligned);
+          } else if (first) {
+            *reinterpret_cast<float4*>(a) = x;
+          } else {
+            red_add4(a, x);
+          }
         }
-        store_dq4(out + int64_t(q0 + row) * p.dq_stride.s + c, x, f.scale, p.dq_aligned);
       }
+      __syncwarp();
+      mbar_arrive(&sm.dq_empty[buf]);
     }
+    pass_turn(sem, lane);
   }
 }
 
@@ -117,15 +120,14 @@ __device__ __forceinline__ void sm90_backward_write_dbias(const AttentionBackwar
   constexpr int C4 = kTileQ / 4;
 #pragma unroll 1
   for (int i = 0; i < T_tiles; ++i) {
-    const int dbs = i % S::DBS;
-    mbar_wait(&sm.dbias_full[dbs], (i / S::DBS) & 1);
+    mbar_wait(&sm.dbias_full, i & 1);
     int* sem = p.dbias_sem + ((int64_t(b) * f.H + h) * T_tiles + i) * J + jb;
     wait_turn(sem, kBwdDbiasWriters * g);
 #pragma unroll 1
     for (int w = 0; w < 2; ++w) {
-      const bool valid = sm.dbias_valid[dbs][w] != 0;
+      const bool valid = sm.dbias_valid[w] != 0;
       if (!valid && g > 0) continue;
-      const float* src = sm.dbias_stage[dbs][w];
+      const float* src = sm.dbias_stage[w];
       float* acc = p.dbias_acc_t +
                    ((int64_t(b) * f.H + h) * (int64_t(J) * kBwdKeyBlock) + jb * kBwdKeyBlock +
                     w * kBwdKeysPerWarpgroup) *
@@ -144,7 +146,7 @@ __device__ __forceinline__ void sm90_backward_write_dbias(const AttentionBackwar
       }
     }
     __syncwarp();
-    mbar_arrive(&sm.dbias_empty[dbs]);
+    mbar_arrive(&sm.dbias_empty);
     pass_turn(sem, lane);
   }
 }

@@ -11,8 +11,8 @@
 //                    the A fragment layout), B = the output-gradient tile (MN-major)
 //   dK  += dS^T Q    wgmma RS, likewise
 //   dQ_w = dS K      wgmma SS, A = dS^T stored transposed by stmatrix into shared memory (K-major),
-//                    B = the key tile (MN-major); stored from registers in the warpgroup's slot of
-//                    dq_acc, which the last key block to finish the tile adds up in fixed order.
+//                    B = the key tile (MN-major); staged in shared memory for the dQ writer, which
+//                    adds the two warpgroups' partials and the other key blocks' in fixed order.
 #pragma once
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -37,10 +37,11 @@ enum : uint8_t { kTileSkip = 0, kTileMasked = 1, kTileWhole = 2 };
 template <typename T, int D, typename BT>
 struct Sm90BackwardSmem {
   using Config = Sm90BackwardConfig<D>;
-  static constexpr int A = Config::kSlices, DBS = Config::kDbiasStages;
+  static constexpr int A = Config::kSlices, DQS = Config::kDqStages;
   static constexpr bool kF32Bias = sizeof(BT) == 4;
   static constexpr int TILE = kTileQ * D;  // a 64-row core-matrix tile, elements
   static constexpr int BIAS_HALF = kTileQ * kBwdKeysPerWarpgroup;  // a warpgroup's bias tile
+  static constexpr int LDQ = D + 8;        // dQ staging rows (floats): conflict-free float2
   static constexpr int LDDB = kTileQ + 4;  // dbias^T staging rows [key][query] (floats)
   alignas(128) T k[A][2][TILE];            // [slice][warpgroup]: its 64 keys, core-matrix layout
   alignas(128) T v[A][2][TILE];
@@ -50,16 +51,16 @@ struct Sm90BackwardSmem {
       128) T ds[2][2][kTileQ * kBwdKeysPerWarpgroup];  // [warpgroup][parity]: dS, [key/8][query][8]
   // [stage][warpgroup]: [query][64 keys], 128-byte rows swizzled as TMA writes them (16-bit only).
   alignas(1024) T bias[kF32Bias ? 1 : 2][kF32Bias ? 8 : 2 * BIAS_HALF];
-  alignas(16) float dbias_stage[DBS][2]
-                               [kBwdKeysPerWarpgroup * LDDB];  // [stage][warpgroup], [key][query]
+  alignas(16) float dq_stage[DQS][2][kTileQ * LDQ];  // [stage][warpgroup], [query][feature]
+  alignas(16) float dbias_stage[2][kBwdKeysPerWarpgroup * LDDB];  // [warpgroup], [key][query]
   alignas(16) float lse2[2][A][kTileQ];  // lse log2e (+inf past Sq: no probability), bulk copies
   alignas(16) float delta[2][A][kTileQ];
   uint8_t key_ok[A][kBwdKeyBlock];
   uint8_t tile_state[A][2];  // kTileSkip / kTileMasked / kTileWhole per slice and warpgroup
   int cta_alive;             // some tile is not kTileSkip
-  int dbias_valid[DBS][2];
-  // dq_full[i % 2]: both warpgroups stored query tile i's dQ partials (slots in global memory).
-  uint64_t kv_full, full[2], empty[2], dq_full[2], dq_empty[2], dbias_full[DBS], dbias_empty[DBS];
+  int dq_valid[DQS][2];      // the staged dQ partial holds data (else: zero)
+  int dbias_valid[2];
+  uint64_t kv_full, full[2], empty[2], dq_full[DQS], dq_empty[DQS], dbias_full, dbias_empty;
 };
 
 // The slice (b, n, h) of a [B, N, H, S, D] tensor.
@@ -265,30 +266,15 @@ __device__ __forceinline__ void load_bias_f32(float (&bias)[8][4], const float* 
     }
 }
 
-// Warpgroup w's dQ partial of slice n (chunk-local n_local) for key block jb: a slot of
-// [Sq_pad][D] floats in dq_acc, [chunk slices][B][H][J][2] slots (backward_sm90.h).
-template <int D>
-__device__ __forceinline__ float* dq_slot(const AttentionBackwardParams& p, int n_local, int b,
-                                          int h, int J, int jb, int w, int64_t sq_pad) {
-  const AttentionForwardParams& f = p.fwd;
-  return p.dq_acc + (((((int64_t(n_local) * f.B + b) * f.H + h) * J + jb) * 2 + w) * sq_pad * D);
-}
-
 template <typename T, int D, typename BT>
 __device__ __forceinline__ void sm90_backward_consume(
     const AttentionBackwardParams& p, Sm90BackwardSmem<T, D, BT>& sm,
-    ConsumerAccumulators<D, Sm90BackwardSmem<T, D, BT>::A>& acc, int w, int g, int b, int h, int jb,
-    int J, int T_tiles, int chunk_first_slice) {
+    ConsumerAccumulators<D, Sm90BackwardSmem<T, D, BT>::A>& acc, int w, int b, int h, int jb,
+    int T_tiles) {
   using S = Sm90BackwardSmem<T, D, BT>;
-  constexpr int A = S::A;
-  const int64_t sq_pad = int64_t(T_tiles) * kTileQ;
+  constexpr int A = S::A, DQS = S::DQS;
   const int ctid = threadIdx.x - 128 * (1 + w);  // 0..127 in the warpgroup
   const int warp = ctid >> 5, lane = ctid & 31;
-  // This thread's first dQ element in the warpgroup's slot of the CTA's first slice, and the
-  // distance between slices' slots (dq_slot).
-  float* const dq_mine = dq_slot<D>(p, g * A - chunk_first_slice, b, h, J, jb, w, sq_pad) +
-                         ((ctid >> 5) * kWarpRows + ((ctid & 31) >> 2)) * D + (ctid & 3) * 2;
-  const int64_t slice_floats = int64_t(p.fwd.B) * p.fwd.H * J * 2 * sq_pad * D;
   const float scale = in_register(p.fwd.scale);  // see in_register (mma.cuh)
 
   mbar_wait(&sm.kv_full, 0);
@@ -309,6 +295,7 @@ __device__ __forceinline__ void sm90_backward_consume(
 #pragma unroll
       for (int e = 0; e < 4; ++e) acc.dk[u][i][e] = acc.dv[u][i][e] = 0.f;
 
+  int staged = 0;    // dQ partials staged so far (every slice of every query tile)
   int computed = 0;  // tiles computed so far: parity of the dS buffer
 #pragma unroll 1
   for (int i = 0; i < T_tiles; ++i) {
@@ -335,23 +322,14 @@ __device__ __forceinline__ void sm90_backward_consume(
     for (int j = 0; j < 8; ++j) db[j][0] = db[j][1] = db[j][2] = db[j][3] = 0.f;
     bool any = false;
 
-    // This thread's rows of the warpgroup's dQ partial of slice u in its slot (zeros for a skipped
-    // tile: the last key block reads every slot).
-    auto store_dq = [&](int u, const float(&dq)[D / 8][4]) {
-      if (g * A + u >= p.fwd.N) return;
-      float* at = dq_mine + u * slice_floats + int64_t(i) * kTileQ * D;
-#pragma unroll
-      for (int r = 0; r < 2; ++r)
-#pragma unroll
-        for (int c = 0; c < D / 8; ++c)
-          __stcg(reinterpret_cast<float2*>(at + r * 8 * D + c * 8),
-                 make_float2(dq[c][2 * r], dq[c][2 * r + 1]));
-    };
 #pragma unroll
     for (int u = 0; u < A; ++u) {
+      const int buf = staged % DQS;
       if (state[u] == kTileSkip) {
-        float zero[D / 8][4] = {};
-        store_dq(u, zero);
+        mbar_wait(&sm.dq_empty[buf], ((staged / DQS) & 1) ^ 1);
+        if (ctid == 0) sm.dq_valid[buf][w] = 0;
+        mbar_arrive(&sm.dq_full[buf]);
+        ++staged;
         continue;
       }
       any = true;
@@ -437,18 +415,25 @@ __device__ __forceinline__ void sm90_backward_consume(
       fence_regs(da);
       ++computed;
 
-      store_dq(u, dq);
+      mbar_wait(&sm.dq_empty[buf], ((staged / DQS) & 1) ^ 1);
+      float* sq = sm.dq_stage[buf][w];
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        const int row = warp * kWarpRows + (lane >> 2) + r * 8;
+#pragma unroll
+        for (int c = 0; c < D / 8; ++c)
+          *reinterpret_cast<float2*>(sq + row * S::LDQ + c * 8 + (lane & 3) * 2) =
+              make_float2(dq[c][2 * r], dq[c][2 * r + 1]);
+      }
+      if (ctid == 0) sm.dq_valid[buf][w] = 1;
+      mbar_arrive(&sm.dq_full[buf]);
+      ++staged;
     }
     mbar_arrive(&sm.empty[stage]);  // this stage's Q, dO, bias, lse, delta are read
-    // The tile's dQ partials are stored: the dQ writers count it (its mbarrier phase, two tiles
-    // back, was taken: dq_empty).
-    mbar_wait(&sm.dq_empty[i & 1], ((i >> 1) & 1) ^ 1);
-    mbar_arrive(&sm.dq_full[i & 1]);
 
-    const int dbs = i % S::DBS;
-    mbar_wait(&sm.dbias_empty[dbs], ((i / S::DBS) & 1) ^ 1);
+    mbar_wait(&sm.dbias_empty, (i & 1) ^ 1);
     if (any) {
-      float* sdb = sm.dbias_stage[dbs][w];
+      float* sdb = sm.dbias_stage[w];
 #pragma unroll
       for (int r = 0; r < 2; ++r) {
         const int key = warp * kWarpRows + (lane >> 2) + r * 8;
@@ -458,8 +443,8 @@ __device__ __forceinline__ void sm90_backward_consume(
               make_float2(db[j][2 * r], db[j][2 * r + 1]);
       }
     }
-    if (ctid == 0) sm.dbias_valid[dbs][w] = any;
-    mbar_arrive(&sm.dbias_full[dbs]);
+    if (ctid == 0) sm.dbias_valid[w] = any;
+    mbar_arrive(&sm.dbias_full);
   }
 }
 

@@ -14,15 +14,17 @@
 namespace tpf::cuda {
 
 // ---- scheduler --------------------------------------------------------------------------------------
-// One CTA per (slice group g, b, h, key block jb). dbias of a (query tile, key block) sums over the
-// slice groups in the order g = 0, 1, ...: each dbias writer waits for the CTA before it in that
-// order (semaphores, backward_sm90_epilogue.cuh); dQ waits for no one (each key block has its own
-// slot, the last to finish a tile sums them). The numbering keeps the dbias order increasing (a
-// CTA only waits for lower-numbered ones) with the groups in blocks of kBwdGroupBlock, numbered
-// (group block, jb, group in block, b, h) from the slowest: the previous slice group is at least
-// B * H CTAs back. (Chosen when dQ also summed in turns, over jb: with jb fastest the key blocks of
-// a group waited a writer's round trip each, and blocks of 2 groups measured 5-9% faster than
-// blocks of 1 or 4 (H100, notes-attention's designs table); not re-measured since.)
+// One CTA per (slice group g, b, h, key block jb). dQ of a (slice, query tile) sums over the key
+// blocks of its slice group in the order jb = 0, 1, ..., dbias of a (query tile, key block) over the
+// slice groups in the order g = 0, 1, ...: each writer waits for the CTA before it in its order
+// (semaphores, backward_sm90_epilogue.cuh). The numbering keeps both orders increasing (a CTA only
+// waits for lower-numbered ones) and puts the CTA a writer waits for far enough back that it has
+// usually passed that tile already: the groups go in blocks of kBwdGroupBlock, numbered
+// (group block, jb, group in block, b, h) from the slowest, so the previous key block of a slice
+// group is kBwdGroupBlock * B * H CTAs back and the previous slice group at least B * H.
+// Numbered with jb fastest (before 2026-12-07), the key blocks of a group started together and
+// each waited a writer's round trip for the one before it: blocks of 2 groups measured 5-9% faster
+// (H100; 1, 2 and 4 tried: notes-attention's designs table).
 constexpr int kBwdGroupBlock = 2;
 struct Sm90BackwardGrid {
   int query_tiles, key_blocks;  // T, J

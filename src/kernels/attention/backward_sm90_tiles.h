@@ -44,10 +44,9 @@ template <int D>
 struct Sm90BackwardConfig {
   static_assert(D == 16 || D == 32 || D == 64, "the Hopper backward is built for D = 16, 32, 64");
   static constexpr int kSlices = sm90_backward_slices(D);
-  // Staged dbias^T tiles (64 keys x 64 queries fp32 per consumer warpgroup, 35 KB): two let the
-  // consumers run a query tile ahead of the dbias writer. (dQ is not staged: the consumers store
-  // their partials in global slots, backward_sm90_epilogue.cuh.)
-  static constexpr int kDbiasStages = 2;
+  // Staged dQ partials (each 64 x D fp32 per consumer warpgroup): two let the consumers run a
+  // slice ahead of the dQ writer; D = 64 has shared memory for one.
+  static constexpr int kDqStages = D <= 32 ? 2 : 1;
 };
 
 // The dbias finish kernel (backward_sm90_epilogue.cuh): 32 x 32 tiles of dbias transposed through

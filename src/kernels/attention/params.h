@@ -54,9 +54,9 @@ struct AttentionBackwardParams {
   // The Hopper backward (backward_sm90.h): fp32 accumulators of dQ (one chunk of slices) and of
   // dbias^T, the semaphores that order the CTAs adding to them, and whether dq's rows allow 8-byte
   // stores.
-  float* dq_acc;       // [chunk slices][B][H][key blocks][Sq_pad][D]
+  float* dq_acc;       // [chunk slices][B][H][Sq_pad][D]
   float* dbias_acc_t;  // [B][H][Sk_pad][Sq_pad], keys major
-  int* dq_sem;         // [slice groups][B][H][query tiles][dQ writer warps]
+  int* dq_sem;         // [slice groups][B][H][query tiles]
   int* dbias_sem;      // [B][H][query tiles][key blocks]
   bool dq_aligned;
 };

@@ -196,27 +196,6 @@ __device__ __forceinline__ void pass_turn(int* sem, int lane) {
     asm volatile("red.relaxed.gpu.global.add.s32 [%0], 1;\n" ::"l"(sem) : "memory");
   }
 }
-// One of `count` warps (of any CTAs) that each wrote their part of a sum, with every lane: true in
-// the warp that arrives last, whose lanes may then read what all the others wrote (with loads that
-// bypass L1, __ldcg). The release half is pass_turn's; the last one's lanes each take the acquire
-// fence after the warp learns it (threadFenceReduction's pattern). `counter` is zeroed per call.
-__device__ __forceinline__ bool arrive_last(int* counter, int count, int lane) {
-  asm volatile("fence.acq_rel.gpu;\n" ::: "memory");
-  __syncwarp();
-  int old = 0;
-  if (lane == 0) {
-    asm volatile("fence.acq_rel.gpu;\n" ::: "memory");
-    asm volatile("atom.relaxed.gpu.global.add.s32 %0, [%1], 1;\n"
-                 : "=r"(old)
-                 : "l"(counter)
-                 : "memory");
-  }
-  old = __shfl_sync(0xffffffffu, old, 0);
-  if (old != count - 1) return false;
-  __syncwarp();
-  asm volatile("fence.acq_rel.gpu;\n" ::: "memory");
-  return true;
-}
 // x added to four consecutive floats in global memory (one 16-byte reduction at L2).
 __device__ __forceinline__ void red_add4(float* p, float4 x) {
   asm volatile("red.global.add.v4.f32 [%0], {%1,%2,%3,%4};\n" ::"l"(p), "f"(x.x), "f"(x.y),

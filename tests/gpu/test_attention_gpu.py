@@ -446,8 +446,9 @@ def lse_error_bound(q, k, bias, scale, ref_lse):
     |scale x score| and so the row maxima, T = ceil(Sk / 64) key tiles, L = max |lse|:
       - exp2: 2.7e-6 relative per P (the FMA-pipe polynomial's 2.64e-6; the MUFU's is smaller);
       - l: every P passes 3 tree additions in its tile, <= T additions into l, 2 over the quad;
-      - rescales: each moves m up by > 8 log2 units, so <= 2 A / (8 ln 2) of them, each a MUFU
-        factor (< 2^-21) and a product (u), their arguments adding <= 2 A u in all;
+      - rescales: at most one per key tile (the forward rescales whenever a row's maximum grows,
+        kRescaleLog2 = 0), so <= T of them, each a MUFU factor (< 2^-21) and a product (u), their
+        arguments adding <= 2 A u in all;
       - scores: the pre-scaled bias (2 roundings), ceil(D / 16) MMA k-steps: (ceil(D/16) + 3) A u;
       - exponent arguments x = acc c - m c (c = |scale| log2 e rounded, m c rounded, the FMA):
         <= 5 A u in ln units;
@@ -461,7 +462,7 @@ def lse_error_bound(q, k, bias, scale, ref_lse):
     T = -(-Sk // 64)
     L = ref_lse[torch.isfinite(ref_lse)].abs().max().item() if torch.isfinite(ref_lse).any() else 0
     u = 2.0**-24
-    rescales = 2 * A / (8 * math.log(2))
+    rescales = T
     return (2.7e-6 + rescales * (2.0**-21 + u) +
             u * (3 + T + 2 + 2 * A + (-(-D // 16) + 3) * A + 5 * A + A +
                  2 * math.log(Sk * 256) + L))

@@ -46,9 +46,10 @@ __device__ __forceinline__ void store_dq4(T* dst, float4 x, float scale, bool al
   }
 }
 
-// Warps 1..kBwdDqWriters (`part` 0, 1, ...: every kBwdDqWriters-th float4 of a tile each): per query tile, wait for their
-// turn among the key blocks of the slice group (once for all the group's slices: the semaphore
-// counts both warps' passes), then take each slice's staged partials as the consumers leave them.
+// Warps 1..kBwdDqWriters (`part` 0, 1, ...: every kBwdDqWriters-th float4 of a tile each): per
+// query tile, wait for their turn among the key blocks of the slice group (once for all the group's
+// slices: the semaphore counts every writer warp's pass), then take each slice's staged partials as
+// the consumers leave them.
 template <typename T, int D, typename BT>
 __device__ __forceinline__ void sm90_backward_write_dq(const AttentionBackwardParams& p,
                                                        Sm90BackwardSmem<T, D, BT>& sm, int g, int b,

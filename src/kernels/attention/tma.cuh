@@ -19,17 +19,20 @@ namespace tpf::cuda {
 
 // ---- host --------------------------------------------------------------------------------------------
 
+// A driver function as of CUDA 12.0 (the runtime finds it; no link against libcuda).
+inline void* driver_entry_point(const char* name) {
+  void* f = nullptr;
+  cudaDriverEntryPointQueryResult q{};
+  const cudaError_t e = cudaGetDriverEntryPointByVersion(name, &f, 12000, cudaEnableDefault, &q);
+  TPF_CHECK(
+      e == cudaSuccess && q == cudaDriverEntryPointSuccess && f != nullptr,
+      std::string("the CUDA driver has no ") + name + " (a driver for CUDA 12 or newer is needed)");
+  return f;
+}
+
 inline PFN_cuTensorMapEncodeTiled_v12000 tensor_map_encoder() {
-  static PFN_cuTensorMapEncodeTiled_v12000 fn = [] {
-    void* f = nullptr;
-    cudaDriverEntryPointQueryResult q{};
-    const cudaError_t e = cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &f, 12000,
-                                                           cudaEnableDefault, &q);
-    TPF_CHECK(e == cudaSuccess && q == cudaDriverEntryPointSuccess && f != nullptr,
-              "the CUDA driver has no cuTensorMapEncodeTiled (a driver for CUDA 12 or newer is "
-              "needed)");
-    return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(f);
-  }();
+  static const auto fn = reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(
+      driver_entry_point("cuTensorMapEncodeTiled"));
   return fn;
 }
 
@@ -40,15 +43,8 @@ inline PFN_cuTensorMapEncodeTiled_v12000 tensor_map_encoder() {
 // since CUDA 12). Never during a stream capture: a capturing thread has its context current, and
 // cudaFree(nullptr), the usual way, would end the capture.
 inline void make_context_current() {
-  static PFN_cuCtxGetCurrent_v4000 get = [] {
-    void* f = nullptr;
-    cudaDriverEntryPointQueryResult q{};
-    const cudaError_t e =
-        cudaGetDriverEntryPointByVersion("cuCtxGetCurrent", &f, 12000, cudaEnableDefault, &q);
-    TPF_CHECK(e == cudaSuccess && q == cudaDriverEntryPointSuccess && f != nullptr,
-              "the CUDA driver has no cuCtxGetCurrent");
-    return reinterpret_cast<PFN_cuCtxGetCurrent_v4000>(f);
-  }();
+  static const auto get =
+      reinterpret_cast<PFN_cuCtxGetCurrent_v4000>(driver_entry_point("cuCtxGetCurrent"));
   CUcontext ctx = nullptr;
   if (get(&ctx) == CUDA_SUCCESS && ctx != nullptr) return;
   int device = 0;

@@ -301,9 +301,9 @@ TEST(Errors, NameTheArgument) {
                 forward);
   expect_errors(
       g,
-      {{"q must have one of the CUDA backward's head dims D = 8, 16, 24, ..., 64 (multiples "
-        "of 8), got D = 72",
-        head_dim(72)}},
+      {{"q must have one of the CUDA backward's head dims D = 8, 16, 24, ..., 128 (multiples "
+        "of 8), got D = 136",
+        head_dim(136)}},
       backward);
   // The CUDA forward's most keys (its key tiles' mask words in shared memory): before any launch.
   expect_errors(g,

@@ -43,10 +43,19 @@ TEST(AttentionSchedule, EveryCtaOnceAndEveryWaitOnALowerNumber) {
 }
 
 TEST(AttentionSchedule, GridCountsWholeTiles) {
-  const Sm90BackwardGrid g = sm90_backward_grid(/*N=*/7, /*Sq=*/65, /*Sk=*/129, /*slices=*/2);
+  const Sm90BackwardGrid g =
+      sm90_backward_grid(/*N=*/7, /*Sq=*/65, /*Sk=*/129, /*slices=*/2, /*key_block=*/128);
   EXPECT_EQ(g.query_tiles, 2);
   EXPECT_EQ(g.key_blocks, 2);
   EXPECT_EQ(g.groups, 4);
+  // D = 128: 64-key blocks, one slice per CTA (backward_sm90_tiles.h).
+  EXPECT_EQ(sm90_backward_head_dim(72), 128);
+  EXPECT_EQ(sm90_backward_slices(128), 1);
+  EXPECT_EQ(sm90_backward_key_block(96), 64);
+  EXPECT_EQ(sm90_backward_key_block(64), 128);
+  const Sm90BackwardGrid wide = sm90_backward_grid(7, 65, 129, 1, sm90_backward_key_block(128));
+  EXPECT_EQ(wide.key_blocks, 3);
+  EXPECT_EQ(wide.groups, 7);
 }
 
 }  // namespace

@@ -292,13 +292,20 @@ def test_unsupported_head_dim_is_a_clear_error(seed):
         tpf.triangle_attention(q, k, v, bias, mask)
 
 
-def test_backward_limits_are_clear_errors(seed):
-    """What the forward takes and the backward does not yet: D = 72 (above 64). The forward runs;
-    the backward names the argument."""
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("D", [72, 96, 128])
+@pytest.mark.parametrize("S", [33, 200])
+def test_wide_head_dims_match_fp64_reference(S, D, dtype, seed):
+    """D 72-128: the backward's split-D tiles (both consumer warpgroups on the same 64 keys, each
+    with half of dK, dV and dQ's columns; backward_sm90_tiles.h), D < 128 zero-padded to 128: O and
+    every gradient within the FP64 rule, bitwise repeatable, a fully masked slice zero."""
     g = torch.Generator().manual_seed(seed)
-    q, k, v, bias, mask, grad = make_case(1, 2, 1, 40, 72, torch.bfloat16, "cuda", g)
-    with pytest.raises(ValueError, match="backward's head dims"):
-        run_with_grads(tpf.triangle_attention, q, k, v, bias, mask, grad)
+    B, N = 2, 5
+    q, k, v, bias, mask, grad = make_case(B, N, 4, S, D, dtype, "cuda", g)
+    ours = check_fp64_and_repeatable(q, k, v, bias, mask, grad, dtype,
+                                     f"(wide D={D}, S={S}, {dtype}, seed {seed})")
+    for name in ("o", "dq", "dk", "dv"):
+        assert (ours[name][-1, N - 1] == 0).all(), f"{name} of the fully masked slice is not zero"
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -318,7 +325,7 @@ def test_padded_head_dims_match_fp64_reference(S, D, dtype, seed):
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("D", [16, 32, 64])
+@pytest.mark.parametrize("D", [16, 32, 64, 96, 128])
 @pytest.mark.parametrize("S", [100, 257])
 def test_float32_bias_backward_matches_fp64_reference(S, D, dtype, seed):
     """A float32 bias with 16-bit q, k, v (Protenix passes bias.float()) through the CUDA backward:

@@ -152,7 +152,7 @@ def measure(impl: Impl, inputs_sets, grad_sets, repeats):
     fwd = median_ms(forward, torch.device("cuda"), warmup=3, repeats=repeats)
     try:
         fwd_bwd = median_ms(forward_backward, torch.device("cuda"), warmup=3, repeats=repeats)
-    except ValueError as e:  # a backward this implementation does not take (e.g. our D > 64)
+    except ValueError as e:  # a backward this implementation does not take
         print(f"#   forward only: {str(e).splitlines()[0]}", flush=True)
         args, extra = prepared[0]
         with torch.no_grad():

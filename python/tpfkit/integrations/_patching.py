@@ -28,7 +28,7 @@ _ABSENT = object()
 _DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 _DEVICES = ("cpu", "cuda")
 _ATTENTION_FORWARD_HEAD_DIMS = frozenset(range(8, 129, 8))
-_ATTENTION_BACKWARD_HEAD_DIMS = frozenset(range(8, 65, 8))
+_ATTENTION_BACKWARD_HEAD_DIMS = frozenset(range(8, 129, 8))
 _TRIMUL_MAX_D = 128
 # The fused LayerNorm (ops.glue.layer_norm, include/tpf/glue.h) takes up to 1024 channels.
 _LAYER_NORM_MAX_C = 1024

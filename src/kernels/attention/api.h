@@ -16,7 +16,7 @@ namespace tpf::cuda {
 // each of B * H and query tiles (grid dimensions y and z), at most kAttentionMaxSlices slices N
 // (32-bit indices; the forward's grid dimension x), and these key counts. The forward
 // (forward_sm90.h) takes every multiple of 8 up to 128, a bias of q's dtype or float32, and K and
-// V rows that TMA can copy (attention_tma_ready); the backward every multiple of 8 up to 64, the
+// V rows that TMA can copy (attention_tma_ready); the backward every multiple of 8 up to 128, the
 // same biases (a float32 bias's gradient in float32) and Q, K, V and dO rows that TMA can copy.
 constexpr const char* kAttentionForwardHeadDims = "8, 16, 24, ..., 128 (multiples of 8)";
 inline bool attention_forward_head_dim_supported(int64_t D) {
@@ -24,8 +24,8 @@ inline bool attention_forward_head_dim_supported(int64_t D) {
 }
 // The most keys the CUDA forward takes at head dim D (its key tiles' mask words in shared memory).
 inline int64_t attention_forward_max_keys(int64_t D) { return fwd90::max_keys(int(D)); }
-constexpr const char* kAttentionHeadDims = "8, 16, 24, ..., 64 (multiples of 8)";
-inline bool attention_head_dim_supported(int64_t D) { return D >= 8 && D <= 64 && D % 8 == 0; }
+constexpr const char* kAttentionHeadDims = "8, 16, 24, ..., 128 (multiples of 8)";
+inline bool attention_head_dim_supported(int64_t D) { return D >= 8 && D <= 128 && D % 8 == 0; }
 // TMA's requirements on a [B, N, H, S, D] tensor: a 16-byte aligned start and every stride but the
 // last (1) a multiple of 16 bytes.
 inline bool attention_tma_ready(const TensorView& t) {

@@ -42,7 +42,7 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
   extern __shared__ __align__(128) uint8_t smem_raw[];
   S& sm = *reinterpret_cast<S*>(smem_raw);
   const AttentionForwardParams& f = p.fwd;
-  const Sm90BackwardGrid grid = sm90_backward_grid(f.N, f.Sq, f.Sk, S::A);
+  const Sm90BackwardGrid grid = sm90_backward_grid(f.N, f.Sq, f.Sk, S::A, S::Config::kKeyBlock);
   const Sm90BackwardBlock blk =
       sm90_backward_block(blockIdx.x, group_begin, groups, f.B, f.H, grid.key_blocks);
 
@@ -76,9 +76,12 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
   } else {
     warpgroup_registers_inc<kBwdConsumerRegisters>();
     const int w = warpgroup - 1;
-    ConsumerAccumulators<D, S::A> acc;
+    ConsumerAccumulators<S::DC, S::A> acc;
     sm90_backward_consume<T, D, BT>(p, sm, acc, w, blk.b, blk.h, blk.jb, grid.query_tiles);
-    sm90_backward_store_dkdv<T, D, S::A>(p, acc, blk.g, blk.b, blk.h, blk.jb, w);
+    const bool split = S::Config::kSplitD;
+    sm90_backward_store_dkdv<T, S::DC, S::A>(
+        p, acc, blk.g, blk.b, blk.h, blk.jb * S::KB + (split ? 0 : w) * kBwdKeysPerWarpgroup,
+        split ? w * S::DC : 0, w);
   }
 }
 
@@ -86,8 +89,9 @@ template <typename T, int D, typename BT>
 void launch(const AttentionBackwardParams& p, const Sm90BackwardWorkspace& w, cudaStream_t stream) {
   using S = Sm90BackwardSmem<T, D, BT>;
   const AttentionForwardParams& f = p.fwd;
-  const Sm90BackwardGrid grid = sm90_backward_grid(f.N, f.Sq, f.Sk, S::A);
+  const Sm90BackwardGrid grid = sm90_backward_grid(f.N, f.Sq, f.Sk, S::A, S::Config::kKeyBlock);
   const size_t smem = sizeof(S);
+  static_assert(sizeof(S) <= 227 * 1024, "the backward's shared memory exceeds the SM's 227 KB");
   const bool fp16 = std::is_same_v<T, __half>;
   Sm90BackwardMaps maps;
   auto map = [&](const void* data, const Strides4& st, int rows, const char* name, uint32_t& dims) {
@@ -134,7 +138,7 @@ void launch(const AttentionBackwardParams& p, const Sm90BackwardWorkspace& w, cu
     kernel<<<unsigned(blocks), kBwdThreads, smem, stream>>>(maps, p, g0, groups, g0 * S::A);
   }
   const int64_t sq_pad = int64_t(grid.query_tiles) * kTileQ,
-                sk_pad = int64_t(grid.key_blocks) * kBwdKeyBlock;
+                sk_pad = int64_t(grid.key_blocks) * S::Config::kKeyBlock;
   const dim3 finish((f.Sq + kBwdFinishTile - 1) / kBwdFinishTile,
                     (f.Sk + kBwdFinishTile - 1) / kBwdFinishTile, f.B * f.H);
   attention_dbias_finish_kernel<BT>
@@ -148,6 +152,7 @@ void launch_head_dim(const AttentionBackwardParams& p, const Sm90BackwardWorkspa
     case 16: return launch<T, 16, BT>(p, w, stream);
     case 32: return launch<T, 32, BT>(p, w, stream);
     case 64: return launch<T, 64, BT>(p, w, stream);
+    case 128: return launch<T, 128, BT>(p, w, stream);
   }
 }
 

@@ -53,9 +53,10 @@ inline Sm90BackwardWorkspace sm90_backward_workspace(int64_t B, int64_t N, int64
   auto align = [](size_t x) { return (x + 255) / 256 * 256; };
   const int64_t D = sm90_backward_head_dim(head_dim);
   const int64_t A = sm90_backward_slices(D);
-  const Sm90BackwardGrid grid = sm90_backward_grid(int(N), int(Sq), int(Sk), int(A));
+  const int key_block = sm90_backward_key_block(head_dim);
+  const Sm90BackwardGrid grid = sm90_backward_grid(int(N), int(Sq), int(Sk), int(A), key_block);
   const int64_t sq_pad = int64_t(grid.query_tiles) * kTileQ,
-                sk_pad = int64_t(grid.key_blocks) * kBwdKeyBlock;
+                sk_pad = int64_t(grid.key_blocks) * key_block;
   const int64_t per_slice = B * H * sq_pad * D * int64_t(sizeof(float));
   // TPF_ATTENTION_DQ_BUDGET_BYTES lowers the budget (tests use it to force many chunks).
   int64_t budget = kSm90DqBudgetBytes;

@@ -85,8 +85,14 @@ __device__ __forceinline__ void sm90_backward_write_dq(const AttentionBackwardPa
         for (int e = lane + 32 * part; e < kTileQ * C4; e += 32 * kBwdDqWriters) {
           const int row = e / C4, c = (e % C4) * 4;
           float4 x = make_float4(0.f, 0.f, 0.f, 0.f);
-          if (v0) x = add4(x, *reinterpret_cast<const float4*>(s0 + row * S::LDQ + c));
-          if (v1) x = add4(x, *reinterpret_cast<const float4*>(s1 + row * S::LDQ + c));
+          if constexpr (S::Config::kSplitD) {  // the warpgroups' column halves
+            const bool hi = c >= S::DC;
+            if (hi ? v1 : v0)
+              x = *reinterpret_cast<const float4*>((hi ? s1 : s0) + row * S::LDQ + c % S::DC);
+          } else {
+            if (v0) x = add4(x, *reinterpret_cast<const float4*>(s0 + row * S::LDQ + c));
+            if (v1) x = add4(x, *reinterpret_cast<const float4*>(s1 + row * S::LDQ + c));
+          }
           float* a = acc + row * D + c;
           if (last) {
             if (!first) x = add4(__ldcg(reinterpret_cast<const float4*>(a)), x);
@@ -125,15 +131,15 @@ __device__ __forceinline__ void sm90_backward_write_dbias(const AttentionBackwar
     int* sem = p.dbias_sem + ((int64_t(b) * f.H + h) * T_tiles + i) * J + jb;
     wait_turn(sem, kBwdDbiasWriters * g);
 #pragma unroll 1
-    for (int w = 0; w < 2; ++w) {
+    for (int w = 0; w < S::KT; ++w) {
       const bool valid = sm.dbias_valid[w] != 0;
       if (!valid && g > 0) continue;
       const float* src = sm.dbias_stage[w];
-      float* acc = p.dbias_acc_t +
-                   ((int64_t(b) * f.H + h) * (int64_t(J) * kBwdKeyBlock) + jb * kBwdKeyBlock +
-                    w * kBwdKeysPerWarpgroup) *
-                       sq_pad +
-                   int64_t(i) * kTileQ;
+      float* acc =
+          p.dbias_acc_t +
+          ((int64_t(b) * f.H + h) * (int64_t(J) * S::KB) + jb * S::KB + w * kBwdKeysPerWarpgroup) *
+              sq_pad +
+          int64_t(i) * kTileQ;
 #pragma unroll 4
       for (int e = lane + 32 * part; e < kBwdKeysPerWarpgroup * C4; e += 32 * kBwdDbiasWriters) {
         const int key = e / C4, c = (e % C4) * 4;
@@ -152,11 +158,13 @@ __device__ __forceinline__ void sm90_backward_write_dbias(const AttentionBackwar
   }
 }
 
-// A consumer's dK (scaled) and dV for its 64 keys of each slice, from registers.
-template <typename T, int D, int A>
+// A consumer's dK (scaled) and dV for its 64 keys of each slice, from registers: its DC columns
+// from col0 of the 64 keys from key0 (sm90_backward_consume).
+template <typename T, int DC, int A>
 __device__ __forceinline__ void sm90_backward_store_dkdv(const AttentionBackwardParams& p,
-                                                         const ConsumerAccumulators<D, A>& acc,
-                                                         int g, int b, int h, int jb, int w) {
+                                                         const ConsumerAccumulators<DC, A>& acc,
+                                                         int g, int b, int h, int key0, int col0,
+                                                         int w) {
   const AttentionForwardParams& f = p.fwd;
   const int ctid = threadIdx.x - 128 * (1 + w), warp = ctid >> 5, lane = ctid & 31;
 #pragma unroll
@@ -169,12 +177,11 @@ __device__ __forceinline__ void sm90_backward_store_dkdv(const AttentionBackward
         static_cast<T*>(p.dv) + b * p.dv_stride.b + int64_t(n) * p.dv_stride.n + h * p.dv_stride.h;
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
-      const int key =
-          jb * kBwdKeyBlock + w * kBwdKeysPerWarpgroup + warp * kWarpRows + (lane >> 2) + r * 8;
+      const int key = key0 + warp * kWarpRows + (lane >> 2) + r * 8;
       if (key >= f.Sk) continue;
 #pragma unroll
-      for (int c = 0; c < D / 8; ++c) {
-        const int col = c * 8 + (lane & 3) * 2;
+      for (int c = 0; c < DC / 8; ++c) {
+        const int col = col0 + c * 8 + (lane & 3) * 2;
         if (col >= p.head_dim) break;  // zero-padded columns (backward_sm90.h)
         T* dkp = dk_out + int64_t(key) * p.dk_stride.s + col;
         T* dvp = dv_out + int64_t(key) * p.dv_stride.s + col;

@@ -37,25 +37,26 @@ enum : uint8_t { kTileSkip = 0, kTileMasked = 1, kTileWhole = 2 };
 template <typename T, int D, typename BT>
 struct Sm90BackwardSmem {
   using Config = Sm90BackwardConfig<D>;
-  static constexpr int A = Config::kSlices, DQS = Config::kDqStages;
+  static constexpr int A = Config::kSlices, DQS = Config::kDqStages, KT = Config::kKeyTiles;
+  static constexpr int KB = Config::kKeyBlock, DC = Config::kCols;
   static constexpr bool kF32Bias = sizeof(BT) == 4;
   static constexpr int TILE = kTileQ * D;  // a 64-row core-matrix tile, elements
   static constexpr int BIAS_HALF = kTileQ * kBwdKeysPerWarpgroup;  // a warpgroup's bias tile
-  static constexpr int LDQ = D + 8;        // dQ staging rows (floats): conflict-free float2
+  static constexpr int LDQ = DC + 8;       // dQ staging rows (floats): conflict-free float2
   static constexpr int LDDB = kTileQ + 4;  // dbias^T staging rows [key][query] (floats)
-  alignas(128) T k[A][2][TILE];            // [slice][warpgroup]: its 64 keys, core-matrix layout
-  alignas(128) T v[A][2][TILE];
+  alignas(128) T k[A][KT][TILE];  // [slice][key tile]: 64 keys (a warpgroup's), core-matrix layout
+  alignas(128) T v[A][KT][TILE];
   alignas(128) T q[2][A][TILE];  // [stage][slice]
   alignas(128) T dout[2][A][TILE];
   alignas(
       128) T ds[2][2][kTileQ * kBwdKeysPerWarpgroup];  // [warpgroup][parity]: dS, [key/8][query][8]
   // [stage][warpgroup]: [query][64 keys], 128-byte rows swizzled as TMA writes them (16-bit only).
-  alignas(1024) T bias[kF32Bias ? 1 : 2][kF32Bias ? 8 : 2 * BIAS_HALF];
+  alignas(1024) T bias[kF32Bias ? 1 : 2][kF32Bias ? 8 : KT * BIAS_HALF];
   alignas(16) float dq_stage[DQS][2][kTileQ * LDQ];  // [stage][warpgroup], [query][feature]
   alignas(16) float dbias_stage[2][kBwdKeysPerWarpgroup * LDDB];  // [warpgroup], [key][query]
   alignas(16) float lse2[2][A][kTileQ];  // lse log2e (+inf past Sq: no probability), bulk copies
   alignas(16) float delta[2][A][kTileQ];
-  uint8_t key_ok[A][kBwdKeyBlock];
+  uint8_t key_ok[A][KB];
   uint8_t tile_state[A][2];  // kTileSkip / kTileMasked / kTileWhole per slice and warpgroup
   int cta_alive;             // some tile is not kTileSkip
   int dq_valid[DQS][2];      // the staged dQ partial holds data (else: zero)
@@ -102,8 +103,8 @@ __device__ __forceinline__ void sm90_backward_load(const AttentionBackwardParams
   if (tid == 0) {
     uint32_t bytes = 0;
     for (int u = 0; u < A; ++u)
-      for (int w = 0; w < 2; ++w)
-        if (g * A + u < f.N && jb * kBwdKeyBlock + w * kBwdKeysPerWarpgroup < f.Sk)
+      for (int w = 0; w < S::KT; ++w)
+        if (g * A + u < f.N && jb * S::KB + w * kBwdKeysPerWarpgroup < f.Sk)
           bytes += 2 * kTileBytes;
     mbar_expect_tx(&sm.kv_full, bytes);
 #pragma unroll 1
@@ -111,8 +112,8 @@ __device__ __forceinline__ void sm90_backward_load(const AttentionBackwardParams
       const int n = g * A + u;
       if (n >= f.N) continue;
 #pragma unroll 1
-      for (int w = 0; w < 2; ++w) {
-        const int k0 = jb * kBwdKeyBlock + w * kBwdKeysPerWarpgroup;
+      for (int w = 0; w < S::KT; ++w) {
+        const int k0 = jb * S::KB + w * kBwdKeysPerWarpgroup;
         if (k0 >= f.Sk) continue;  // never read: its tile is skipped
         tma_tile<T, D>(&maps.k, maps.k_dims, &sm.kv_full, sm.k[u][w], k0, h, n, b);
         tma_tile<T, D>(&maps.v, maps.v_dims, &sm.kv_full, sm.v[u][w], k0, h, n, b);
@@ -123,18 +124,18 @@ __device__ __forceinline__ void sm90_backward_load(const AttentionBackwardParams
   for (int u = 0; u < A; ++u) {
     const int n = g * A + u;
     const bool valid = n < f.N;
-    for (int j = tid; j < kBwdKeyBlock; j += kBwdLoadThreads) {
-      const int key = jb * kBwdKeyBlock + j;
+    for (int j = tid; j < S::KB; j += kBwdLoadThreads) {
+      const int key = jb * S::KB + j;
       sm.key_ok[u][j] = valid && key < f.Sk &&
                         (f.mask == nullptr ||
                          f.mask[b * f.mask_stride_b + int64_t(n) * f.mask_stride_n + key] != 0);
     }
   }
   named_barrier(kBwdLoadBarrier, kBwdLoadThreads);
-  if (tid < 2 * A) {
+  if (tid < 2 * A) {  // a second tile past the key block (split D): skipped
     const int u = tid / 2, w = tid % 2;
     int alive = 0;
-    for (int j = 0; j < kBwdKeysPerWarpgroup; ++j)
+    for (int j = 0; j < kBwdKeysPerWarpgroup && w < S::KT; ++j)
       alive += sm.key_ok[u][w * kBwdKeysPerWarpgroup + j];
     sm.tile_state[u][w] = alive == 0                      ? kTileSkip
                           : alive == kBwdKeysPerWarpgroup ? kTileWhole
@@ -156,7 +157,7 @@ __device__ __forceinline__ void sm90_backward_load(const AttentionBackwardParams
 
   // Per query tile: Q, dO of the slices, the bias tile, lse2 and delta, into stage i % 2.
   if (tid != 0) return;
-  constexpr uint32_t kBiasBytes = S::kF32Bias ? 0 : 2 * S::BIAS_HALF * sizeof(T);
+  constexpr uint32_t kBiasBytes = S::kF32Bias ? 0 : S::KT * S::BIAS_HALF * sizeof(T);
   const uint32_t stage_bytes = uint32_t(__popc(slice_alive)) * (2 * kTileBytes + 2 * kTileQ * 4);
   const int64_t sq_pad = int64_t(T_tiles) * kTileQ;
 #pragma unroll 1
@@ -167,10 +168,10 @@ __device__ __forceinline__ void sm90_backward_load(const AttentionBackwardParams
       const int q0 = i * kTileQ;
       mbar_expect_tx(&sm.full[stage], stage_bytes + kBiasBytes);
       if constexpr (!S::kF32Bias)
-        for (int w = 0; w < 2; ++w)
+        for (int w = 0; w < S::KT; ++w)
           tma_load_bias(&maps.bias, maps.bias_dims, &sm.full[stage],
-                        sm.bias[stage] + w * S::BIAS_HALF,
-                        jb * kBwdKeyBlock + w * kBwdKeysPerWarpgroup, q0, h, b);
+                        sm.bias[stage] + w * S::BIAS_HALF, jb * S::KB + w * kBwdKeysPerWarpgroup,
+                        q0, h, b);
 #pragma unroll 1
       for (int u = 0; u < A; ++u) {
         if (!(slice_alive >> u & 1u)) continue;
@@ -266,13 +267,19 @@ __device__ __forceinline__ void load_bias_f32(float (&bias)[8][4], const float* 
     }
 }
 
+// Warpgroup w's 64 keys are key tile kw = w of the CTA's key block, its dK, dV and dQ all DC = D
+// columns; with split D (backward_sm90_tiles.h) both warpgroups take key tile 0 and warpgroup w
+// owns columns cw * DC .. cw * DC + DC - 1.
 template <typename T, int D, typename BT>
 __device__ __forceinline__ void sm90_backward_consume(
     const AttentionBackwardParams& p, Sm90BackwardSmem<T, D, BT>& sm,
-    ConsumerAccumulators<D, Sm90BackwardSmem<T, D, BT>::A>& acc, int w, int b, int h, int jb,
-    int T_tiles) {
+    ConsumerAccumulators<Sm90BackwardSmem<T, D, BT>::DC, Sm90BackwardSmem<T, D, BT>::A>& acc, int w,
+    int b, int h, int jb, int T_tiles) {
   using S = Sm90BackwardSmem<T, D, BT>;
-  constexpr int A = S::A, DQS = S::DQS;
+  constexpr int A = S::A, DQS = S::DQS, DC = S::DC;
+  constexpr bool kSplit = S::Config::kSplitD;
+  const int kw = kSplit ? 0 : w;         // key tile
+  const int col0 = kSplit ? w * DC : 0;  // first column of dK, dV, dQ (core-matrix blocks of 8)
   const int ctid = threadIdx.x - 128 * (1 + w);  // 0..127 in the warpgroup
   const int warp = ctid >> 5, lane = ctid & 31;
   const float scale = in_register(p.fwd.scale);  // see in_register (mma.cuh)
@@ -280,18 +287,18 @@ __device__ __forceinline__ void sm90_backward_consume(
   mbar_wait(&sm.kv_full, 0);
   uint8_t state[A];
   bool keep[A][2];  // per slice, this thread's key rows g and g + 8: probability kept
-  const int key_lo = w * kBwdKeysPerWarpgroup + warp * kWarpRows + (lane >> 2);
-  const int key_base = jb * kBwdKeyBlock;  // key_lo counts from here
+  const int key_lo = kw * kBwdKeysPerWarpgroup + warp * kWarpRows + (lane >> 2);
+  const int key_base = jb * S::KB;  // key_lo counts from here
 #pragma unroll
   for (int u = 0; u < A; ++u) {
-    state[u] = sm.tile_state[u][w];
+    state[u] = sm.tile_state[u][kw];
     keep[u][0] = state[u] == kTileWhole || sm.key_ok[u][key_lo] != 0;
     keep[u][1] = state[u] == kTileWhole || sm.key_ok[u][key_lo + 8] != 0;
   }
 #pragma unroll
   for (int u = 0; u < A; ++u)
 #pragma unroll
-    for (int i = 0; i < D / 8; ++i)
+    for (int i = 0; i < DC / 8; ++i)
 #pragma unroll
       for (int e = 0; e < 4; ++e) acc.dk[u][i][e] = acc.dv[u][i][e] = 0.f;
 
@@ -315,7 +322,7 @@ __device__ __forceinline__ void sm90_backward_consume(
     if constexpr (!S::kF32Bias) {
 #pragma unroll
       for (int jj = 0; jj < 4; ++jj)
-        load_bias_transposed(bias2[jj], sm.bias[stage] + w * S::BIAS_HALF, jj * 16, warp, lane);
+        load_bias_transposed(bias2[jj], sm.bias[stage] + kw * S::BIAS_HALF, jj * 16, warp, lane);
     }
     float db[8][4];
 #pragma unroll
@@ -333,8 +340,8 @@ __device__ __forceinline__ void sm90_backward_consume(
         continue;
       }
       any = true;
-      const T* kt = sm.k[u][w];
-      const T* vt = sm.v[u][w];
+      const T* kt = sm.k[u][kw];
+      const T* vt = sm.v[u][kw];
       const T* qt = sm.q[stage][u];
       const T* dot = sm.dout[stage][u];
 
@@ -389,22 +396,26 @@ __device__ __forceinline__ void sm90_backward_consume(
       fence_proxy_async();
       named_barrier(1 + w, 128);
 
-      float dq[D / 8][4];
+      // This warpgroup's DC columns of dO, Q and K: core-matrix column blocks col0 / 8 on.
+      const T* dot_c = dot + (col0 / 8) * 64 * 8;
+      const T* qt_c = qt + (col0 / 8) * 64 * 8;
+      const T* kt_c = kt + (col0 / 8) * 64 * 8;
+      float dq[DC / 8][4];
       wgmma_fence();
 #pragma unroll
       for (int kk = 0; kk < 4; ++kk)  // dV += P^T dO: K = 16 queries per step
-        Wgmma<T, D>::template rs<1, 1>(acc.dv[u], pa[kk], desc_mn_major(dot + kk * 16 * 8));
+        Wgmma<T, DC>::template rs<1, 1>(acc.dv[u], pa[kk], desc_mn_major(dot_c + kk * 16 * 8));
 #pragma unroll
       for (int kk = 0; kk < 4; ++kk)  // dK += dS^T Q
-        Wgmma<T, D>::template rs<1, 1>(acc.dk[u], da[kk], desc_mn_major(qt + kk * 16 * 8));
+        Wgmma<T, DC>::template rs<1, 1>(acc.dk[u], da[kk], desc_mn_major(qt_c + kk * 16 * 8));
 #pragma unroll
       for (int kk = 0; kk < 4; ++kk) {  // dQ_w = dS K: K = 16 keys per step
         const uint64_t a = desc_k_major(ds + kk * 2 * kTileQ * 8),
-                       bk = desc_mn_major(kt + kk * 16 * 8);
+                       bk = desc_mn_major(kt_c + kk * 16 * 8);
         if (kk == 0)
-          Wgmma<T, D>::template ss<0, 0, 1>(dq, a, bk);
+          Wgmma<T, DC>::template ss<0, 0, 1>(dq, a, bk);
         else
-          Wgmma<T, D>::template ss<1, 0, 1>(dq, a, bk);
+          Wgmma<T, DC>::template ss<1, 0, 1>(dq, a, bk);
       }
       wgmma_commit();
       wgmma_wait<0>();
@@ -421,7 +432,7 @@ __device__ __forceinline__ void sm90_backward_consume(
       for (int r = 0; r < 2; ++r) {
         const int row = warp * kWarpRows + (lane >> 2) + r * 8;
 #pragma unroll
-        for (int c = 0; c < D / 8; ++c)
+        for (int c = 0; c < DC / 8; ++c)
           *reinterpret_cast<float2*>(sq + row * S::LDQ + c * 8 + (lane & 3) * 2) =
               make_float2(dq[c][2 * r], dq[c][2 * r + 1]);
       }
@@ -432,7 +443,7 @@ __device__ __forceinline__ void sm90_backward_consume(
     mbar_arrive(&sm.empty[stage]);  // this stage's Q, dO, bias, lse, delta are read
 
     mbar_wait(&sm.dbias_empty, (i & 1) ^ 1);
-    if (any) {
+    if (any && (!kSplit || w == 0)) {
       float* sdb = sm.dbias_stage[w];
 #pragma unroll
       for (int r = 0; r < 2; ++r) {
@@ -443,7 +454,7 @@ __device__ __forceinline__ void sm90_backward_consume(
               make_float2(db[j][2 * r], db[j][2 * r + 1]);
       }
     }
-    if (ctid == 0) sm.dbias_valid[w] = any;
+    if (ctid == 0) sm.dbias_valid[w] = any && (!kSplit || w == 0);
     mbar_arrive(&sm.dbias_full);
   }
 }

@@ -30,9 +30,9 @@ struct Sm90BackwardGrid {
   int query_tiles, key_blocks;  // T, J
   int groups;                   // slice groups in all, ceil(N / kSlices)
 };
-TPF_HOST_DEVICE inline Sm90BackwardGrid sm90_backward_grid(int N, int Sq, int Sk, int slices) {
-  return {(Sq + kTileQ - 1) / kTileQ, (Sk + kBwdKeyBlock - 1) / kBwdKeyBlock,
-          (N + slices - 1) / slices};
+TPF_HOST_DEVICE inline Sm90BackwardGrid sm90_backward_grid(int N, int Sq, int Sk, int slices,
+                                                           int key_block) {
+  return {(Sq + kTileQ - 1) / kTileQ, (Sk + key_block - 1) / key_block, (N + slices - 1) / slices};
 }
 struct Sm90BackwardBlock {
   int g, b, h, jb;  // g counts slice groups from the first slice (all chunks)

@@ -30,20 +30,36 @@ constexpr int kBwdDqWriters = 2;
 constexpr int kBwdDbiasWriters = 1;
 static_assert(1 + kBwdDqWriters + kBwdDbiasWriters == 4, "the producer warpgroup has four warps");
 
-// Every head dim that is a multiple of 8 up to 64 (api.h) runs as the next built one (16, 32, 64): the
-// tiles of Q, K, V and dO are zero past the tensors' D (their products and sums are exact), and
-// only the tensors' D columns of dQ, dK and dV are stored. D = 8, 24, 40, 48, 56 pay 100% / 33% /
-// 60% / 33% / 14% more MMA work than an exact fit would.
-constexpr int sm90_backward_head_dim(int64_t D) { return D <= 16 ? 16 : D <= 32 ? 32 : 64; }
+// Every head dim that is a multiple of 8 up to 128 (api.h) runs as the next built one (16, 32, 64,
+// 128): the tiles of Q, K, V and dO are zero past the tensors' D (their products and sums are
+// exact), and only the tensors' D columns of dQ, dK and dV are stored. D = 8, 24, 40, 48, 56 pay
+// 100% / 33% / 60% / 33% / 14% more MMA work than an exact fit would, D = 72 .. 120 78% .. 7%.
+constexpr int sm90_backward_head_dim(int64_t D) {
+  return D <= 16 ? 16 : D <= 32 ? 32 : D <= 64 ? 64 : 128;
+}
 // Slices per CTA at head dim D (see above).
 constexpr int sm90_backward_slices(int64_t D) {
   return sm90_backward_head_dim(D) == 16 ? 4 : sm90_backward_head_dim(D) == 32 ? 2 : 1;
 }
+// At D = 128 the two consumer warpgroups split D instead of the keys: dK and dV of 64 keys x 128
+// fp32 (128 registers) and a 64 x 128 dQ stage per warpgroup do not fit. Both warpgroups take the
+// same 64 keys and compute S^T and dP^T over the whole D (the same P^T and dS^T; the two products
+// twice, +40% MMA work in all), each owning 64 columns of dK, dV and dQ (as many registers as at
+// D = 64); warpgroup 0 stages dbias. A CTA's key block is then 64 keys.
+constexpr bool sm90_backward_split_d(int64_t D) { return sm90_backward_head_dim(D) == 128; }
+constexpr int sm90_backward_key_block(int64_t D) {
+  return sm90_backward_split_d(D) ? kBwdKeysPerWarpgroup : kBwdKeyBlock;
+}
 
 template <int D>
 struct Sm90BackwardConfig {
-  static_assert(D == 16 || D == 32 || D == 64, "the Hopper backward is built for D = 16, 32, 64");
+  static_assert(D == 16 || D == 32 || D == 64 || D == 128,
+                "the Hopper backward is built for D = 16, 32, 64, 128");
   static constexpr int kSlices = sm90_backward_slices(D);
+  static constexpr bool kSplitD = sm90_backward_split_d(D);
+  static constexpr int kKeyTiles = kSplitD ? 1 : 2;  // 64-key tiles per CTA (and per slice)
+  static constexpr int kKeyBlock = sm90_backward_key_block(D);
+  static constexpr int kCols = kSplitD ? D / 2 : D;  // columns of dK, dV, dQ per warpgroup
   // Staged dQ partials (each 64 x D fp32 per consumer warpgroup): two let the consumers run a
   // slice ahead of the dQ writer; D = 64 has shared memory for one.
   static constexpr int kDqStages = D <= 32 ? 2 : 1;

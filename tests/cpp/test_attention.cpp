@@ -286,7 +286,7 @@ TEST(Errors, NameTheArgument) {
   };
   expect_errors(g, cuda_inputs, forward);
   expect_errors(g, cuda_inputs, backward);
-  // Head dims: the forward takes multiples of 8 up to 128, the backward multiples of 8 up to 64.
+  // Head dims: the forward and the backward take multiples of 8 up to 128.
   auto head_dim = [](int64_t D) {
     return [D](auto& a) {
       on_cuda(a);

@@ -22,9 +22,9 @@ import torch
 _ABSENT = object()
 
 # What our ops take (src/ops, src/kernels): float32, bfloat16 and float16 on the CPU and CUDA. On
-# CUDA, 16-bit triangle attention runs the kernels, whose forward takes head dims D = 8, 16, ...,
-# 128 and whose backward D = 8, 16, ..., 64 (float32 takes PyTorch's math there, any D); the triangle
-# multiplication's kernels (every dtype) take D a multiple of 8 up to 128.
+# CUDA, 16-bit triangle attention runs the kernels, whose forward and backward take head dims
+# D = 8, 16, ..., 128 (float32 takes PyTorch's math there, any D); the triangle multiplication's
+# kernels (every dtype) take D a multiple of 8 up to 128.
 _DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 _DEVICES = ("cpu", "cuda")
 _ATTENTION_FORWARD_HEAD_DIMS = frozenset(range(8, 129, 8))

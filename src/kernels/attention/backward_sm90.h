@@ -39,12 +39,14 @@ struct Sm90BackwardMaps {
 // ---- workspace --------------------------------------------------------------------------------------
 // delta and lse2 (lse log2(e)) [B][N][H][Sq_pad] (Sq_pad: whole 64-query tiles; past Sq: 0 and
 // +inf), each query tile's 64 values one bulk copy; dq_acc [chunk slices][B][H][Sq_pad][D];
-// dbias_acc [B][H][Sk_pad][Sq_pad] (keys major: the consumers' dS^T layout; Sk_pad: whole key
-// blocks); the semaphores, zeroed at each call: dq_sem [groups][B][H][T], dbias_sem [B][H][T][J];
+// dbias_acc [lanes][B][H][Sk_pad][Sq_pad] (keys major: the consumers' dS^T layout; Sk_pad: whole
+// key blocks; lanes: backward_sm90_tiles.h); the semaphores, zeroed at each call: dq_sem
+// [groups][B][H][T], dbias_sem [lanes][B][H][T][J];
 // where a 16-bit bias's rows are not TMA-ready (Sk not a multiple of 8, say), bias_copy: the bias
 // [B][H][Sq][Sk8] with Sk8 = Sk rounded up to 8.
 struct Sm90BackwardWorkspace {
-  int chunk;  // slices per launch, a multiple of kSlices
+  int chunk;        // slices per launch, a multiple of kSlices
+  int dbias_lanes;  // sm90_backward_dbias_lanes
   size_t delta, lse2, dq_acc, dbias_acc, sem, sem_bytes, bias_copy, total;  // byte offsets, sizes
 };
 inline int64_t sm90_backward_bias_pitch(int64_t Sk) { return (Sk + 7) / 8 * 8; }
@@ -74,10 +76,13 @@ inline Sm90BackwardWorkspace sm90_backward_workspace(int64_t B, int64_t N, int64
   w.delta = 0;
   w.lse2 = align(w.delta + rows);
   w.dq_acc = align(w.lse2 + rows);
+  const int64_t lane_floats = B * H * sk_pad * sq_pad;
+  w.dbias_lanes = sm90_backward_dbias_lanes(grid.groups, B * H * grid.key_blocks,
+                                            lane_floats * int64_t(sizeof(float)));
   w.dbias_acc = align(w.dq_acc + size_t(chunk * per_slice));
-  w.sem = align(w.dbias_acc + size_t(B * H * sk_pad * sq_pad) * sizeof(float));
+  w.sem = align(w.dbias_acc + size_t(w.dbias_lanes * lane_floats) * sizeof(float));
   w.sem_bytes = size_t(int64_t(grid.groups) * B * H * grid.query_tiles +
-                       B * H * grid.query_tiles * grid.key_blocks) *
+                       w.dbias_lanes * B * H * grid.query_tiles * grid.key_blocks) *
                 sizeof(int);
   w.bias_copy = align(w.sem + w.sem_bytes);
   w.total =

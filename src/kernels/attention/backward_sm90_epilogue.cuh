@@ -113,8 +113,9 @@ __device__ __forceinline__ void sm90_backward_write_dq(const AttentionBackwardPa
 }
 
 // The last kBwdDbiasWriters warps (`part` 0, 1, ...: every kBwdDbiasWriters-th float4 each): per
-// query tile, the CTA's dbias^T tile (keys of both warpgroups x 64 queries), in its slice group's
-// turn (the semaphore counts every writer warp's pass).
+// query tile, the CTA's dbias^T tile (keys of both warpgroups x 64 queries) into its lane
+// l = g % L, in its slice group's turn there (g / L; the semaphore counts every writer warp's
+// pass): the first group of a lane stores, the others add (backward_sm90_tiles.h).
 template <typename T, int D, typename BT>
 __device__ __forceinline__ void sm90_backward_write_dbias(const AttentionBackwardParams& p,
                                                           Sm90BackwardSmem<T, D, BT>& sm, int g,
@@ -125,28 +126,28 @@ __device__ __forceinline__ void sm90_backward_write_dbias(const AttentionBackwar
   const int lane = threadIdx.x & 31;
   const int64_t sq_pad = int64_t(T_tiles) * kTileQ;
   constexpr int C4 = kTileQ / 4;
+  const int lanes = p.dbias_lanes, lane_of_g = g % lanes, turn = g / lanes;
+  const int64_t bh = (int64_t(lane_of_g) * f.B + b) * f.H + h;  // this lane's [b][h]
 #pragma unroll 1
   for (int i = 0; i < T_tiles; ++i) {
     mbar_wait(&sm.dbias_full, i & 1);
-    int* sem = p.dbias_sem + ((int64_t(b) * f.H + h) * T_tiles + i) * J + jb;
-    wait_turn(sem, kBwdDbiasWriters * g);
+    int* sem = p.dbias_sem + (bh * T_tiles + i) * J + jb;
+    wait_turn(sem, kBwdDbiasWriters * turn);
 #pragma unroll 1
     for (int w = 0; w < S::KT; ++w) {
       const bool valid = sm.dbias_valid[w] != 0;
-      if (!valid && g > 0) continue;
+      if (!valid && turn > 0) continue;
       const float* src = sm.dbias_stage[w];
-      float* acc =
-          p.dbias_acc_t +
-          ((int64_t(b) * f.H + h) * (int64_t(J) * S::KB) + jb * S::KB + w * kBwdKeysPerWarpgroup) *
-              sq_pad +
-          int64_t(i) * kTileQ;
+      float* acc = p.dbias_acc_t +
+                   (bh * (int64_t(J) * S::KB) + jb * S::KB + w * kBwdKeysPerWarpgroup) * sq_pad +
+                   int64_t(i) * kTileQ;
 #pragma unroll 4
       for (int e = lane + 32 * part; e < kBwdKeysPerWarpgroup * C4; e += 32 * kBwdDbiasWriters) {
         const int key = e / C4, c = (e % C4) * 4;
         const float4 x = valid ? *reinterpret_cast<const float4*>(src + key * S::LDDB + c)
                                : make_float4(0.f, 0.f, 0.f, 0.f);
         float* a = acc + key * sq_pad + c;
-        if (g == 0)
+        if (turn == 0)
           *reinterpret_cast<float4*>(a) = x;
         else
           red_add4(a, x);
@@ -194,8 +195,9 @@ __device__ __forceinline__ void sm90_backward_store_dkdv(const AttentionBackward
   }
 }
 
-// dbias[b, h, q, k] = dbias_acc[b, h, k, q] in the output dtype T (the bias's): kBwdFinishTile^2
-// tiles through shared memory, reads and writes along rows.
+// dbias[b, h, q, k] = sum over the lanes l = 0, 1, ... (in order) of dbias_acc[l, b, h, k, q], in
+// the output dtype T (the bias's): kBwdFinishTile^2 tiles through shared memory, reads and writes
+// along rows.
 template <typename T>
 __global__ void attention_dbias_finish_kernel(const AttentionBackwardParams p, int64_t sq_pad,
                                               int64_t sk_pad) {
@@ -204,10 +206,17 @@ __global__ void attention_dbias_finish_kernel(const AttentionBackwardParams p, i
   __shared__ float tile[kT][kT + 1];
   const int bh = blockIdx.z, b = bh / f.H, h = bh % f.H;
   const int q0 = blockIdx.x * kT, k0 = blockIdx.y * kT;
+  const int64_t lane_floats = int64_t(f.B) * f.H * sk_pad * sq_pad;
   const float* acc = p.dbias_acc_t + int64_t(bh) * sk_pad * sq_pad;
   for (int r = threadIdx.y; r < kT; r += blockDim.y) {  // rows: keys
     const int k = k0 + r, q = q0 + threadIdx.x;
-    tile[r][threadIdx.x] = (k < f.Sk && q < f.Sq) ? acc[int64_t(k) * sq_pad + q] : 0.f;
+    float x = 0.f;
+    if (k < f.Sk && q < f.Sq) {
+      const float* a = acc + int64_t(k) * sq_pad + q;
+      x = a[0];
+      for (int l = 1; l < p.dbias_lanes; ++l) x += a[l * lane_floats];
+    }
+    tile[r][threadIdx.x] = x;
   }
   __syncthreads();
   T* out = static_cast<T*>(p.dbias) + b * p.dbias_stride_b + h * p.dbias_stride_h;

@@ -65,6 +65,27 @@ struct Sm90BackwardConfig {
   static constexpr int kDqStages = D <= 32 ? 2 : 1;
 };
 
+// dbias^T is summed over the slice groups g in kBwdDbiasLanes-many lanes: lane l holds the sum over
+// g = l, l + L, l + 2L, ... in that order (its own turns), and the finish kernel adds the L lanes
+// in order: a fixed order, so dbias is bitwise repeatable. One lane (a single chain g = 0, 1, ...)
+// made each co-resident group wait for the one before it on every query tile, the last of a wave
+// starting as many turns late as the wave has groups (the dQ chain's skew, notes-attention). With
+// L at least the groups that are resident together (kBwdResidentCtas CTAs, of J B H each), a
+// group's turn comes from a group that left before it started. Capped by kBwdDbiasLanes and by
+// the workspace budget (a lane is B H Sk_pad Sq_pad floats).
+constexpr int kBwdDbiasLanes = 16;
+constexpr int64_t kBwdResidentCtas = 132;  // H100 and H200 SXM: 132 SMs x 1 backward CTA
+constexpr int64_t kBwdDbiasBudgetBytes = 96LL << 20;
+constexpr int sm90_backward_dbias_lanes(int64_t groups, int64_t ctas_per_group,
+                                        int64_t lane_bytes) {
+  int64_t lanes = (kBwdResidentCtas + ctas_per_group - 1) / ctas_per_group + 2;
+  const int64_t fit = kBwdDbiasBudgetBytes / (lane_bytes > 0 ? lane_bytes : 1);
+  lanes = lanes < fit ? lanes : fit;
+  lanes = lanes < kBwdDbiasLanes ? lanes : kBwdDbiasLanes;
+  lanes = lanes < groups ? lanes : groups;
+  return int(lanes < 1 ? 1 : lanes);
+}
+
 // The dbias finish kernel (backward_sm90_epilogue.cuh): 32 x 32 tiles of dbias transposed through
 // shared memory by 32 x 8 threads, one CTA per tile (grid: query tiles, key tiles, B * H).
 constexpr int kBwdFinishTile = 32;

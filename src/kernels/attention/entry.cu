@@ -119,6 +119,7 @@ void attention_backward(const AttentionBackwardArgs& a, const AttentionDims& d, 
   const Sm90BackwardGrid grid = sm90_backward_grid(
       int(d.N), int(d.Sq), int(d.Sk), sm90_backward_slices(d.D), sm90_backward_key_block(d.D));
   p.dbias_sem = p.dq_sem + int64_t(grid.groups) * d.B * d.H * grid.query_tiles;
+  p.dbias_lanes = w.dbias_lanes;
   p.dq_aligned = rows_aligned(a.dq, 3);
   auto s = static_cast<cudaStream_t>(stream);
   if (a.q.dtype == DType::bf16)

@@ -221,6 +221,9 @@ def run(args: argparse.Namespace) -> int:
                 row = {"impl": name, "D": D, "S": S, "bias_dtype": args.bias_dtype, "fwd_ms": fwd,
                        "fwd_bwd_ms": fwd_bwd, "peak_extra_gib": peak, **errs, **meta}
                 rows.append(row)
+                if args.json:  # after every row: a run stopped by a time limit keeps what it measured
+                    with open(args.json, "w") as f:
+                        json.dump(rows, f, indent=1)
                 num = lambda x, w, p: f"{x:>{w}.{p}f}" if x is not None else f"{'-':>{w}}"
                 print(f"{name:<16}{D:>4}{S:>6}{num(fwd, 9, 3)}{num(fwd_bwd, 9, 3)}{num(peak, 7, 2)}"
                       + "".join(num(errs[f"rel_err_{k}"], 7, 3) for k in ("O", "dQ", "dK", "dV", "dbias")),
@@ -230,9 +233,6 @@ def run(args: argparse.Namespace) -> int:
             del ref, sets, inputs_sets, grad_sets
             torch.cuda.empty_cache()
     print_acceptance(rows)
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(rows, f, indent=1)
     if args.plot:
         plot(rows, args.plot)
     return 0

@@ -138,6 +138,17 @@ def run(args: argparse.Namespace) -> int:
     out = Path(args.json or Path("bench/results") / f"trimul-{gpu_slug}.json")
     out.parent.mkdir(parents=True, exist_ok=True)
 
+    with_meta = lambda r: {**r, "commit": meta["commit"], "gpu": meta["gpu"], "date": meta["date"],
+                           "machine": meta["machine"]}
+    merged_from = json.loads(out.read_text()) if args.merge and out.exists() else []
+    key = lambda r: (r["impl"], r["direction"], r["D"], r["S"])
+
+    def save(rows):  # with --merge, the file's rows of other shapes stay
+        fresh = {key(r) for r in rows}
+        rows = [r for r in merged_from if key(r) not in fresh] + [with_meta(r) for r in rows]
+        out.write_text(json.dumps(rows, indent=1))
+        return rows
+
     impls = peers(not args.no_compile)
     shapes = [(D, S, d) for D in args.dims for S in args.sizes for d in args.directions]
     rows = []
@@ -160,17 +171,12 @@ def run(args: argparse.Namespace) -> int:
                 tqdm.write(f"{name} D={D} S={S} {direction} failed:\n{traceback.format_exc()}")
             rows.append(row)
             bar.update(1)
+            save(rows)  # after every row: a run stopped by a time limit keeps what it measured
         del y_ref, inputs, input_sets
         torch.cuda.empty_cache()
     bar.close()
 
-    rows = [{**r, "commit": meta["commit"], "gpu": meta["gpu"], "date": meta["date"],
-             "machine": meta["machine"]} for r in rows]
-    if args.merge and out.exists():
-        key = lambda r: (r["impl"], r["direction"], r["D"], r["S"])
-        fresh = {key(r) for r in rows}
-        rows = [r for r in json.loads(out.read_text()) if key(r) not in fresh] + rows
-    out.write_text(json.dumps(rows, indent=1))
+    rows = save(rows)
     plot(rows, out.with_suffix(".png"),
          f"triangle multiplicative update, B=1, bf16, {meta['gpu']} ({meta['commit']})")
 

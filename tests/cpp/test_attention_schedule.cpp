@@ -4,6 +4,7 @@
 // is numbered lower, so that the semaphores cannot deadlock however many CTAs are resident.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <map>
 #include <tuple>
 
@@ -56,6 +57,33 @@ TEST(AttentionSchedule, GridCountsWholeTiles) {
   const Sm90BackwardGrid wide = sm90_backward_grid(7, 65, 129, 1, sm90_backward_key_block(128));
   EXPECT_EQ(wide.key_blocks, 3);
   EXPECT_EQ(wide.groups, 7);
+}
+
+// dbias lanes (backward_sm90_tiles.h): lane l sums the slice groups g = l, l + L, ... in its own
+// turns, so every lane needs a first group (L <= groups), the lanes fit the budget unless one
+// alone does not, and where budget and groups allow, L covers the co-resident groups plus two.
+TEST(AttentionSchedule, DbiasLanesFitTheirRules) {
+  for (int64_t groups : {1, 2, 5, 40, 400})
+    for (int64_t per_group : {1, 12, 24, 48, 200})
+      for (int64_t lane_bytes :
+           {int64_t(1) << 10, int64_t(2359296), int64_t(9437184), int64_t(40) << 20}) {
+        const int L = sm90_backward_dbias_lanes(groups, per_group, lane_bytes);
+        const int64_t resident = (kBwdResidentCtas + per_group - 1) / per_group + 2;
+        EXPECT_GE(L, 1);
+        EXPECT_LE(L, kBwdDbiasLanes);
+        EXPECT_LE(L, groups);
+        if (L > 1) {
+          EXPECT_LE(L * lane_bytes, kBwdDbiasBudgetBytes);
+        }
+        const int64_t fit = kBwdDbiasBudgetBytes / lane_bytes;
+        EXPECT_EQ(L,
+                  std::max<int64_t>(1, std::min({resident, fit, int64_t(kBwdDbiasLanes), groups})))
+            << "groups " << groups << ", CTAs per group " << per_group << ", lane bytes "
+            << lane_bytes;
+      }
+  // S = 384, B H = 4, D = 32 (J = 3, 2.4 MB a lane): 7 lanes; S = 768 (9.4 MB): one.
+  EXPECT_EQ(sm90_backward_dbias_lanes(192, 12, 2359296), 7);
+  EXPECT_EQ(sm90_backward_dbias_lanes(384, 24, 9437184), 1);
 }
 
 }  // namespace

@@ -47,7 +47,8 @@ struct Sm90BackwardMaps {
 struct Sm90BackwardWorkspace {
   int chunk;        // slices per launch, a multiple of kSlices
   int dbias_lanes;  // sm90_backward_dbias_lanes
-  size_t delta, lse2, dq_acc, dbias_acc, sem, sem_bytes, bias_copy, total;  // byte offsets, sizes
+  // Byte offsets and sizes; sem is dq_sem's, dbias_sem follows it, sem_bytes covers both.
+  size_t delta, lse2, dq_acc, dbias_acc, sem, dbias_sem, sem_bytes, bias_copy, total;
 };
 inline int64_t sm90_backward_bias_pitch(int64_t Sk) { return (Sk + 7) / 8 * 8; }
 inline Sm90BackwardWorkspace sm90_backward_workspace(int64_t B, int64_t N, int64_t H, int64_t Sq,
@@ -81,9 +82,9 @@ inline Sm90BackwardWorkspace sm90_backward_workspace(int64_t B, int64_t N, int64
                                             lane_floats * int64_t(sizeof(float)));
   w.dbias_acc = align(w.dq_acc + size_t(chunk * per_slice));
   w.sem = align(w.dbias_acc + size_t(w.dbias_lanes * lane_floats) * sizeof(float));
-  w.sem_bytes = size_t(int64_t(grid.groups) * B * H * grid.query_tiles +
-                       w.dbias_lanes * B * H * grid.query_tiles * grid.key_blocks) *
-                sizeof(int);
+  w.dbias_sem = w.sem + size_t(int64_t(grid.groups) * B * H * grid.query_tiles) * sizeof(int);
+  w.sem_bytes = (w.dbias_sem - w.sem) +
+                size_t(w.dbias_lanes * B * H * grid.query_tiles * grid.key_blocks) * sizeof(int);
   w.bias_copy = align(w.sem + w.sem_bytes);
   w.total =
       align(w.bias_copy + (bias_copy ? size_t(B * H * Sq * sm90_backward_bias_pitch(Sk)) * 2 : 0));

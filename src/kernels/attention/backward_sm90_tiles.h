@@ -73,10 +73,11 @@ struct Sm90BackwardConfig {
 // L at least the groups that are resident together (kBwdResidentCtas CTAs, of J B H each), a
 // group's turn comes from a group that left before it started. Capped by kBwdDbiasLanes and by
 // the workspace budget (a lane is B H Sk_pad Sq_pad floats). The budget is small on purpose: at
-// 96 MiB (9a23a91, H200) the lanes took peak memory at D = 32, S = 640 / 768 past
-// cuEquivariance's (0.90 GiB against 0.897 at S = 768; 0.84 before the lanes) and five lanes of
-// 9.4 MB at D = 128, S = 768 slowed that backward by 4 % (the L2 holds ~50 MB); 16 MiB gives
-// S <= 384 its lanes (7 at S = 384, B H = 4) and larger S fewer, down to one.
+// 96 MiB (9a23a91) seven more lanes of 9.4 MB at D = 32, S = 768 add 66 MB to the 0.836 GiB peak
+// measured before the lanes (H100), ~0.898 against cuEquivariance's 0.897 (the H200 run printed
+// both as 0.90: an estimate, not a measured miss), and five lanes at D = 128, S = 768 slowed that
+// backward by 4 % (H200; the L2 holds ~50 MB). 16 MiB gives S <= 384 its lanes (7 at S = 384,
+// B H = 4) and larger S fewer, down to one.
 constexpr int kBwdDbiasLanes = 16;
 constexpr int64_t kBwdResidentCtas = 132;  // H100 and H200 SXM: 132 SMs x 1 backward CTA
 constexpr int64_t kBwdDbiasBudgetBytes = 16LL << 20;

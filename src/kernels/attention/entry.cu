@@ -116,9 +116,7 @@ void attention_backward(const AttentionBackwardArgs& a, const AttentionDims& d, 
   p.dq_acc = reinterpret_cast<float*>(ws + w.dq_acc);
   p.dbias_acc_t = reinterpret_cast<float*>(ws + w.dbias_acc);
   p.dq_sem = reinterpret_cast<int*>(ws + w.sem);
-  const Sm90BackwardGrid grid = sm90_backward_grid(
-      int(d.N), int(d.Sq), int(d.Sk), sm90_backward_slices(d.D), sm90_backward_key_block(d.D));
-  p.dbias_sem = p.dq_sem + int64_t(grid.groups) * d.B * d.H * grid.query_tiles;
+  p.dbias_sem = reinterpret_cast<int*>(ws + w.dbias_sem);
   p.dbias_lanes = w.dbias_lanes;
   p.dq_aligned = rows_aligned(a.dq, 3);
   auto s = static_cast<cudaStream_t>(stream);

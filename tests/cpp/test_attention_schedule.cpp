@@ -5,9 +5,11 @@
 #include <gtest/gtest.h>
 
 #include <map>
+#include <set>
 #include <tuple>
 
 #include "kernels/attention/backward_sm90_schedule.h"
+#include "kernels/attention/backward_sm90_tiles.h"
 
 namespace tpf::cuda {
 namespace {
@@ -84,6 +86,48 @@ TEST(AttentionSchedule, DbiasLanesFitTheirRules) {
   // S = 384, B H = 4, D = 32 (J = 3, 2.4 MB a lane): 7 lanes; S = 768 (9.4 MB): one.
   EXPECT_EQ(sm90_backward_dbias_lanes(192, 12, 2359296), 7);
   EXPECT_EQ(sm90_backward_dbias_lanes(384, 24, 9437184), 1);
+}
+
+
+// The staging order of the backward's dQ halves and dbias^T tiles (stage_offset), which the
+// accumulators in global memory share: each row's columns are a permutation of the row's own
+// floats that keeps 16-byte chunks whole (the writers read float4s, the copies are bytes), and a
+// consumer warp's float2 stores of its accumulator fragment (lane: row lane / 4 (+ 8), columns
+// 8 c + 2 (lane % 4), +1) hit 32 distinct banks in each half-warp's 16 lanes.
+template <int COLS>
+void check_stage_order() {
+  for (int row = 0; row < 64; ++row) {
+    std::set<int> seen;
+    for (int col = 0; col < COLS; ++col) {
+      const int at = stage_offset<COLS>(row, col);
+      ASSERT_GE(at, row * COLS) << "COLS " << COLS << " row " << row << " col " << col;
+      ASSERT_LT(at, (row + 1) * COLS) << "COLS " << COLS << " row " << row << " col " << col;
+      ASSERT_TRUE(seen.insert(at).second) << "COLS " << COLS << " row " << row << " col " << col;
+      if (col % 4) ASSERT_EQ(at, stage_offset<COLS>(row, col - 1) + 1);
+      else ASSERT_EQ(at % 4, 0);
+    }
+  }
+  for (int warp = 0; warp < 4; ++warp)
+    for (int r = 0; r < 2; ++r)
+      for (int c = 0; c < COLS / 8; ++c)
+        for (int half = 0; half < 2; ++half) {
+          std::set<int> banks;
+          for (int lane = 16 * half; lane < 16 * half + 16; ++lane) {
+            const int row = warp * 16 + lane / 4 + 8 * r, col = c * 8 + (lane % 4) * 2;
+            const int at = stage_offset<COLS>(row, col);
+            banks.insert(at % 32);
+            banks.insert((at + 1) % 32);
+          }
+          EXPECT_EQ(banks.size(), 32u) << "COLS " << COLS << ": a bank conflict (warp " << warp
+                                       << ", r " << r << ", c " << c << ", half " << half << ")";
+        }
+}
+
+TEST(AttentionSchedule, StagingOrderIsAConflictFreePermutation) {
+  check_stage_order<8>();   // dQ half at D = 16
+  check_stage_order<16>();  // D = 32
+  check_stage_order<32>();  // D = 64
+  check_stage_order<64>();  // D = 128; dbias^T (64 queries)
 }
 
 }  // namespace

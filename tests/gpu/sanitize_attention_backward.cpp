@@ -98,14 +98,14 @@ std::vector<std::vector<float>> backward_grads(tpf::AttentionBackwardArgs a,
 bool backward_cases() {
   using tpf::Device;
   using tpf::DType;
-  // (S = 70: one key block, two query tiles; S = 200: two key blocks, four query tiles; N = 5:
-  // several slice groups with a partial last one at every head dim; at D = 96, 128 a key block is
-  // 64 keys, so S = 100, 150: two and three.)
+  // (S = 70: one key block, two query tiles; S = 200: two key blocks, four query tiles; S = 300:
+  // three, so a middle key block adds to dQ; N = 5: several slice groups with a partial last one at
+  // every head dim; at D = 96, 128 a key block is 64 keys, so S = 100, 150: two and three.)
   const BackwardCase cases[] = {
       {2, 5, 2, 70, 32},        {1, 5, 2, 200, 32},      {1, 5, 1, 200, 16},
       {1, 3, 1, 150, 64},       {2, 5, 2, 70, 32, true}, {1, 5, 1, 200, 16, true},
       {1, 3, 1, 150, 64, true}, {1, 4, 2, 90, 24},       {1, 3, 1, 130, 48, true},
-      {1, 3, 2, 150, 128},      {1, 2, 1, 100, 96, true}};  // D 96, 128: split D, 64-key blocks
+      {1, 3, 2, 150, 128},      {1, 2, 1, 100, 96, true}, {1, 3, 1, 300, 32, true}};  // D 96, 128: split D, 64-key blocks
   std::mt19937 rng(11);
   for (const BackwardCase& c : cases) {
     std::printf(

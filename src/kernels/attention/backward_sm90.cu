@@ -5,7 +5,8 @@
 //     kSlices slices (backward_sm90_tiles.h) and walks every 64-query tile:
 //       warp  0    loads (thread 0 by TMA into the layouts wgmma and ldmatrix read; mbarriers),
 //       warps 1-3  add the staged dQ partials to the fp32 dQ accumulator in key-block order
-//                  (kBwdDqWriters of them) and the staged dbias^T tiles to the fp32 dbias
+//                  (kBwdDqWriters of them; one thread by TMA before the last key block) and the
+//                  staged dbias^T tiles to the fp32 dbias
 //                  accumulator in slice-group order (the others),
 //       warpgroups 1, 2 (64 keys each) recompute P^T and dS^T once per tile and use them for dV,
 //                  dK (registers), dQ (staged) and dbias (registers over the slices, then staged)
@@ -54,10 +55,11 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
     }
     for (int s = 0; s < S::DQS; ++s) {
       mbar_init(&sm.dq_full[s], 256);
-      mbar_init(&sm.dq_empty[s], 32 * kBwdDqWriters);
+      // Before the last key block one thread copies the staged tiles (sm90_backward_write_dq).
+      mbar_init(&sm.dq_empty[s], blk.jb == grid.key_blocks - 1 ? 32 * kBwdDqWriters : 1);
     }
     mbar_init(&sm.dbias_full, 256);
-    mbar_init(&sm.dbias_empty, 32 * kBwdDbiasWriters);
+    mbar_init(&sm.dbias_empty, 1);  // the dbias writer's thread (sm90_backward_write_dbias)
   }
   __syncthreads();
 
@@ -137,12 +139,10 @@ void launch(const AttentionBackwardParams& p, const Sm90BackwardWorkspace& w, cu
     const int64_t blocks = int64_t(groups) * f.B * f.H * grid.key_blocks;
     kernel<<<unsigned(blocks), kBwdThreads, smem, stream>>>(maps, p, g0, groups, g0 * S::A);
   }
-  const int64_t sq_pad = int64_t(grid.query_tiles) * kTileQ,
-                sk_pad = int64_t(grid.key_blocks) * S::Config::kKeyBlock;
   const dim3 finish((f.Sq + kBwdFinishTile - 1) / kBwdFinishTile,
                     (f.Sk + kBwdFinishTile - 1) / kBwdFinishTile, f.B * f.H);
-  attention_dbias_finish_kernel<BT>
-      <<<finish, dim3(kBwdFinishTile, kBwdFinishRows), 0, stream>>>(p, sq_pad, sk_pad);
+  attention_dbias_finish_kernel<BT><<<finish, dim3(kBwdFinishTile, kBwdFinishRows), 0, stream>>>(
+      p, grid.query_tiles, grid.key_blocks, S::Config::kKeyBlock);
 }
 
 template <typename T, typename BT>

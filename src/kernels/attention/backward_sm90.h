@@ -38,9 +38,10 @@ struct Sm90BackwardMaps {
 
 // ---- workspace --------------------------------------------------------------------------------------
 // delta and lse2 (lse log2(e)) [B][N][H][Sq_pad] (Sq_pad: whole 64-query tiles; past Sq: 0 and
-// +inf), each query tile's 64 values one bulk copy; dq_acc [chunk slices][B][H][Sq_pad][D];
-// dbias_acc [lanes][B][H][Sk_pad][Sq_pad] (keys major: the consumers' dS^T layout; Sk_pad: whole
-// key blocks; lanes: backward_sm90_tiles.h); the semaphores, zeroed at each call: dq_sem
+// +inf), each query tile's 64 values one bulk copy; dq_acc [chunk slices][B][H][Sq_pad][D] (each
+// 64 x D query tile in the consumers' staging order, stage_offset); dbias_acc [lanes][B][H][key
+// block][query tile][key block's keys][64 queries] (the consumers' dS^T tiles in their staging
+// order; lanes: backward_sm90_tiles.h); the semaphores, zeroed at each call: dq_sem
 // [groups][B][H][T], dbias_sem [lanes][B][H][T][J];
 // where a 16-bit bias's rows are not TMA-ready (Sk not a multiple of 8, say), bias_copy: the bias
 // [B][H][Sq][Sk8] with Sk8 = Sk rounded up to 8.

@@ -3,12 +3,13 @@
 // across CTAs (semaphores, wgmma.cuh), the consumers' dK/dV stores, and the kernel that turns the
 // dbias accumulator into dbias.
 //
-// dQ of (slice n, query tile i) = scale * sum over key blocks jb = 0, 1, ..., J - 1 of
-// (partial of warpgroup 0 + partial of warpgroup 1): key block 0 stores its sum, the next ones add
-// theirs (16-byte reductions at L2), the last reads the total, adds its own and writes dq.
+// dQ of (slice n, query tile i) = scale * sum over key blocks jb = 0, 1, ..., J - 1 of the CTA's
+// partial (both warpgroups' keys summed in the MMA): key block 0 stores it, the next ones add
+// theirs (bulk reductions at L2), the last reads the total, adds its own and writes dq.
 // dbias^T of (query tile i, key block jb) = sum over slice groups g = 0, 1, ... of the CTA's sum
-// over its slices: group 0 stores, the others add; attention_dbias_finish_kernel transposes it
-// into dbias. Either order is the CTA numbering of the scheduler (backward_sm90.h).
+// over its slices (in lanes, g mod L): group 0 stores, the others add (bulk copies);
+// attention_dbias_finish_kernel adds the lanes and transposes the sum into dbias. Either order is
+// the CTA numbering of the scheduler (backward_sm90.h).
 #pragma once
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -46,116 +47,123 @@ __device__ __forceinline__ void store_dq4(T* dst, float4 x, float scale, bool al
   }
 }
 
-// Warps 1..kBwdDqWriters (`part` 0, 1, ...: every kBwdDqWriters-th float4 of a tile each): per
-// query tile, wait for their turn among the key blocks of the slice group (once for all the group's
-// slices: the semaphore counts every writer warp's pass), then take each slice's staged partials as
-// the consumers leave them.
+// dQ of a slice group's query tile is summed over its key blocks jb = 0, 1, ..., J - 1 in that
+// order (the semaphore counts the key blocks that have added theirs). The accumulator's tile holds
+// the stage's order (stage_offset), so a whole staged tile is one bulk copy.
+// Key blocks before the last: thread 0 of writer warp 1 (`part` 0) alone, by TMA: block 0 stores
+// its staged tiles, the next ones add theirs (bulk reductions at L2); each query tile's copies are
+// waited for, then the turn is passed on.
+// The last key block: warps 1..kBwdDqWriters (`part` 0, 1, ...: every kBwdDqWriters-th float4 of
+// a tile each) read the total, add their staged tile and write dq (J = 1: the staged tile alone).
+// The consumers' dq_empty barrier counts one arrival per tile before the last key block, the
+// warps' lanes in it (the kernel initialises it so).
 template <typename T, int D, typename BT>
 __device__ __forceinline__ void sm90_backward_write_dq(const AttentionBackwardParams& p,
                                                        Sm90BackwardSmem<T, D, BT>& sm, int g, int b,
                                                        int h, int jb, int J, int T_tiles,
                                                        int chunk_first_slice, int part) {
   using S = Sm90BackwardSmem<T, D, BT>;
-  constexpr int A = S::A, DQS = S::DQS, C4 = D / 4;
+  constexpr int A = S::A, DQS = S::DQS, DQC = S::DQC, HALF = kTileQ * DQC;
+  constexpr int kTileBytes = kTileQ * D * int(sizeof(float));
   const AttentionForwardParams& f = p.fwd;
   const int lane = threadIdx.x & 31;
   const int64_t sq_pad = int64_t(T_tiles) * kTileQ;
   const bool first = jb == 0, last = jb == J - 1;
+  if (!last && (part != 0 || lane != 0)) return;
+  auto acc_tile = [&](int n, int q0) {
+    return p.dq_acc + ((int64_t(n - chunk_first_slice) * f.B + b) * f.H + h) * sq_pad * D +
+           int64_t(q0) * D;
+  };
   int staged = 0;
 #pragma unroll 1
   for (int i = 0; i < T_tiles; ++i) {
     int* sem = p.dq_sem + ((int64_t(g) * f.B + b) * f.H + h) * T_tiles + i;
-    wait_turn(sem, kBwdDqWriters * jb);
+    wait_turn(sem, jb);
     const int q0 = i * kTileQ, qrows = min(kTileQ, f.Sq - q0);
+    if (!last) {
+      fence_proxy_async_all();  // the block before's sums (acquired above) to the bulk copies
+#pragma unroll 1
+      for (int u = 0; u < A; ++u, ++staged) {
+        const int buf = staged % DQS;
+        mbar_wait(&sm.dq_full[buf], (staged / DQS) & 1);
+        const int n = g * A + u;
+        if (n < f.N && (first || sm.dq_valid[buf] != 0)) {
+          if (first)
+            bulk_store(acc_tile(n, q0), sm.dq_stage[buf][0], kTileBytes);
+          else
+            bulk_reduce_add(acc_tile(n, q0), sm.dq_stage[buf][0], kTileBytes);
+          bulk_commit();
+          bulk_wait_read();
+        }
+        mbar_arrive(&sm.dq_empty[buf]);
+      }
+      bulk_wait();
+      fence_proxy_async_all();
+      pass_turn_alone(sem);
+      continue;
+    }
 #pragma unroll 1
     for (int u = 0; u < A; ++u, ++staged) {
       const int buf = staged % DQS;
       mbar_wait(&sm.dq_full[buf], (staged / DQS) & 1);
       const int n = g * A + u;
-      const bool v0 = sm.dq_valid[buf][0] != 0, v1 = sm.dq_valid[buf][1] != 0;
-      if (n < f.N && (first || last || v0 || v1)) {
-        const float* s0 = sm.dq_stage[buf][0];
-        const float* s1 = sm.dq_stage[buf][1];
-        float* acc = p.dq_acc +
-                     ((int64_t(n - chunk_first_slice) * f.B + b) * f.H + h) * sq_pad * D +
-                     int64_t(q0) * D;
+      if (n < f.N) {
+        const float* src = sm.dq_stage[buf][0];  // both halves, contiguous
+        const float* acc = acc_tile(n, q0);
         T* out = static_cast<T*>(p.dq) + b * p.dq_stride.b + int64_t(n) * p.dq_stride.n +
                  h * p.dq_stride.h;
 #pragma unroll 4
-        for (int e = lane + 32 * part; e < kTileQ * C4; e += 32 * kBwdDqWriters) {
-          const int row = e / C4, c = (e % C4) * 4;
-          float4 x = make_float4(0.f, 0.f, 0.f, 0.f);
-          if constexpr (S::Config::kSplitD) {  // the warpgroups' column halves
-            const bool hi = c >= S::DC;
-            if (hi ? v1 : v0)
-              x = *reinterpret_cast<const float4*>((hi ? s1 : s0) + row * S::LDQ + c % S::DC);
-          } else {
-            if (v0) x = add4(x, *reinterpret_cast<const float4*>(s0 + row * S::LDQ + c));
-            if (v1) x = add4(x, *reinterpret_cast<const float4*>(s1 + row * S::LDQ + c));
-          }
-          float* a = acc + row * D + c;
-          if (last) {
-            if (!first) x = add4(__ldcg(reinterpret_cast<const float4*>(a)), x);
-            if (row < qrows && c < p.head_dim)
-              store_dq4(out + int64_t(q0 + row) * p.dq_stride.s + c, x, f.scale, p.dq_aligned);
-          } else if (first) {
-            *reinterpret_cast<float4*>(a) = x;
-          } else {
-            red_add4(a, x);
-          }
+        for (int e = lane + 32 * part; e < kTileQ * D / 4; e += 32 * kBwdDqWriters) {
+          float4 x = *reinterpret_cast<const float4*>(src + 4 * e);
+          if (!first) x = add4(__ldcg(reinterpret_cast<const float4*>(acc + 4 * e)), x);
+          const int half = 4 * e / HALF, row = 4 * e % HALF / DQC;
+          const int c = half * DQC + stage_offset<DQC>(row, 4 * e % DQC) - row * DQC;
+          if (row < qrows && c < p.head_dim)
+            store_dq4(out + int64_t(q0 + row) * p.dq_stride.s + c, x, f.scale, p.dq_aligned);
         }
       }
       __syncwarp();
       mbar_arrive(&sm.dq_empty[buf]);
     }
-    pass_turn(sem, lane);
   }
 }
 
-// The last kBwdDbiasWriters warps (`part` 0, 1, ...: every kBwdDbiasWriters-th float4 each): per
-// query tile, the CTA's dbias^T tile (keys of both warpgroups x 64 queries) into its lane
-// l = g % L, in its slice group's turn there (g / L; the semaphore counts every writer warp's
-// pass): the first group of a lane stores, the others add (backward_sm90_tiles.h).
+// The dbias writer, thread 0 of the last warp (the others leave at once), by TMA: per query tile,
+// the CTA's dbias^T tile (keys of both warpgroups x 64 queries, one bulk copy) into its lane
+// l = g % L, in its slice group's turn there (g / L; the semaphore counts the groups that have
+// passed): the first group of a lane stores, the others add (backward_sm90_tiles.h). A lane's
+// accumulator is tiled: [key block][query tile][KB keys][64 queries] in stage_offset's order.
 template <typename T, int D, typename BT>
 __device__ __forceinline__ void sm90_backward_write_dbias(const AttentionBackwardParams& p,
                                                           Sm90BackwardSmem<T, D, BT>& sm, int g,
                                                           int b, int h, int jb, int J, int T_tiles,
                                                           int part) {
   using S = Sm90BackwardSmem<T, D, BT>;
+  constexpr int kTileBytes = S::KB * kTileQ * int(sizeof(float));
   const AttentionForwardParams& f = p.fwd;
-  const int lane = threadIdx.x & 31;
-  const int64_t sq_pad = int64_t(T_tiles) * kTileQ;
-  constexpr int C4 = kTileQ / 4;
+  if (part != 0 || (threadIdx.x & 31) != 0) return;
   const int lanes = p.dbias_lanes, lane_of_g = g % lanes, turn = g / lanes;
   const int64_t bh = (int64_t(lane_of_g) * f.B + b) * f.H + h;  // this lane's [b][h]
 #pragma unroll 1
   for (int i = 0; i < T_tiles; ++i) {
     mbar_wait(&sm.dbias_full, i & 1);
     int* sem = p.dbias_sem + (bh * T_tiles + i) * J + jb;
-    wait_turn(sem, kBwdDbiasWriters * turn);
-#pragma unroll 1
-    for (int w = 0; w < S::KT; ++w) {
-      const bool valid = sm.dbias_valid[w] != 0;
-      if (!valid && turn > 0) continue;
-      const float* src = sm.dbias_stage[w];
-      float* acc = p.dbias_acc_t +
-                   (bh * (int64_t(J) * S::KB) + jb * S::KB + w * kBwdKeysPerWarpgroup) * sq_pad +
-                   int64_t(i) * kTileQ;
-#pragma unroll 4
-      for (int e = lane + 32 * part; e < kBwdKeysPerWarpgroup * C4; e += 32 * kBwdDbiasWriters) {
-        const int key = e / C4, c = (e % C4) * 4;
-        const float4 x = valid ? *reinterpret_cast<const float4*>(src + key * S::LDDB + c)
-                               : make_float4(0.f, 0.f, 0.f, 0.f);
-        float* a = acc + key * sq_pad + c;
-        if (turn == 0)
-          *reinterpret_cast<float4*>(a) = x;
-        else
-          red_add4(a, x);
-      }
+    wait_turn(sem, turn);
+    fence_proxy_async_all();  // the groups before's sums (acquired above) to the bulk copy
+    float* acc = p.dbias_acc_t + ((bh * J + jb) * T_tiles + i) * int64_t(S::KB) * kTileQ;
+    const bool valid = sm.dbias_valid[0] != 0 || sm.dbias_valid[1] != 0;
+    if (turn == 0 || valid) {
+      if (turn == 0)
+        bulk_store(acc, sm.dbias_stage[0], kTileBytes);
+      else
+        bulk_reduce_add(acc, sm.dbias_stage[0], kTileBytes);
+      bulk_commit();
+      bulk_wait_read();
     }
-    __syncwarp();
     mbar_arrive(&sm.dbias_empty);
-    pass_turn(sem, lane);
+    bulk_wait();
+    fence_proxy_async_all();
+    pass_turn_alone(sem);
   }
 }
 
@@ -195,24 +203,27 @@ __device__ __forceinline__ void sm90_backward_store_dkdv(const AttentionBackward
   }
 }
 
-// dbias[b, h, q, k] = sum over the lanes l = 0, 1, ... (in order) of dbias_acc[l, b, h, k, q], in
-// the output dtype T (the bias's): kBwdFinishTile^2 tiles through shared memory, reads and writes
-// along rows.
+// dbias[b, h, q, k] = sum over the lanes l = 0, 1, ... (in order) of dbias^T (k, q) of lane l, in
+// the output dtype T (the bias's): kBwdFinishTile^2 tiles through shared memory, reads along the
+// accumulator's rows (keys; their queries swizzled within 16-byte chunks), writes along dbias's.
 template <typename T>
-__global__ void attention_dbias_finish_kernel(const AttentionBackwardParams p, int64_t sq_pad,
-                                              int64_t sk_pad) {
+__global__ void attention_dbias_finish_kernel(const AttentionBackwardParams p, int query_tiles,
+                                              int key_blocks, int key_block) {
   const AttentionForwardParams& f = p.fwd;
   constexpr int kT = kBwdFinishTile;
   __shared__ float tile[kT][kT + 1];
   const int bh = blockIdx.z, b = bh / f.H, h = bh % f.H;
   const int q0 = blockIdx.x * kT, k0 = blockIdx.y * kT;
-  const int64_t lane_floats = int64_t(f.B) * f.H * sk_pad * sq_pad;
-  const float* acc = p.dbias_acc_t + int64_t(bh) * sk_pad * sq_pad;
+  const int64_t tile_floats = int64_t(key_block) * kTileQ;
+  const int64_t lane_floats = int64_t(f.B) * f.H * key_blocks * query_tiles * tile_floats;
+  const float* acc = p.dbias_acc_t + int64_t(bh) * key_blocks * query_tiles * tile_floats;
   for (int r = threadIdx.y; r < kT; r += blockDim.y) {  // rows: keys
     const int k = k0 + r, q = q0 + threadIdx.x;
     float x = 0.f;
     if (k < f.Sk && q < f.Sq) {
-      const float* a = acc + int64_t(k) * sq_pad + q;
+      const int jb = k / key_block, kr = k % key_block;
+      const float* a = acc + (int64_t(jb) * query_tiles + q / kTileQ) * tile_floats +
+                       stage_offset<kTileQ>(kr, q % kTileQ);
       x = a[0];
       for (int l = 1; l < p.dbias_lanes; ++l) x += a[l * lane_floats];
     }

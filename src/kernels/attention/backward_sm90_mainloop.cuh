@@ -10,9 +10,11 @@
 //   dV  += P^T dO    wgmma RS, A = P^T rounded to the input dtype (the accumulator layout of S^T is
 //                    the A fragment layout), B = the output-gradient tile (MN-major)
 //   dK  += dS^T Q    wgmma RS, likewise
-//   dQ_w = dS K      wgmma SS, A = dS^T stored transposed by stmatrix into shared memory (K-major),
-//                    B = the key tile (MN-major); staged in shared memory for the dQ writer, which
-//                    adds the two warpgroups' partials and the other key blocks' in fixed order.
+//   dQ   = dS K      wgmma SS over the CTA's whole key block (both warpgroups' dS, after a barrier
+//                    of the two), warpgroup w its half of the columns: A = dS^T stored transposed by
+//                    stmatrix into shared memory (K-major), B = the key tiles (MN-major); staged in
+//                    shared memory for the dQ writer, which adds the other key blocks' partials in
+//                    fixed order.
 #pragma once
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -38,12 +40,10 @@ template <typename T, int D, typename BT>
 struct Sm90BackwardSmem {
   using Config = Sm90BackwardConfig<D>;
   static constexpr int A = Config::kSlices, DQS = Config::kDqStages, KT = Config::kKeyTiles;
-  static constexpr int KB = Config::kKeyBlock, DC = Config::kCols;
+  static constexpr int KB = Config::kKeyBlock, DC = Config::kCols, DQC = Config::kDqCols;
   static constexpr bool kF32Bias = sizeof(BT) == 4;
   static constexpr int TILE = kTileQ * D;  // a 64-row core-matrix tile, elements
   static constexpr int BIAS_HALF = kTileQ * kBwdKeysPerWarpgroup;  // a warpgroup's bias tile
-  static constexpr int LDQ = DC + 8;       // dQ staging rows (floats): conflict-free float2
-  static constexpr int LDDB = kTileQ + 4;  // dbias^T staging rows [key][query] (floats)
   alignas(128) T k[A][KT][TILE];  // [slice][key tile]: 64 keys (a warpgroup's), core-matrix layout
   alignas(128) T v[A][KT][TILE];
   alignas(128) T q[2][A][TILE];  // [stage][slice]
@@ -52,14 +52,18 @@ struct Sm90BackwardSmem {
       128) T ds[2][2][kTileQ * kBwdKeysPerWarpgroup];  // [warpgroup][parity]: dS, [key/8][query][8]
   // [stage][warpgroup]: [query][64 keys], 128-byte rows swizzled as TMA writes them (16-bit only).
   alignas(1024) T bias[kF32Bias ? 1 : 2][kF32Bias ? 8 : KT * BIAS_HALF];
-  alignas(16) float dq_stage[DQS][2][kTileQ * LDQ];  // [stage][warpgroup], [query][feature]
-  alignas(16) float dbias_stage[2][kBwdKeysPerWarpgroup * LDDB];  // [warpgroup], [key][query]
+  // [stage][warpgroup]: the warpgroup's DQC columns of dQ, [query][DQC] in stage_offset's order;
+  // the dQ accumulator in global memory holds each tile in the same order.
+  alignas(128) float dq_stage[DQS][2][kTileQ * DQC];
+  // [warpgroup]: dbias^T of its 64 keys, [key][64 queries] in stage_offset's order, as the dbias
+  // accumulator holds each tile; the two warpgroups' tiles contiguous (one bulk copy).
+  alignas(128) float dbias_stage[2][kBwdKeysPerWarpgroup * kTileQ];
   alignas(16) float lse2[2][A][kTileQ];  // lse log2e (+inf past Sq: no probability), bulk copies
   alignas(16) float delta[2][A][kTileQ];
   uint8_t key_ok[A][KB];
   uint8_t tile_state[A][2];  // kTileSkip / kTileMasked / kTileWhole per slice and warpgroup
   int cta_alive;             // some tile is not kTileSkip
-  int dq_valid[DQS][2];      // the staged dQ partial holds data (else: zero)
+  int dq_valid[DQS];         // the staged dQ partial holds data (else: zero)
   int dbias_valid[2];
   uint64_t kv_full, full[2], empty[2], dq_full[DQS], dq_empty[DQS], dbias_full, dbias_empty;
 };
@@ -276,7 +280,7 @@ __device__ __forceinline__ void sm90_backward_consume(
     ConsumerAccumulators<Sm90BackwardSmem<T, D, BT>::DC, Sm90BackwardSmem<T, D, BT>::A>& acc, int w,
     int b, int h, int jb, int T_tiles) {
   using S = Sm90BackwardSmem<T, D, BT>;
-  constexpr int A = S::A, DQS = S::DQS, DC = S::DC;
+  constexpr int A = S::A, DQS = S::DQS, DC = S::DC, DQC = S::DQC;
   constexpr bool kSplit = S::Config::kSplitD;
   const int kw = kSplit ? 0 : w;         // key tile
   const int col0 = kSplit ? w * DC : 0;  // first column of dK, dV, dQ (core-matrix blocks of 8)
@@ -332,90 +336,114 @@ __device__ __forceinline__ void sm90_backward_consume(
 #pragma unroll
     for (int u = 0; u < A; ++u) {
       const int buf = staged % DQS;
-      if (state[u] == kTileSkip) {
+      // The slice's key tiles with a kept key: this warpgroup's computes P^T and dS^T; dQ reads
+      // every live tile's dS (with split D both warpgroups' tile is tile 0 and each reads its own).
+      bool live[S::KT];
+#pragma unroll
+      for (int t = 0; t < S::KT; ++t) live[t] = sm.tile_state[u][t] != kTileSkip;
+      const bool own = state[u] != kTileSkip;
+      bool slice_live = false;
+#pragma unroll
+      for (int t = 0; t < S::KT; ++t) slice_live |= live[t];
+      if (!slice_live) {  // a zero partial (the first key block stores it as the sum's start)
         mbar_wait(&sm.dq_empty[buf], ((staged / DQS) & 1) ^ 1);
-        if (ctid == 0) sm.dq_valid[buf][w] = 0;
+        float4* sq = reinterpret_cast<float4*>(sm.dq_stage[buf][w]);
+        for (int e = ctid; e < kTileQ * DQC / 4; e += 128) sq[e] = make_float4(0.f, 0.f, 0.f, 0.f);
+        if (w == 0 && ctid == 0) sm.dq_valid[buf] = 0;
+        fence_proxy_async();
         mbar_arrive(&sm.dq_full[buf]);
         ++staged;
         continue;
       }
-      any = true;
+      any |= own;
       const T* kt = sm.k[u][kw];
       const T* vt = sm.v[u][kw];
       const T* qt = sm.q[stage][u];
       const T* dot = sm.dout[stage][u];
-
-      float st[8][4], dpt[8][4];  // S^T, dP^T: this warp's 16 keys x 64 queries
-      wgmma_fence();
-      keys_times_queries<T, D>(st, kt, qt);    // S^T = K Q^T
-      keys_times_queries<T, D>(dpt, vt, dot);  // dP^T = V dO^T
-      wgmma_commit();
-      wgmma_wait<0>();
-      fence_regs(st);
-      fence_regs(dpt);
-
-      // Elements (key g + 8 r, query 8 j + 2t + e) with g = lane / 4, t = lane % 4.
-      const float* lse2 = sm.lse2[stage][u];
-      const float* delta = sm.delta[stage][u];
-#pragma unroll
-      for (int j = 0; j < 8; ++j) {
-        const int query = j * 8 + (lane & 3) * 2;
-        const float2 l2 = *reinterpret_cast<const float2*>(lse2 + query);
-        const float2 dl = *reinterpret_cast<const float2*>(delta + query);
-#pragma unroll
-        for (int r = 0; r < 2; ++r) {
-          float2 bias;
-          if constexpr (S::kF32Bias)
-            bias = make_float2(biasf[j][2 * r], biasf[j][2 * r + 1]);
-          else
-            bias = unpack2<T>(bias2[j >> 1][(j & 1) * 2 + r]);
-          float p0 = fast_exp2(fmaf(fmaf(st[j][2 * r], scale, bias.x), kLog2e, -l2.x));
-          float p1 = fast_exp2(fmaf(fmaf(st[j][2 * r + 1], scale, bias.y), kLog2e, -l2.y));
-          p0 = keep[u][r] ? p0 : 0.f;
-          p1 = keep[u][r] ? p1 : 0.f;
-          const float ds0 = p0 * (dpt[j][2 * r] - dl.x), ds1 = p1 * (dpt[j][2 * r + 1] - dl.y);
-          st[j][2 * r] = p0;
-          st[j][2 * r + 1] = p1;
-          dpt[j][2 * r] = ds0;
-          dpt[j][2 * r + 1] = ds1;
-          db[j][2 * r] += ds0;
-          db[j][2 * r + 1] += ds1;
-        }
-      }
-      uint32_t pa[4][4], da[4][4];
-#pragma unroll
-      for (int kk = 0; kk < 4; ++kk) {
-        pack_a<T>(pa[kk], st, kk);
-        pack_a<T>(da[kk], dpt, kk);
-      }
-      // dS into the warpgroup's buffer of this parity: the tile two computed tiles back read it,
-      // and every warp passed that tile's MMA wait before the barrier of the tile in between.
       T* ds = sm.ds[w][computed & 1];
-#pragma unroll
-      for (int kk = 0; kk < 4; ++kk) store_ds_core(ds, kk, warp, da[kk], lane);
-      fence_proxy_async();
-      named_barrier(1 + w, 128);
+      uint32_t pa[4][4], da[4][4];
 
-      // This warpgroup's DC columns of dO, Q and K: core-matrix column blocks col0 / 8 on.
+      if (own) {
+        float st[8][4], dpt[8][4];  // S^T, dP^T: this warp's 16 keys x 64 queries
+        wgmma_fence();
+        keys_times_queries<T, D>(st, kt, qt);    // S^T = K Q^T
+        keys_times_queries<T, D>(dpt, vt, dot);  // dP^T = V dO^T
+        wgmma_commit();
+        wgmma_wait<0>();
+        fence_regs(st);
+        fence_regs(dpt);
+
+        // Elements (key g + 8 r, query 8 j + 2t + e) with g = lane / 4, t = lane % 4.
+        const float* lse2 = sm.lse2[stage][u];
+        const float* delta = sm.delta[stage][u];
+#pragma unroll
+        for (int j = 0; j < 8; ++j) {
+          const int query = j * 8 + (lane & 3) * 2;
+          const float2 l2 = *reinterpret_cast<const float2*>(lse2 + query);
+          const float2 dl = *reinterpret_cast<const float2*>(delta + query);
+#pragma unroll
+          for (int r = 0; r < 2; ++r) {
+            float2 bias;
+            if constexpr (S::kF32Bias)
+              bias = make_float2(biasf[j][2 * r], biasf[j][2 * r + 1]);
+            else
+              bias = unpack2<T>(bias2[j >> 1][(j & 1) * 2 + r]);
+            float p0 = fast_exp2(fmaf(fmaf(st[j][2 * r], scale, bias.x), kLog2e, -l2.x));
+            float p1 = fast_exp2(fmaf(fmaf(st[j][2 * r + 1], scale, bias.y), kLog2e, -l2.y));
+            p0 = keep[u][r] ? p0 : 0.f;
+            p1 = keep[u][r] ? p1 : 0.f;
+            const float ds0 = p0 * (dpt[j][2 * r] - dl.x), ds1 = p1 * (dpt[j][2 * r + 1] - dl.y);
+            st[j][2 * r] = p0;
+            st[j][2 * r + 1] = p1;
+            dpt[j][2 * r] = ds0;
+            dpt[j][2 * r + 1] = ds1;
+            db[j][2 * r] += ds0;
+            db[j][2 * r + 1] += ds1;
+          }
+        }
+#pragma unroll
+        for (int kk = 0; kk < 4; ++kk) {
+          pack_a<T>(pa[kk], st, kk);
+          pack_a<T>(da[kk], dpt, kk);
+        }
+        // dS into the warpgroup's buffer of this parity: the tile two computed tiles back read it
+        // (both warpgroups' dQ MMAs), and every warp of both passed that tile's MMA wait before
+        // the barrier of the tile in between.
+#pragma unroll
+        for (int kk = 0; kk < 4; ++kk) store_ds_core(ds, kk, warp, da[kk], lane);
+        fence_proxy_async();
+      }
+      if constexpr (kSplit)
+        named_barrier(1 + w, 128);
+      else
+        named_barrier(1, 256);
+
+      // This warpgroup's DC columns of dO and Q (dK, dV) and DQC columns of K (dQ): core-matrix
+      // column blocks col0 / 8 and dq_col0 / 8 on.
+      const int dq_col0 = w * DQC;
       const T* dot_c = dot + (col0 / 8) * 64 * 8;
       const T* qt_c = qt + (col0 / 8) * 64 * 8;
-      const T* kt_c = kt + (col0 / 8) * 64 * 8;
-      float dq[DC / 8][4];
+      float dq[DQC / 8][4];
+#pragma unroll
+      for (int c = 0; c < DQC / 8; ++c) dq[c][0] = dq[c][1] = dq[c][2] = dq[c][3] = 0.f;
       wgmma_fence();
+      if (own) {
 #pragma unroll
-      for (int kk = 0; kk < 4; ++kk)  // dV += P^T dO: K = 16 queries per step
-        Wgmma<T, DC>::template rs<1, 1>(acc.dv[u], pa[kk], desc_mn_major(dot_c + kk * 16 * 8));
+        for (int kk = 0; kk < 4; ++kk)  // dV += P^T dO: K = 16 queries per step
+          Wgmma<T, DC>::template rs<1, 1>(acc.dv[u], pa[kk], desc_mn_major(dot_c + kk * 16 * 8));
 #pragma unroll
-      for (int kk = 0; kk < 4; ++kk)  // dK += dS^T Q
-        Wgmma<T, DC>::template rs<1, 1>(acc.dk[u], da[kk], desc_mn_major(qt_c + kk * 16 * 8));
+        for (int kk = 0; kk < 4; ++kk)  // dK += dS^T Q
+          Wgmma<T, DC>::template rs<1, 1>(acc.dk[u], da[kk], desc_mn_major(qt_c + kk * 16 * 8));
+      }
 #pragma unroll
-      for (int kk = 0; kk < 4; ++kk) {  // dQ_w = dS K: K = 16 keys per step
-        const uint64_t a = desc_k_major(ds + kk * 2 * kTileQ * 8),
-                       bk = desc_mn_major(kt_c + kk * 16 * 8);
-        if (kk == 0)
-          Wgmma<T, DC>::template ss<0, 0, 1>(dq, a, bk);
-        else
-          Wgmma<T, DC>::template ss<1, 0, 1>(dq, a, bk);
+      for (int t = 0; t < S::KT; ++t) {  // dQ = dS K over the live key tiles: K = 16 keys a step
+        if (!live[t]) continue;
+        const T* ds_t = kSplit ? ds : sm.ds[t][computed & 1];
+        const T* kt_c = sm.k[u][kSplit ? kw : t] + (dq_col0 / 8) * 64 * 8;
+#pragma unroll
+        for (int kk = 0; kk < 4; ++kk)
+          Wgmma<T, DQC>::template ss<1, 0, 1>(dq, desc_k_major(ds_t + kk * 2 * kTileQ * 8),
+                                              desc_mn_major(kt_c + kk * 16 * 8));
       }
       wgmma_commit();
       wgmma_wait<0>();
@@ -432,27 +460,29 @@ __device__ __forceinline__ void sm90_backward_consume(
       for (int r = 0; r < 2; ++r) {
         const int row = warp * kWarpRows + (lane >> 2) + r * 8;
 #pragma unroll
-        for (int c = 0; c < DC / 8; ++c)
-          *reinterpret_cast<float2*>(sq + row * S::LDQ + c * 8 + (lane & 3) * 2) =
+        for (int c = 0; c < DQC / 8; ++c)
+          *reinterpret_cast<float2*>(sq + stage_offset<DQC>(row, c * 8 + (lane & 3) * 2)) =
               make_float2(dq[c][2 * r], dq[c][2 * r + 1]);
       }
-      if (ctid == 0) sm.dq_valid[buf][w] = 1;
+      if (w == 0 && ctid == 0) sm.dq_valid[buf] = 1;
+      fence_proxy_async();  // the writer may copy the stage by TMA (async proxy)
       mbar_arrive(&sm.dq_full[buf]);
       ++staged;
     }
     mbar_arrive(&sm.empty[stage]);  // this stage's Q, dO, bias, lse, delta are read
 
     mbar_wait(&sm.dbias_empty, (i & 1) ^ 1);
-    if (any && (!kSplit || w == 0)) {
+    if (!kSplit || w == 0) {  // zero where no slice had a kept key (db stays 0)
       float* sdb = sm.dbias_stage[w];
 #pragma unroll
       for (int r = 0; r < 2; ++r) {
         const int key = warp * kWarpRows + (lane >> 2) + r * 8;
 #pragma unroll
         for (int j = 0; j < 8; ++j)
-          *reinterpret_cast<float2*>(sdb + key * S::LDDB + j * 8 + (lane & 3) * 2) =
+          *reinterpret_cast<float2*>(sdb + stage_offset<kTileQ>(key, j * 8 + (lane & 3) * 2)) =
               make_float2(db[j][2 * r], db[j][2 * r + 1]);
       }
+      fence_proxy_async();  // the writer copies the stage by TMA
     }
     if (ctid == 0) sm.dbias_valid[w] = any && (!kSplit || w == 0);
     mbar_arrive(&sm.dbias_full);

@@ -59,11 +59,28 @@ struct Sm90BackwardConfig {
   static constexpr bool kSplitD = sm90_backward_split_d(D);
   static constexpr int kKeyTiles = kSplitD ? 1 : 2;  // 64-key tiles per CTA (and per slice)
   static constexpr int kKeyBlock = sm90_backward_key_block(D);
-  static constexpr int kCols = kSplitD ? D / 2 : D;  // columns of dK, dV, dQ per warpgroup
-  // Staged dQ partials (each 64 x D fp32 per consumer warpgroup): two let the consumers run a
-  // slice ahead of the dQ writer; D = 64 has shared memory for one.
-  static constexpr int kDqStages = D <= 32 ? 2 : 1;
+  static constexpr int kCols = kSplitD ? D / 2 : D;  // columns of dK, dV per warpgroup
+  // dQ = dS K of a query tile over the CTA's whole key block: warpgroup w computes its half of the
+  // columns, w D / 2 .. (w + 1) D / 2 - 1, from both warpgroups' dS (so the CTA's dQ partial is
+  // summed inside the MMA, and the writers stage one partial, not two to add).
+  static constexpr int kDqCols = D / 2;
+  // Staged dQ partials (64 queries x D fp32 per stage, half per warpgroup): two let the consumers
+  // run a slice ahead of the dQ writer; D = 128 has shared memory for one.
+  static constexpr int kDqStages = D <= 64 ? 2 : 1;
 };
+
+// The float offset of (row, col) in a staged tile [rows][COLS] (a warpgroup's dQ half, COLS = DQC;
+// its dbias^T, COLS = 64 queries): the 16-byte chunks XOR-swizzled by row so that the consumers'
+// float2 stores (8 rows x 4 lanes) are free of bank conflicts. The accumulators in global memory
+// keep the same order (the writers copy stage and tile as bytes). A CPU test checks both
+// (tests/cpp/test_attention_schedule.cpp).
+template <int COLS>
+constexpr int stage_offset(int row, int col) {
+  constexpr int chunks = COLS / 4;                             // per row: 2, 4, 8 or 16
+  constexpr int rows_per_line = chunks >= 8 ? 1 : 8 / chunks;  // rows in 128 bytes
+  const int swizzle = (2 * ((row / rows_per_line) & 3)) & (chunks - 1);
+  return row * COLS + (((col >> 2) ^ swizzle) << 2) + (col & 3);
+}
 
 // dbias^T is summed over the slice groups g in kBwdDbiasLanes-many lanes: lane l holds the sum over
 // g = l, l + L, l + 2L, ... in that order (its own turns), and the finish kernel adds the L lanes

@@ -55,7 +55,7 @@ struct AttentionBackwardParams {
   // dbias^T, the semaphores that order the CTAs adding to them, and whether dq's rows allow 8-byte
   // stores.
   float* dq_acc;       // [chunk slices][B][H][Sq_pad][D]
-  float* dbias_acc_t;  // [dbias lanes][B][H][Sk_pad][Sq_pad], keys major
+  float* dbias_acc_t;  // [dbias lanes][B][H][key block][query tile][keys][64] (backward_sm90.h)
   int* dq_sem;         // [slice groups][B][H][query tiles]
   int* dbias_sem;      // [dbias lanes][B][H][query tiles][key blocks]
   int dbias_lanes;     // backward_sm90_tiles.h

@@ -99,6 +99,9 @@ struct Wgmma;
 // (RS) a0..a3, descB, ScaleD, TransB.
 #define TPF_WG_MMA(N, PTXTY) "wgmma.mma_async.sync.aligned.m64n" #N "k16.f32." PTXTY "." PTXTY " "
 #define TPF_WG_ALL(TY, PTXTY)                                                                      \
+  TPF_WG_DEFINE(TY, PTXTY, 8, "6, 0;\n" TPF_WG_MMA(8, PTXTY) "{%0,%1,%2,%3}, %4, %5, p, 1, 1, %7, %8;", \
+                "9, 0;\n" TPF_WG_MMA(8, PTXTY) "{%0,%1,%2,%3}, {%4,%5,%6,%7}, %8, p, 1, 1, %10;",      \
+                TPF_WG_ACC4(0))                                                                    \
   TPF_WG_DEFINE(                                                                                   \
       TY, PTXTY, 16,                                                                               \
       "10, 0;\n" TPF_WG_MMA(16, PTXTY) "{%0,%1,%2,%3,%4,%5,%6,%7}, %8, %9, p, 1, 1, %11, %12;",    \
@@ -196,6 +199,44 @@ __device__ __forceinline__ void pass_turn(int* sem, int lane) {
     asm volatile("red.relaxed.gpu.global.add.s32 [%0], 1;\n" ::"l"(sem) : "memory");
   }
 }
+// ---- bulk copies from shared to global memory (TMA, async proxy; one thread issues them) -----------
+// `bytes` (a multiple of 16, both ends on 16 bytes) of shared memory stored to, or added as floats
+// to, global memory; each joins the thread's current bulk group.
+__device__ __forceinline__ void bulk_store(float* dst, const float* src, int bytes) {
+  asm volatile("cp.async.bulk.global.shared::cta.bulk_group [%0], [%1], %2;\n" ::"l"(dst),
+               "r"(smem_addr(src)), "r"(bytes)
+               : "memory");
+}
+__device__ __forceinline__ void bulk_reduce_add(float* dst, const float* src, int bytes) {
+  asm volatile("cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32 [%0], [%1], %2;\n" ::"l"(
+                   dst),
+               "r"(smem_addr(src)), "r"(bytes)
+               : "memory");
+}
+__device__ __forceinline__ void bulk_commit() {
+  asm volatile("cp.async.bulk.commit_group;\n" ::: "memory");
+}
+// The thread's bulk groups have read their shared memory (it may be overwritten).
+__device__ __forceinline__ void bulk_wait_read() {
+  asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory");
+}
+// The thread's bulk groups are complete: their writes are visible to it (and, after a release,
+// to whoever acquires it).
+__device__ __forceinline__ void bulk_wait() {
+  asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory");
+}
+// Orders the calling thread's generic-proxy accesses with its async-proxy (TMA) ones, all state
+// spaces: after an acquire, before bulk copies that read what it made visible; after a bulk wait,
+// before the release that hands the copies' writes on.
+__device__ __forceinline__ void fence_proxy_async_all() {
+  asm volatile("fence.proxy.async;\n" ::: "memory");
+}
+// One thread's release of its own writes (bulk copies included, after bulk_wait): the count moves on.
+__device__ __forceinline__ void pass_turn_alone(int* sem) {
+  asm volatile("fence.acq_rel.gpu;\n" ::: "memory");
+  asm volatile("red.relaxed.gpu.global.add.s32 [%0], 1;\n" ::"l"(sem) : "memory");
+}
+
 // x added to four consecutive floats in global memory (one 16-byte reduction at L2).
 __device__ __forceinline__ void red_add4(float* p, float4 x) {
   asm volatile("red.global.add.v4.f32 [%0], {%1,%2,%3,%4};\n" ::"l"(p), "f"(x.x), "f"(x.y),

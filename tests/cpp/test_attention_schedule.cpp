@@ -88,7 +88,6 @@ TEST(AttentionSchedule, DbiasLanesFitTheirRules) {
   EXPECT_EQ(sm90_backward_dbias_lanes(384, 24, 9437184), 1);
 }
 
-
 // The staging order of the backward's dQ halves and dbias^T tiles (stage_offset), which the
 // accumulators in global memory share: each row's columns are a permutation of the row's own
 // floats that keeps 16-byte chunks whole (the writers read float4s, the copies are bytes), and a
@@ -103,8 +102,10 @@ void check_stage_order() {
       ASSERT_GE(at, row * COLS) << "COLS " << COLS << " row " << row << " col " << col;
       ASSERT_LT(at, (row + 1) * COLS) << "COLS " << COLS << " row " << row << " col " << col;
       ASSERT_TRUE(seen.insert(at).second) << "COLS " << COLS << " row " << row << " col " << col;
-      if (col % 4) ASSERT_EQ(at, stage_offset<COLS>(row, col - 1) + 1);
-      else ASSERT_EQ(at % 4, 0);
+      if (col % 4)
+        ASSERT_EQ(at, stage_offset<COLS>(row, col - 1) + 1);
+      else
+        ASSERT_EQ(at % 4, 0);
     }
   }
   for (int warp = 0; warp < 4; ++warp)

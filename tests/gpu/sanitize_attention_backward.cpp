@@ -102,10 +102,12 @@ bool backward_cases() {
   // three, so a middle key block adds to dQ; N = 5: several slice groups with a partial last one at
   // every head dim; at D = 96, 128 a key block is 64 keys, so S = 100, 150: two and three.)
   const BackwardCase cases[] = {
-      {2, 5, 2, 70, 32},        {1, 5, 2, 200, 32},      {1, 5, 1, 200, 16},
-      {1, 3, 1, 150, 64},       {2, 5, 2, 70, 32, true}, {1, 5, 1, 200, 16, true},
-      {1, 3, 1, 150, 64, true}, {1, 4, 2, 90, 24},       {1, 3, 1, 130, 48, true},
-      {1, 3, 2, 150, 128},      {1, 2, 1, 100, 96, true}, {1, 3, 1, 300, 32, true}};  // D 96, 128: split D, 64-key blocks
+      {2, 5, 2, 70, 32},        {1, 5, 2, 200, 32},
+      {1, 5, 1, 200, 16},       {1, 3, 1, 150, 64},
+      {2, 5, 2, 70, 32, true},  {1, 5, 1, 200, 16, true},
+      {1, 3, 1, 150, 64, true}, {1, 4, 2, 90, 24},
+      {1, 3, 1, 130, 48, true}, {1, 3, 2, 150, 128},
+      {1, 2, 1, 100, 96, true}, {1, 3, 1, 300, 32, true}};  // D 96, 128: split D, 64-key blocks
   std::mt19937 rng(11);
   for (const BackwardCase& c : cases) {
     std::printf(

@@ -99,8 +99,9 @@ struct Wgmma;
 // (RS) a0..a3, descB, ScaleD, TransB.
 #define TPF_WG_MMA(N, PTXTY) "wgmma.mma_async.sync.aligned.m64n" #N "k16.f32." PTXTY "." PTXTY " "
 #define TPF_WG_ALL(TY, PTXTY)                                                                      \
-  TPF_WG_DEFINE(TY, PTXTY, 8, "6, 0;\n" TPF_WG_MMA(8, PTXTY) "{%0,%1,%2,%3}, %4, %5, p, 1, 1, %7, %8;", \
-                "9, 0;\n" TPF_WG_MMA(8, PTXTY) "{%0,%1,%2,%3}, {%4,%5,%6,%7}, %8, p, 1, 1, %10;",      \
+  TPF_WG_DEFINE(TY, PTXTY, 8,                                                                      \
+                "6, 0;\n" TPF_WG_MMA(8, PTXTY) "{%0,%1,%2,%3}, %4, %5, p, 1, 1, %7, %8;",          \
+                "9, 0;\n" TPF_WG_MMA(8, PTXTY) "{%0,%1,%2,%3}, {%4,%5,%6,%7}, %8, p, 1, 1, %10;",  \
                 TPF_WG_ACC4(0))                                                                    \
   TPF_WG_DEFINE(                                                                                   \
       TY, PTXTY, 16,                                                                               \
@@ -208,10 +209,10 @@ __device__ __forceinline__ void bulk_store(float* dst, const float* src, int byt
                : "memory");
 }
 __device__ __forceinline__ void bulk_reduce_add(float* dst, const float* src, int bytes) {
-  asm volatile("cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32 [%0], [%1], %2;\n" ::"l"(
-                   dst),
-               "r"(smem_addr(src)), "r"(bytes)
-               : "memory");
+  asm volatile(
+      "cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32 [%0], [%1], %2;\n" ::"l"(dst),
+      "r"(smem_addr(src)), "r"(bytes)
+      : "memory");
 }
 __device__ __forceinline__ void bulk_commit() {
   asm volatile("cp.async.bulk.commit_group;\n" ::: "memory");

@@ -3,14 +3,21 @@
 committed): run it on a copy of the tree (a git worktree), build the kernels there
 (`scripts/build-cuda`), carry the library as .prebuilt/ab/NAME/libtpf_cuda.so.xz and run
 `AB_AREAS=attention scripts/gpu-check ab`. Every 8th backward call prints one line, in thousands of
-cycles per CTA: per consumer warpgroup (wg0, wg1) the waits for K/V, for a stage's loads, the S/dP
-MMAs, the softmax, the named barrier, the dV/dK/dQ MMAs, the wait for a free dQ staging buffer, the
-dQ staging, the wait for the dbias staging and the total; the producer's K/V prologue, its waits for
-a free stage and its issue time; the dQ writers' (summed over the writer warps) turn waits, staged
-waits, writes, fences and total; the dbias writer's staged waits, turn waits, fences and total.
+cycles per CTA (thread 0 of each role records; the CTA count rides in slot [4][15]):
+  wg0, wg1 (consumer warpgroups): the waits for K/V, for a stage's loads, the S^T/dP^T MMAs, the
+    softmax/dS, the named barrier before the dQ MMA (both warpgroups', or the warpgroup's own with
+    split D), the dV/dK/dQ MMAs, the waits for a free dQ staging buffer (dead slices' zero partials
+    included), the dQ staging, the wait for the dbias staging (dbias_empty) and the total;
+  prod: the K/V prologue, its waits for a free stage and its issue time;
+  dqw (thread 0 of writer warp part 0; a CTA takes one path for all its tiles): slots 0-4 per CTA
+    of the key blocks before the last (bulk copies), 5-9 per CTA of the last key block (the writer
+    warps' element loop): turn waits, dq_full waits, copies/writes (bulk: through bulk_commit +
+    bulk_wait_read), completion + release (bulk: bulk_wait, fence, pass_turn_alone; last: the
+    dq_empty arrival) and total;
+  dbw (the single dbias writer thread): dbias_full waits, turn waits, copy + release and total.
 Usage: python3 bench/instrument_attention_bwd.py TREE
 """
-import re, sys
+import sys
 root = sys.argv[1]
 ml = f"{root}/src/kernels/attention/backward_sm90_mainloop.cuh"
 ep = f"{root}/src/kernels/attention/backward_sm90_epilogue.cuh"
@@ -33,11 +40,13 @@ __device__ unsigned long long g_bwd_prof[5][16];
 # ---- producer
 sub(ml, """  const AttentionForwardParams& f = p.fwd;
   const int tid = threadIdx.x;
-""", """  const AttentionForwardParams& f = p.fwd;
+
+  // Keys and values""", """  const AttentionForwardParams& f = p.fwd;
   const int tid = threadIdx.x;
   const bool prof_on = tid == 0;
   PT(t_kv);
-""")
+
+  // Keys and values""")
 sub(ml, """  mbar_arrive(&sm.kv_full);
 
   // Per query tile""", """  mbar_arrive(&sm.kv_full);
@@ -74,31 +83,39 @@ sub(ml, """    mbar_wait(&sm.full[stage], (i >> 1) & 1);
     mbar_wait(&sm.full[stage], (i >> 1) & 1);
     PA(w, 1, t_f);
     if constexpr (!S::kF32Bias) {""")
-sub(ml, """      if (state[u] == kTileSkip) {
-        mbar_wait(&sm.dq_empty[buf], ((staged / DQS) & 1) ^ 1);""", """      if (state[u] == kTileSkip) {
+sub(ml, """      if (!slice_live) {  // a zero partial (the first key block stores it as the sum's start)
+        mbar_wait(&sm.dq_empty[buf], ((staged / DQS) & 1) ^ 1);""", """      if (!slice_live) {  // a zero partial (the first key block stores it as the sum's start)
         PT(t_q0);
         mbar_wait(&sm.dq_empty[buf], ((staged / DQS) & 1) ^ 1);
         PA(w, 6, t_q0);""")
-sub(ml, """      float st[8][4], dpt[8][4];  // S^T, dP^T: this warp's 16 keys x 64 queries
-      wgmma_fence();""", """      float st[8][4], dpt[8][4];  // S^T, dP^T: this warp's 16 keys x 64 queries
-      PT(t_m1);
-      wgmma_fence();""")
-sub(ml, """      fence_regs(st);
-      fence_regs(dpt);
-""", """      fence_regs(st);
-      fence_regs(dpt);
-      PA(w, 2, t_m1);
-      PT(t_sm);
+sub(ml, """        float st[8][4], dpt[8][4];  // S^T, dP^T: this warp's 16 keys x 64 queries
+        wgmma_fence();""", """        float st[8][4], dpt[8][4];  // S^T, dP^T: this warp's 16 keys x 64 queries
+        PT(t_m1);
+        wgmma_fence();""")
+sub(ml, """        fence_regs(st);
+        fence_regs(dpt);
+""", """        fence_regs(st);
+        fence_regs(dpt);
+        PA(w, 2, t_m1);
+        PT(t_sm);
 """)
-sub(ml, """      named_barrier(1 + w, 128);
-
-      float dq[D / 8][4];""", """      PA(w, 3, t_sm);
+sub(ml, """        fence_proxy_async();
+      }
+      if constexpr (kSplit)
+        named_barrier(1 + w, 128);
+      else
+        named_barrier(1, 256);
+""", """        fence_proxy_async();
+        PA(w, 3, t_sm);
+      }
       PT(t_nb);
-      named_barrier(1 + w, 128);
+      if constexpr (kSplit)
+        named_barrier(1 + w, 128);
+      else
+        named_barrier(1, 256);
       PA(w, 4, t_nb);
       PT(t_m2);
-
-      float dq[D / 8][4];""")
+""")
 sub(ml, """      fence_regs(da);
       ++computed;
 
@@ -109,106 +126,128 @@ sub(ml, """      fence_regs(da);
       mbar_wait(&sm.dq_empty[buf], ((staged / DQS) & 1) ^ 1);
       PA(w, 6, t_qe);
       PT(t_qs);""")
-sub(ml, """      if (ctid == 0) sm.dq_valid[buf][w] = 1;
+sub(ml, """      fence_proxy_async();  // the writer may copy the stage by TMA (async proxy)
       mbar_arrive(&sm.dq_full[buf]);
-      ++staged;
-    }""", """      if (ctid == 0) sm.dq_valid[buf][w] = 1;
+      ++staged;""", """      fence_proxy_async();  // the writer may copy the stage by TMA (async proxy)
       mbar_arrive(&sm.dq_full[buf]);
       PA(w, 7, t_qs);
-      ++staged;
-    }""")
+      ++staged;""")
 sub(ml, """    mbar_wait(&sm.dbias_empty, (i & 1) ^ 1);
-    if (any) {""", """    PT(t_de);
+    if (!kSplit || w == 0) {""", """    PT(t_de);
     mbar_wait(&sm.dbias_empty, (i & 1) ^ 1);
     PA(w, 8, t_de);
-    if (any) {""")
-sub(ml, """    if (ctid == 0) sm.dbias_valid[w] = any;
-    mbar_arrive(&sm.dbias_full);
+    if (!kSplit || w == 0) {""")
+sub(ml, """    mbar_arrive(&sm.dbias_full);
   }
-}""", """    if (ctid == 0) sm.dbias_valid[w] = any;
-    mbar_arrive(&sm.dbias_full);
+}""", """    mbar_arrive(&sm.dbias_full);
   }
   PA(w, 9, t_all);
 }""")
-# ---- dq writer
-sub(ep, """  const bool first = jb == 0, last = jb == J - 1;
-  int staged = 0;""", """  const bool first = jb == 0, last = jb == J - 1;
-  int staged = 0;
-  const bool prof_on = lane == 0;
+# ---- dq writer: part 0 lane 0 records (the only thread of the bulk path; one of the last path's)
+sub(ep, """  if (!last && (part != 0 || lane != 0)) return;""", """  if (!last && (part != 0 || lane != 0)) return;
+  const bool prof_on = part == 0 && lane == 0;
+  const int dqs = last ? 5 : 0;  // slots 0-4: key blocks before the last (bulk); 5-9: the last
+  if (prof_on && last) sm.prof[3][10] += 1;  // last-block CTAs
   PT(t_all);""")
-sub(ep, """    wait_turn(sem, kBwdDqWriters * jb);
+sub(ep, """    wait_turn(sem, jb);
     const int q0 = i * kTileQ, qrows = min(kTileQ, f.Sq - q0);""", """    PT(t_t);
-    wait_turn(sem, kBwdDqWriters * jb);
-    PA(3, 0, t_t);
+    wait_turn(sem, jb);
+    PA(3, dqs + 0, t_t);
     const int q0 = i * kTileQ, qrows = min(kTileQ, f.Sq - q0);""")
+# bulk path (key blocks before the last)
+sub(ep, """        mbar_wait(&sm.dq_full[buf], (staged / DQS) & 1);
+        const int n = g * A + u;
+        if (n < f.N && (first || sm.dq_valid[buf] != 0)) {""", """        PT(t_f);
+        mbar_wait(&sm.dq_full[buf], (staged / DQS) & 1);
+        PA(3, dqs + 1, t_f);
+        PT(t_w);
+        const int n = g * A + u;
+        if (n < f.N && (first || sm.dq_valid[buf] != 0)) {""")
+sub(ep, """          bulk_commit();
+          bulk_wait_read();
+        }
+        mbar_arrive(&sm.dq_empty[buf]);
+      }
+      bulk_wait();
+      fence_proxy_async_all();
+      pass_turn_alone(sem);
+      continue;""", """          bulk_commit();
+          bulk_wait_read();
+        }
+        PA(3, dqs + 2, t_w);
+        mbar_arrive(&sm.dq_empty[buf]);
+      }
+      PT(t_p);
+      bulk_wait();
+      fence_proxy_async_all();
+      pass_turn_alone(sem);
+      PA(3, dqs + 3, t_p);
+      continue;""")
+# last key block (the writer warps' element loop)
 sub(ep, """      mbar_wait(&sm.dq_full[buf], (staged / DQS) & 1);
-      const int n = g * A + u;""", """      PT(t_f);
+      const int n = g * A + u;
+      if (n < f.N) {""", """      PT(t_f);
       mbar_wait(&sm.dq_full[buf], (staged / DQS) & 1);
-      PA(3, 1, t_f);
+      PA(3, dqs + 1, t_f);
       PT(t_w);
-      const int n = g * A + u;""")
+      const int n = g * A + u;
+      if (n < f.N) {""")
 sub(ep, """      __syncwarp();
       mbar_arrive(&sm.dq_empty[buf]);
     }
-    pass_turn(sem, lane);
   }
 }""", """      __syncwarp();
-      PA(3, 2, t_w);
+      PA(3, dqs + 2, t_w);
+      PT(t_p);
       mbar_arrive(&sm.dq_empty[buf]);
+      PA(3, dqs + 3, t_p);
     }
-    PT(t_p);
-    pass_turn(sem, lane);
-    PA(3, 3, t_p);
   }
-  PA(3, 4, t_all);
+  PA(3, dqs + 4, t_all);
 }""")
-# ---- dbias writer
-sub(ep, """  constexpr int C4 = kTileQ / 4;
-#pragma unroll 1
-  for (int i = 0; i < T_tiles; ++i) {
-    mbar_wait(&sm.dbias_full, i & 1);
-    int* sem = p.dbias_sem + ((int64_t(b) * f.H + h) * T_tiles + i) * J + jb;
-    wait_turn(sem, g);""", """  constexpr int C4 = kTileQ / 4;
-  const bool prof_on = lane == 0;
-  PT(t_all);
-#pragma unroll 1
-  for (int i = 0; i < T_tiles; ++i) {
-    PT(t_f);
+# ---- dbias writer (one thread: part 0, lane 0)
+sub(ep, """  if (part != 0 || (threadIdx.x & 31) != 0) return;""", """  if (part != 0 || (threadIdx.x & 31) != 0) return;
+  const bool prof_on = true;
+  PT(t_all);""")
+sub(ep, """    mbar_wait(&sm.dbias_full, i & 1);
+    int* sem = p.dbias_sem + (bh * T_tiles + i) * J + jb;
+    wait_turn(sem, turn);""", """    PT(t_f);
     mbar_wait(&sm.dbias_full, i & 1);
     PA(4, 0, t_f);
-    int* sem = p.dbias_sem + ((int64_t(b) * f.H + h) * T_tiles + i) * J + jb;
+    int* sem = p.dbias_sem + (bh * T_tiles + i) * J + jb;
     PT(t_t);
-    wait_turn(sem, g);
-    PA(4, 1, t_t);""")
-sub(ep, """    __syncwarp();
-    mbar_arrive(&sm.dbias_empty);
-    pass_turn(sem, lane);
+    wait_turn(sem, turn);
+    PA(4, 1, t_t);
+    PT(t_c);""")
+sub(ep, """    bulk_wait();
+    fence_proxy_async_all();
+    pass_turn_alone(sem);
   }
-}""", """    __syncwarp();
-    mbar_arrive(&sm.dbias_empty);
-    PT(t_p);
-    pass_turn(sem, lane);
-    PA(4, 2, t_p);
+}""", """    bulk_wait();
+    fence_proxy_async_all();
+    pass_turn_alone(sem);
+    PA(4, 2, t_c);
   }
   PA(4, 3, t_all);
 }""")
-# ---- kernel: zero smem prof, flush at end
+# ---- kernel: zero smem prof, flush at end. The kernel body has no return: threads leaving a role
+# function early (load's tid != 0, the writers' idle lanes) fall through to the __syncthreads.
 sub(kc, """  if (threadIdx.x == 0) {
     mbar_init(&sm.kv_full, kBwdLoadThreads);""", """  for (int e = threadIdx.x; e < 5 * 16; e += blockDim.x) (&sm.prof[0][0])[e] = 0;
   if (threadIdx.x == 0) {
     mbar_init(&sm.kv_full, kBwdLoadThreads);""")
-sub(kc, """    sm90_backward_store_dkdv<T, D, S::A>(p, acc, blk.g, blk.b, blk.h, blk.jb, w);
+sub(kc, """        split ? w * S::DC : 0, w);
   }
-}""", """    sm90_backward_store_dkdv<T, D, S::A>(p, acc, blk.g, blk.b, blk.h, blk.jb, w);
+}""", """        split ? w * S::DC : 0, w);
   }
   __syncthreads();
   if (threadIdx.x < 5 * 16) atomicAdd(&g_bwd_prof[0][0] + threadIdx.x, (&sm.prof[0][0])[threadIdx.x]);
   if (threadIdx.x == 0) atomicAdd(&g_bwd_prof[4][15], 1ull);
 }""")
-sub(kc, """  attention_dbias_finish_kernel<BT>
-      <<<finish, dim3(kBwdFinishTile, kBwdFinishRows), 0, stream>>>(p, sq_pad, sk_pad);
-}""", """  attention_dbias_finish_kernel<BT>
-      <<<finish, dim3(kBwdFinishTile, kBwdFinishRows), 0, stream>>>(p, sq_pad, sk_pad);
+sub(kc, """  attention_dbias_finish_kernel<BT><<<finish, dim3(kBwdFinishTile, kBwdFinishRows), 0, stream>>>(
+      p, grid.query_tiles, grid.key_blocks, S::Config::kKeyBlock);
+}""", """  attention_dbias_finish_kernel<BT><<<finish, dim3(kBwdFinishTile, kBwdFinishRows), 0, stream>>>(
+      p, grid.query_tiles, grid.key_blocks, S::Config::kKeyBlock);
   {
     static int calls = 0;
     unsigned long long h[5][16];
@@ -220,9 +259,15 @@ sub(kc, """  attention_dbias_finish_kernel<BT>
       const double ctas = double(h[4][15]);
       fprintf(stderr, "PROF D=%d S=%d ctas=%.0f per-CTA kcycles:", D, f.Sq, ctas);
       const char* names[5] = {"wg0", "wg1", "prod", "dqw", "dbw"};
+      const int slots[5] = {10, 10, 3, 10, 4};
+      const double last = double(h[3][10]), before = ctas - last;
       for (int r = 0; r < 5; ++r) {
         fprintf(stderr, " | %s", names[r]);
-        for (int s = 0; s < (r == 4 ? 4 : 10); ++s) fprintf(stderr, " %.1f", h[r][s] / ctas / 1000.0);
+        if (r == 3) fprintf(stderr, " (%.0f before the last, %.0f last)", before, last);
+        for (int s = 0; s < slots[r]; ++s) {
+          const double n = r != 3 ? ctas : s < 5 ? before : last;  // per CTA of that path
+          fprintf(stderr, " %.1f", n > 0 ? h[r][s] / n / 1000.0 : 0.0);
+        }
       }
       fprintf(stderr, "\\n");
     }

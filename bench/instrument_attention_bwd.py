@@ -12,7 +12,7 @@ cycles per CTA (thread 0 of each role records; the CTA count rides in slot [4][1
   dqw (thread 0 of writer warp part 0; a CTA takes one path for all its tiles): slots 0-4 per CTA
     of the key blocks before the last (bulk copies), 5-9 per CTA of the last key block (the writer
     warps' element loop): turn waits, dq_full waits, copies/writes (bulk: through bulk_commit +
-    bulk_wait_read), completion + release (bulk: bulk_wait, fence, pass_turn_alone; last: the
+    bulk_wait_read), completion + release (bulk: bulk_wait, fence, pass_turn; last: the
     dq_empty arrival) and total;
   dbw (the single dbias writer thread): dbias_full waits, turn waits, copy + release and total.
 Usage: python3 bench/instrument_attention_bwd.py TREE
@@ -170,7 +170,7 @@ sub(ep, """          bulk_commit();
       }
       bulk_wait();
       fence_proxy_async_all();
-      pass_turn_alone(sem);
+      pass_turn(sem);
       continue;""", """          bulk_commit();
           bulk_wait_read();
         }
@@ -180,7 +180,7 @@ sub(ep, """          bulk_commit();
       PT(t_p);
       bulk_wait();
       fence_proxy_async_all();
-      pass_turn_alone(sem);
+      pass_turn(sem);
       PA(3, dqs + 3, t_p);
       continue;""")
 # last key block (the writer warps' element loop)
@@ -221,11 +221,11 @@ sub(ep, """    mbar_wait(&sm.dbias_full, i & 1);
     PT(t_c);""")
 sub(ep, """    bulk_wait();
     fence_proxy_async_all();
-    pass_turn_alone(sem);
+    pass_turn(sem);
   }
 }""", """    bulk_wait();
     fence_proxy_async_all();
-    pass_turn_alone(sem);
+    pass_turn(sem);
     PA(4, 2, t_c);
   }
   PA(4, 3, t_all);

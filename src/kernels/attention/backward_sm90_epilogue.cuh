@@ -99,7 +99,7 @@ __device__ __forceinline__ void sm90_backward_write_dq(const AttentionBackwardPa
       }
       bulk_wait();
       fence_proxy_async_all();
-      pass_turn_alone(sem);
+      pass_turn(sem);
       continue;
     }
 #pragma unroll 1
@@ -163,7 +163,7 @@ __device__ __forceinline__ void sm90_backward_write_dbias(const AttentionBackwar
     mbar_arrive(&sm.dbias_empty);
     bulk_wait();
     fence_proxy_async_all();
-    pass_turn_alone(sem);
+    pass_turn(sem);
   }
 }
 

@@ -189,16 +189,10 @@ __device__ __forceinline__ int load_acquire(const int* p) {
 __device__ __forceinline__ void wait_turn(const int* sem, int turn) {
   while (load_acquire(sem) < turn) {}
 }
-// Called by every lane of a warp after its stores and reductions of the sum: each lane's fence
-// orders its own writes, and lane 0's fence after the warp's sync releases what the others wrote
-// (CUTLASS's GenericBarrier pattern), before its increment.
-__device__ __forceinline__ void pass_turn(int* sem, int lane) {
+// The count moves on: one thread releases its own writes (bulk copies included, after bulk_wait).
+__device__ __forceinline__ void pass_turn(int* sem) {
   asm volatile("fence.acq_rel.gpu;\n" ::: "memory");
-  __syncwarp();
-  if (lane == 0) {
-    asm volatile("fence.acq_rel.gpu;\n" ::: "memory");
-    asm volatile("red.relaxed.gpu.global.add.s32 [%0], 1;\n" ::"l"(sem) : "memory");
-  }
+  asm volatile("red.relaxed.gpu.global.add.s32 [%0], 1;\n" ::"l"(sem) : "memory");
 }
 // ---- bulk copies from shared to global memory (TMA, async proxy; one thread issues them) -----------
 // `bytes` (a multiple of 16, both ends on 16 bytes) of shared memory stored to, or added as floats
@@ -231,18 +225,6 @@ __device__ __forceinline__ void bulk_wait() {
 // before the release that hands the copies' writes on.
 __device__ __forceinline__ void fence_proxy_async_all() {
   asm volatile("fence.proxy.async;\n" ::: "memory");
-}
-// One thread's release of its own writes (bulk copies included, after bulk_wait): the count moves on.
-__device__ __forceinline__ void pass_turn_alone(int* sem) {
-  asm volatile("fence.acq_rel.gpu;\n" ::: "memory");
-  asm volatile("red.relaxed.gpu.global.add.s32 [%0], 1;\n" ::"l"(sem) : "memory");
-}
-
-// x added to four consecutive floats in global memory (one 16-byte reduction at L2).
-__device__ __forceinline__ void red_add4(float* p, float4 x) {
-  asm volatile("red.global.add.v4.f32 [%0], {%1,%2,%3,%4};\n" ::"l"(p), "f"(x.x), "f"(x.y),
-               "f"(x.z), "f"(x.w)
-               : "memory");
 }
 
 }  // namespace tpf::cuda

@@ -9,11 +9,8 @@ cycles per CTA (thread 0 of each role records; the CTA count rides in slot [4][1
     split D), the dV/dK/dQ MMAs, the waits for a free dQ staging buffer (dead slices' zero partials
     included), the dQ staging, the wait for the dbias staging (dbias_empty) and the total;
   prod: the K/V prologue, its waits for a free stage and its issue time;
-  dqw (thread 0 of writer warp part 0; a CTA takes one path for all its tiles): slots 0-4 per CTA
-    of the key blocks before the last (bulk copies), 5-9 per CTA of the last key block (the writer
-    warps' element loop): turn waits, dq_full waits, copies/writes (bulk: through bulk_commit +
-    bulk_wait_read), completion + release (bulk: bulk_wait, fence, pass_turn; last: the
-    dq_empty arrival) and total;
+  dqw (the dQ writer's thread): turn waits, dq_full waits, copies (through bulk_commit +
+    bulk_wait_read), completion + release (bulk_wait, fence, pass_turn) and total;
   dbw (the single dbias writer thread): dbias_full waits, turn waits, copy + release and total.
 Usage: python3 bench/instrument_attention_bwd.py TREE
 """
@@ -143,67 +140,45 @@ sub(ml, """    mbar_arrive(&sm.dbias_full);
   }
   PA(w, 9, t_all);
 }""")
-# ---- dq writer: part 0 lane 0 records (the only thread of the bulk path; one of the last path's)
-sub(ep, """  if (!last && (part != 0 || lane != 0)) return;""", """  if (!last && (part != 0 || lane != 0)) return;
-  const bool prof_on = part == 0 && lane == 0;
-  const int dqs = last ? 5 : 0;  // slots 0-4: key blocks before the last (bulk); 5-9: the last
-  if (prof_on && last) sm.prof[3][10] += 1;  // last-block CTAs
+# ---- dq writer: one thread (warp 1, lane 0), bulk copies in every key block
+sub(ep, """  if ((threadIdx.x & 31) != 0) return;""", """  if ((threadIdx.x & 31) != 0) return;
+  const bool prof_on = true;
   PT(t_all);""")
 sub(ep, """    wait_turn(sem, jb);
-    const int q0 = i * kTileQ, qrows = min(kTileQ, f.Sq - q0);""", """    PT(t_t);
+    fence_proxy_async_all();""", """    PT(t_t);
     wait_turn(sem, jb);
-    PA(3, dqs + 0, t_t);
-    const int q0 = i * kTileQ, qrows = min(kTileQ, f.Sq - q0);""")
-# bulk path (key blocks before the last)
-sub(ep, """        mbar_wait(&sm.dq_full[buf], (staged / DQS) & 1);
-        const int n = g * A + u;
-        if (n < f.N && (first || sm.dq_valid[buf] != 0)) {""", """        PT(t_f);
-        mbar_wait(&sm.dq_full[buf], (staged / DQS) & 1);
-        PA(3, dqs + 1, t_f);
-        PT(t_w);
-        const int n = g * A + u;
-        if (n < f.N && (first || sm.dq_valid[buf] != 0)) {""")
-sub(ep, """          bulk_commit();
-          bulk_wait_read();
-        }
-        mbar_arrive(&sm.dq_empty[buf]);
-      }
-      bulk_wait();
-      fence_proxy_async_all();
-      pass_turn(sem);
-      continue;""", """          bulk_commit();
-          bulk_wait_read();
-        }
-        PA(3, dqs + 2, t_w);
-        mbar_arrive(&sm.dq_empty[buf]);
-      }
-      PT(t_p);
-      bulk_wait();
-      fence_proxy_async_all();
-      pass_turn(sem);
-      PA(3, dqs + 3, t_p);
-      continue;""")
-# last key block (the writer warps' element loop)
+    PA(3, 0, t_t);
+    fence_proxy_async_all();""")
 sub(ep, """      mbar_wait(&sm.dq_full[buf], (staged / DQS) & 1);
       const int n = g * A + u;
-      if (n < f.N) {""", """      PT(t_f);
+      if (n < f.N && (first || sm.dq_valid[buf] != 0)) {""", """      PT(t_f);
       mbar_wait(&sm.dq_full[buf], (staged / DQS) & 1);
-      PA(3, dqs + 1, t_f);
+      PA(3, 1, t_f);
       PT(t_w);
       const int n = g * A + u;
-      if (n < f.N) {""")
-sub(ep, """      __syncwarp();
+      if (n < f.N && (first || sm.dq_valid[buf] != 0)) {""")
+sub(ep, """        bulk_commit();
+        bulk_wait_read();
+      }
       mbar_arrive(&sm.dq_empty[buf]);
     }
+    bulk_wait();
+    fence_proxy_async_all();
+    pass_turn(sem);
   }
-}""", """      __syncwarp();
-      PA(3, dqs + 2, t_w);
-      PT(t_p);
+}""", """        bulk_commit();
+        bulk_wait_read();
+      }
+      PA(3, 2, t_w);
       mbar_arrive(&sm.dq_empty[buf]);
-      PA(3, dqs + 3, t_p);
     }
+    PT(t_p);
+    bulk_wait();
+    fence_proxy_async_all();
+    pass_turn(sem);
+    PA(3, 3, t_p);
   }
-  PA(3, dqs + 4, t_all);
+  PA(3, 4, t_all);
 }""")
 # ---- dbias writer (one thread: part 0, lane 0)
 sub(ep, """  if (part != 0 || (threadIdx.x & 31) != 0) return;""", """  if (part != 0 || (threadIdx.x & 31) != 0) return;
@@ -259,15 +234,10 @@ sub(kc, """  attention_dbias_finish_kernel<BT><<<finish, dim3(kBwdFinishTile, kB
       const double ctas = double(h[4][15]);
       fprintf(stderr, "PROF D=%d S=%d ctas=%.0f per-CTA kcycles:", D, f.Sq, ctas);
       const char* names[5] = {"wg0", "wg1", "prod", "dqw", "dbw"};
-      const int slots[5] = {10, 10, 3, 10, 4};
-      const double last = double(h[3][10]), before = ctas - last;
+      const int slots[5] = {10, 10, 3, 5, 4};
       for (int r = 0; r < 5; ++r) {
         fprintf(stderr, " | %s", names[r]);
-        if (r == 3) fprintf(stderr, " (%.0f before the last, %.0f last)", before, last);
-        for (int s = 0; s < slots[r]; ++s) {
-          const double n = r != 3 ? ctas : s < 5 ? before : last;  // per CTA of that path
-          fprintf(stderr, " %.1f", n > 0 ? h[r][s] / n / 1000.0 : 0.0);
-        }
+        for (int s = 0; s < slots[r]; ++s) fprintf(stderr, " %.1f", h[r][s] / ctas / 1000.0);
       }
       fprintf(stderr, "\\n");
     }

@@ -4,17 +4,17 @@
 //  2. attention_backward_sm90_kernel, one launch per chunk of slices. A CTA owns a 128-key block in
 //     kSlices slices (backward_sm90_tiles.h) and walks every 64-query tile:
 //       warp  0    loads (thread 0 by TMA into the layouts wgmma and ldmatrix read; mbarriers),
-//       warps 1-3  add the staged dQ partials to the fp32 dQ accumulator in key-block order
-//                  (kBwdDqWriters of them; one thread by TMA before the last key block) and the
-//                  staged dbias^T tiles to the fp32 dbias
-//                  accumulator in slice-group order (the others),
+//       warps 1-2  add the staged dQ partials to the fp32 dQ accumulator in key-block order
+//                  (one thread of warp 1, by TMA) and the staged dbias^T tiles to the fp32 dbias
+//                  accumulator in slice-group order (one thread of warp 2, by TMA); warp 3 idles,
 //       warpgroups 1, 2 (64 keys each) recompute P^T and dS^T once per tile and use them for dV,
 //                  dK (registers), dQ (staged) and dbias (registers over the slices, then staged)
 //                  (backward_sm90_mainloop.cuh).
 //     The consumers never wait on another CTA: only the writers do, on semaphores that make every
 //     sum run in one order (backward_sm90_epilogue.cuh), so all four gradients are bitwise
-//     reproducible. The last key block of a slice group writes dq.
-//  3. attention_dbias_finish_kernel: dbias from its accumulator, in the bias's dtype.
+//     reproducible.
+//  3. After each launch attention_dq_finish_kernel: dq from its accumulator.
+//  4. attention_dbias_finish_kernel: dbias from its accumulator, in the bias's dtype.
 // The bias is q's dtype (16-bit tiles through shared memory) or float32 (read as float32 by each
 // consumer thread from global memory; dbias returned in float32): the kernel's template BT.
 #include <cuda_bf16.h>
@@ -55,8 +55,7 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
     }
     for (int s = 0; s < S::DQS; ++s) {
       mbar_init(&sm.dq_full[s], 256);
-      // Before the last key block one thread copies the staged tiles (sm90_backward_write_dq).
-      mbar_init(&sm.dq_empty[s], blk.jb == grid.key_blocks - 1 ? 32 * kBwdDqWriters : 1);
+      mbar_init(&sm.dq_empty[s], 1);  // the dQ writer's thread (sm90_backward_write_dq)
     }
     mbar_init(&sm.dbias_full, 256);
     mbar_init(&sm.dbias_empty, 1);  // the dbias writer's thread (sm90_backward_write_dbias)
@@ -70,8 +69,8 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
     if (warp == 0)
       sm90_backward_load<T, D, BT>(p, maps, sm, blk.g, blk.b, blk.h, blk.jb, grid.query_tiles);
     else if (warp <= kBwdDqWriters)
-      sm90_backward_write_dq<T, D, BT>(p, sm, blk.g, blk.b, blk.h, blk.jb, grid.key_blocks,
-                                       grid.query_tiles, chunk_first_slice, warp - 1);
+      sm90_backward_write_dq<T, D, BT>(p, sm, blk.g, blk.b, blk.h, blk.jb, grid.query_tiles,
+                                       chunk_first_slice);
     else
       sm90_backward_write_dbias<T, D, BT>(p, sm, blk.g, blk.b, blk.h, blk.jb, grid.key_blocks,
                                           grid.query_tiles, warp - 1 - kBwdDqWriters);
@@ -138,6 +137,10 @@ void launch(const AttentionBackwardParams& p, const Sm90BackwardWorkspace& w, cu
     const int groups = min(groups_per_chunk, grid.groups - g0);
     const int64_t blocks = int64_t(groups) * f.B * f.H * grid.key_blocks;
     kernel<<<unsigned(blocks), kBwdThreads, smem, stream>>>(maps, p, g0, groups, g0 * S::A);
+    const int slices = min(groups * S::A, f.N - g0 * S::A);  // the launch's real slices
+    const int64_t tiles = int64_t(slices) * f.B * f.H * grid.query_tiles;
+    attention_dq_finish_kernel<T, D>
+        <<<unsigned(tiles), kBwdDqFinishThreads, 0, stream>>>(p, g0 * S::A, grid.query_tiles);
   }
   const dim3 finish((f.Sq + kBwdFinishTile - 1) / kBwdFinishTile,
                     (f.Sk + kBwdFinishTile - 1) / kBwdFinishTile, f.B * f.H);

@@ -5,7 +5,7 @@
 //
 // dQ of (slice n, query tile i) = scale * sum over key blocks jb = 0, 1, ..., J - 1 of the CTA's
 // partial (both warpgroups' keys summed in the MMA): key block 0 stores it, the next ones add
-// theirs (bulk reductions at L2), the last reads the total, adds its own and writes dq.
+// theirs (bulk reductions at L2); attention_dq_finish_kernel writes dq from the sum.
 // dbias^T of (query tile i, key block jb) = sum over slice groups g = 0, 1, ... of the CTA's sum
 // over its slices (in lanes, g mod L): group 0 stores, the others add (bulk copies);
 // attention_dbias_finish_kernel adds the lanes and transposes the sum into dbias. Either order is
@@ -22,10 +22,6 @@
 #include "kernels/common/wgmma.cuh"
 
 namespace tpf::cuda {
-
-__device__ __forceinline__ float4 add4(float4 a, float4 b) {
-  return make_float4(a.x + b.x, a.y + b.y, a.z + b.z, a.w + b.w);
-}
 
 // dq[row, c .. c + 3] = scale * x in the output dtype.
 template <typename T>
@@ -48,87 +44,84 @@ __device__ __forceinline__ void store_dq4(T* dst, float4 x, float scale, bool al
 }
 
 // dQ of a slice group's query tile is summed over its key blocks jb = 0, 1, ..., J - 1 in that
-// order (the semaphore counts the key blocks that have added theirs). The accumulator's tile holds
-// the stage's order (stage_offset), so a whole staged tile is one bulk copy.
-// Key blocks before the last: thread 0 of writer warp 1 (`part` 0) alone, by TMA: block 0 stores
-// its staged tiles, the next ones add theirs (bulk reductions at L2); each query tile's copies are
-// waited for, then the turn is passed on.
-// The last key block: warps 1..kBwdDqWriters (`part` 0, 1, ...: every kBwdDqWriters-th float4 of
-// a tile each) read the total, add their staged tile and write dq (J = 1: the staged tile alone).
-// The consumers' dq_empty barrier counts one arrival per tile before the last key block, the
-// warps' lanes in it (the kernel initialises it so).
+// order (the semaphore counts the key blocks that have added theirs) by the dQ writer, thread 0 of
+// warp 1 (the warp's other lanes leave at once), by TMA: block 0 stores its staged tiles, the next
+// ones add theirs (bulk reductions at L2); each query tile's copies are waited for, then the turn
+// is passed on. The accumulator's tile holds the stage's order (stage_offset), so a whole staged
+// tile is one bulk copy; attention_dq_finish_kernel turns the sums into dq after the launch.
 template <typename T, int D, typename BT>
 __device__ __forceinline__ void sm90_backward_write_dq(const AttentionBackwardParams& p,
                                                        Sm90BackwardSmem<T, D, BT>& sm, int g, int b,
-                                                       int h, int jb, int J, int T_tiles,
-                                                       int chunk_first_slice, int part) {
+                                                       int h, int jb, int T_tiles,
+                                                       int chunk_first_slice) {
   using S = Sm90BackwardSmem<T, D, BT>;
-  constexpr int A = S::A, DQS = S::DQS, DQC = S::DQC, HALF = kTileQ * DQC;
+  constexpr int A = S::A, DQS = S::DQS;
   constexpr int kTileBytes = kTileQ * D * int(sizeof(float));
   const AttentionForwardParams& f = p.fwd;
-  const int lane = threadIdx.x & 31;
+  if ((threadIdx.x & 31) != 0) return;
   const int64_t sq_pad = int64_t(T_tiles) * kTileQ;
-  const bool first = jb == 0, last = jb == J - 1;
-  if (!last && (part != 0 || lane != 0)) return;
-  auto acc_tile = [&](int n, int q0) {
-    return p.dq_acc + ((int64_t(n - chunk_first_slice) * f.B + b) * f.H + h) * sq_pad * D +
-           int64_t(q0) * D;
-  };
+  const bool first = jb == 0;
   int staged = 0;
 #pragma unroll 1
   for (int i = 0; i < T_tiles; ++i) {
     int* sem = p.dq_sem + ((int64_t(g) * f.B + b) * f.H + h) * T_tiles + i;
     wait_turn(sem, jb);
-    const int q0 = i * kTileQ, qrows = min(kTileQ, f.Sq - q0);
-    if (!last) {
-      fence_proxy_async_all();  // the block before's sums (acquired above) to the bulk copies
-#pragma unroll 1
-      for (int u = 0; u < A; ++u, ++staged) {
-        const int buf = staged % DQS;
-        mbar_wait(&sm.dq_full[buf], (staged / DQS) & 1);
-        const int n = g * A + u;
-        if (n < f.N && (first || sm.dq_valid[buf] != 0)) {
-          if (first)
-            bulk_store(acc_tile(n, q0), sm.dq_stage[buf][0], kTileBytes);
-          else
-            bulk_reduce_add(acc_tile(n, q0), sm.dq_stage[buf][0], kTileBytes);
-          bulk_commit();
-          bulk_wait_read();
-        }
-        mbar_arrive(&sm.dq_empty[buf]);
-      }
-      bulk_wait();
-      fence_proxy_async_all();
-      pass_turn(sem);
-      continue;
-    }
+    fence_proxy_async_all();  // the block before's sums (acquired above) to the bulk copies
 #pragma unroll 1
     for (int u = 0; u < A; ++u, ++staged) {
       const int buf = staged % DQS;
       mbar_wait(&sm.dq_full[buf], (staged / DQS) & 1);
       const int n = g * A + u;
-      if (n < f.N) {
-        const float* src = sm.dq_stage[buf][0];  // both halves, contiguous
-        const float* acc = acc_tile(n, q0);
-        T* out = static_cast<T*>(p.dq) + b * p.dq_stride.b + int64_t(n) * p.dq_stride.n +
-                 h * p.dq_stride.h;
-#pragma unroll 4
-        for (int e = lane + 32 * part; e < kTileQ * D / 4; e += 32 * kBwdDqWriters) {
-          float4 x = *reinterpret_cast<const float4*>(src + 4 * e);
-          if (!first) x = add4(__ldcg(reinterpret_cast<const float4*>(acc + 4 * e)), x);
-          const int half = 4 * e / HALF, row = 4 * e % HALF / DQC;
-          const int c = half * DQC + stage_offset<DQC>(row, 4 * e % DQC) - row * DQC;
-          if (row < qrows && c < p.head_dim)
-            store_dq4(out + int64_t(q0 + row) * p.dq_stride.s + c, x, f.scale, p.dq_aligned);
-        }
+      if (n < f.N && (first || sm.dq_valid[buf] != 0)) {
+        float* acc = p.dq_acc +
+                     ((int64_t(n - chunk_first_slice) * f.B + b) * f.H + h) * sq_pad * D +
+                     int64_t(i) * kTileQ * D;
+        if (first)
+          bulk_store(acc, sm.dq_stage[buf][0], kTileBytes);
+        else
+          bulk_reduce_add(acc, sm.dq_stage[buf][0], kTileBytes);
+        bulk_commit();
+        bulk_wait_read();
       }
-      __syncwarp();
       mbar_arrive(&sm.dq_empty[buf]);
     }
+    bulk_wait();
+    fence_proxy_async_all();
+    pass_turn(sem);
   }
 }
 
-// The dbias writer, thread 0 of the last warp (the others leave at once), by TMA: per query tile,
+// dq = scale * the dQ accumulator of the launch's slices first_slice .. first_slice + slices - 1, in
+// q's dtype: one CTA per (slice, b, h, query tile), reading the tile's 64 x D floats in order
+// (stage_offset's) and writing each float4 as four columns of its row.
+template <typename T, int D>
+__global__ void attention_dq_finish_kernel(const AttentionBackwardParams p, int first_slice,
+                                           int T_tiles) {
+  constexpr int DQC = D / 2, HALF = kTileQ * DQC;
+  const AttentionForwardParams& f = p.fwd;
+  int64_t t = blockIdx.x;  // ((slice - first_slice) B + b) H + h) T + i
+  const int i = int(t % T_tiles);
+  t /= T_tiles;
+  const int h = int(t % f.H);
+  t /= f.H;
+  const int b = int(t % f.B);
+  t /= f.B;
+  const int n = first_slice + int(t);
+  const float* acc = p.dq_acc + ((t * f.B + b) * f.H + h) * int64_t(T_tiles) * kTileQ * D +
+                     int64_t(i) * kTileQ * D;
+  T* out =
+      static_cast<T*>(p.dq) + b * p.dq_stride.b + int64_t(n) * p.dq_stride.n + h * p.dq_stride.h;
+  const int q0 = i * kTileQ, qrows = min(kTileQ, f.Sq - q0);
+  for (int e = threadIdx.x; e < kTileQ * D / 4; e += blockDim.x) {
+    const int half = 4 * e / HALF, row = 4 * e % HALF / DQC;
+    const int c = half * DQC + stage_offset<DQC>(row, 4 * e % DQC) - row * DQC;
+    if (row < qrows && c < p.head_dim)
+      store_dq4(out + int64_t(q0 + row) * p.dq_stride.s + c,
+                __ldcs(reinterpret_cast<const float4*>(acc + 4 * e)), f.scale, p.dq_aligned);
+  }
+}
+
+// The dbias writer, thread 0 of warp 2 (warp 3 and the other lanes leave at once), by TMA: per query tile,
 // the CTA's dbias^T tile (keys of both warpgroups x 64 queries, one bulk copy) into its lane
 // l = g % L, in its slice group's turn there (g / L; the semaphore counts the groups that have
 // passed): the first group of a lane stores, the others add (backward_sm90_tiles.h). A lane's

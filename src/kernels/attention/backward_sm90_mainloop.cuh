@@ -79,7 +79,7 @@ __device__ __forceinline__ const T* slice_of(const void* base, const Strides4& s
 // The warp reads the key flags; then thread 0 alone copies everything by TMA (Sm90BackwardMaps):
 // the K and V tiles once, per query tile the Q and dO tiles, a 16-bit bias's two 64-key halves and
 // (bulk copies) the rows of lse2 and delta from the workspace. kv_full counts the warp's arrivals,
-// full[] thread 0's; both count TMA's bytes. Warps 1-3 write dQ (kBwdDqWriters) and dbias.
+// full[] thread 0's; both count TMA's bytes. Warp 1 writes dQ, warp 2 dbias (one thread each).
 
 constexpr int kBwdLoadBarrier = 3;  // named barrier of the load threads
 

@@ -24,11 +24,14 @@ constexpr int kBwdThreads = 384;
 constexpr int kBwdProducerRegisters = 56;
 constexpr int kBwdConsumerRegisters = 224;
 // The producer warpgroup's roles: warp 0 loads (its lanes read the key flags, thread 0 issues every
-// TMA copy), warps 1..kBwdDqWriters write dQ, the other kBwdDbiasWriters dbias.
+// TMA copy), warp 1 (kBwdDqWriters) adds the dQ partials, the rest the dbias tiles: one thread
+// each, by TMA bulk copies (warp 3 idles).
 constexpr int kBwdLoadThreads = 32;
-constexpr int kBwdDqWriters = 2;
-constexpr int kBwdDbiasWriters = 1;
+constexpr int kBwdDqWriters = 1;
+constexpr int kBwdDbiasWriters = 2;
 static_assert(1 + kBwdDqWriters + kBwdDbiasWriters == 4, "the producer warpgroup has four warps");
+// attention_dq_finish_kernel: threads per CTA (one CTA per 64 x D query tile of a slice).
+constexpr int kBwdDqFinishThreads = 128;
 
 // Every head dim that is a multiple of 8 up to 128 (api.h) runs as the next built one (16, 32, 64,
 // 128): the tiles of Q, K, V and dO are zero past the tensors' D (their products and sums are

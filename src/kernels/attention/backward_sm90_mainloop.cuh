@@ -108,8 +108,7 @@ __device__ __forceinline__ void sm90_backward_load(const AttentionBackwardParams
     uint32_t bytes = 0;
     for (int u = 0; u < A; ++u)
       for (int w = 0; w < S::KT; ++w)
-        if (g * A + u < f.N && jb * S::KB + w * kBwdKeysPerWarpgroup < f.Sk)
-          bytes += 2 * kTileBytes;
+        if (g * A + u < f.N) bytes += 2 * kTileBytes;
     mbar_expect_tx(&sm.kv_full, bytes);
 #pragma unroll 1
     for (int u = 0; u < A; ++u) {
@@ -118,7 +117,6 @@ __device__ __forceinline__ void sm90_backward_load(const AttentionBackwardParams
 #pragma unroll 1
       for (int w = 0; w < S::KT; ++w) {
         const int k0 = jb * S::KB + w * kBwdKeysPerWarpgroup;
-        if (k0 >= f.Sk) continue;  // never read: its tile is skipped
         tma_tile<T, D>(&maps.k, maps.k_dims, &sm.kv_full, sm.k[u][w], k0, h, n, b);
         tma_tile<T, D>(&maps.v, maps.v_dims, &sm.kv_full, sm.v[u][w], k0, h, n, b);
       }
@@ -336,15 +334,13 @@ __device__ __forceinline__ void sm90_backward_consume(
 #pragma unroll
     for (int u = 0; u < A; ++u) {
       const int buf = staged % DQS;
-      // The slice's key tiles with a kept key: this warpgroup's computes P^T and dS^T; dQ reads
-      // every live tile's dS (with split D both warpgroups' tile is tile 0 and each reads its own).
-      bool live[S::KT];
-#pragma unroll
-      for (int t = 0; t < S::KT; ++t) live[t] = sm.tile_state[u][t] != kTileSkip;
-      const bool own = state[u] != kTileSkip;
+      // A slice with a kept key in either key tile runs every MMA of both warpgroups, without a
+      // branch between them (a branch around some of one commit group's wgmmas made ptxas
+      // serialize them all); a warpgroup whose own 64 keys are all masked (or past Sk: TMA filled
+      // those rows with zeros) computes P^T = dS^T = 0 and adds zeros.
       bool slice_live = false;
 #pragma unroll
-      for (int t = 0; t < S::KT; ++t) slice_live |= live[t];
+      for (int t = 0; t < S::KT; ++t) slice_live |= sm.tile_state[u][t] != kTileSkip;
       if (!slice_live) {  // a zero partial (the first key block stores it as the sum's start)
         mbar_wait(&sm.dq_empty[buf], ((staged / DQS) & 1) ^ 1);
         float4* sq = reinterpret_cast<float4*>(sm.dq_stage[buf][w]);
@@ -355,15 +351,14 @@ __device__ __forceinline__ void sm90_backward_consume(
         ++staged;
         continue;
       }
-      any |= own;
+      any |= state[u] != kTileSkip;
       const T* kt = sm.k[u][kw];
       const T* vt = sm.v[u][kw];
       const T* qt = sm.q[stage][u];
       const T* dot = sm.dout[stage][u];
       T* ds = sm.ds[w][computed & 1];
       uint32_t pa[4][4], da[4][4];
-
-      if (own) {
+      {
         float st[8][4], dpt[8][4];  // S^T, dP^T: this warp's 16 keys x 64 queries
         wgmma_fence();
         keys_times_queries<T, D>(st, kt, qt);    // S^T = K Q^T
@@ -424,26 +419,26 @@ __device__ __forceinline__ void sm90_backward_consume(
       const T* dot_c = dot + (col0 / 8) * 64 * 8;
       const T* qt_c = qt + (col0 / 8) * 64 * 8;
       float dq[DQC / 8][4];
-#pragma unroll
-      for (int c = 0; c < DQC / 8; ++c) dq[c][0] = dq[c][1] = dq[c][2] = dq[c][3] = 0.f;
       wgmma_fence();
-      if (own) {
 #pragma unroll
-        for (int kk = 0; kk < 4; ++kk)  // dV += P^T dO: K = 16 queries per step
-          Wgmma<T, DC>::template rs<1, 1>(acc.dv[u], pa[kk], desc_mn_major(dot_c + kk * 16 * 8));
+      for (int kk = 0; kk < 4; ++kk)  // dV += P^T dO: K = 16 queries per step
+        Wgmma<T, DC>::template rs<1, 1>(acc.dv[u], pa[kk], desc_mn_major(dot_c + kk * 16 * 8));
 #pragma unroll
-        for (int kk = 0; kk < 4; ++kk)  // dK += dS^T Q
-          Wgmma<T, DC>::template rs<1, 1>(acc.dk[u], da[kk], desc_mn_major(qt_c + kk * 16 * 8));
-      }
+      for (int kk = 0; kk < 4; ++kk)  // dK += dS^T Q
+        Wgmma<T, DC>::template rs<1, 1>(acc.dk[u], da[kk], desc_mn_major(qt_c + kk * 16 * 8));
 #pragma unroll
-      for (int t = 0; t < S::KT; ++t) {  // dQ = dS K over the live key tiles: K = 16 keys a step
-        if (!live[t]) continue;
+      for (int t = 0; t < S::KT; ++t) {  // dQ = dS K over the key tiles: K = 16 keys a step
         const T* ds_t = kSplit ? ds : sm.ds[t][computed & 1];
         const T* kt_c = sm.k[u][kSplit ? kw : t] + (dq_col0 / 8) * 64 * 8;
 #pragma unroll
-        for (int kk = 0; kk < 4; ++kk)
-          Wgmma<T, DQC>::template ss<1, 0, 1>(dq, desc_k_major(ds_t + kk * 2 * kTileQ * 8),
-                                              desc_mn_major(kt_c + kk * 16 * 8));
+        for (int kk = 0; kk < 4; ++kk) {
+          const uint64_t a = desc_k_major(ds_t + kk * 2 * kTileQ * 8),
+                         bk = desc_mn_major(kt_c + kk * 16 * 8);
+          if (t == 0 && kk == 0)  // the first step overwrites dq
+            Wgmma<T, DQC>::template ss<0, 0, 1>(dq, a, bk);
+          else
+            Wgmma<T, DQC>::template ss<1, 0, 1>(dq, a, bk);
+        }
       }
       wgmma_commit();
       wgmma_wait<0>();

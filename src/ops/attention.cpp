@@ -155,9 +155,9 @@ void check_cuda(const TensorView& q, const AttentionDims& d, bool forward) {
               "k must have at most " + std::to_string(cuda::kAttentionBackwardMaxKeys) +
                   " keys for the CUDA backward, got Sk = " + std::to_string(d.Sk));
   }
-  TPF_CHECK(d.N <= cuda::kAttentionMaxSlices,
+  TPF_CHECK(d.B * d.N * d.H <= cuda::kAttentionMaxSlices,
             "q must have at most " + std::to_string(cuda::kAttentionMaxSlices) +
-                " slices N for the CUDA kernels, got " + q.shape_string());
+                " slices B * N * H for the CUDA kernels, got " + q.shape_string());
   TPF_CHECK(d.B * d.H <= cuda::kAttentionMaxGridY &&
                 (d.Sq + cuda::kAttentionQueryTile - 1) / cuda::kAttentionQueryTile <=
                     cuda::kAttentionMaxGridY,

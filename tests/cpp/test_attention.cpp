@@ -327,13 +327,25 @@ TEST(Errors, NameTheArgument) {
                   }}},
                 backward);
   const std::vector<BadInput> slices = {
-      {"q must have at most 2147483647 slices N for the CUDA kernels, got [1, 2147483648, 1, 5, "
-       "16]",
+      {"q must have at most 2147483647 slices B * N * H for the CUDA kernels, got [1, "
+       "2147483648, 1, 5, 16]",
        [](auto& a) {
          on_cuda(a);
          for (TensorView* t : {&a.q, &a.k, &a.v, &a.o, &a.dout, &a.dq, &a.dk, &a.dv, &a.lse})
            t->shape[1] = int64_t(1) << 31;
          a.mask.view.shape[1] = int64_t(1) << 31;
+       }},
+      // N alone within the limit, B * N * H past it.
+      {"q must have at most 2147483647 slices B * N * H for the CUDA kernels, got [2, "
+       "1073741824, 1, 5, 16]",
+       [](auto& a) {
+         on_cuda(a);
+         for (TensorView* t : {&a.q, &a.k, &a.v, &a.o, &a.dout, &a.dq, &a.dk, &a.dv, &a.lse}) {
+           t->shape[0] = 2;
+           t->shape[1] = int64_t(1) << 30;
+         }
+         a.bias.shape[0] = a.dbias.shape[0] = a.mask.view.shape[0] = 2;
+         a.mask.view.shape[1] = int64_t(1) << 30;
        }}};
   expect_errors(g, slices, forward);
   expect_errors(g, slices, backward);

@@ -13,8 +13,9 @@ namespace tpf::cuda {
 
 // What the kernels take, every limit that a launch would otherwise meet (src/ops checks each before
 // anything is queued): bfloat16 or float16 inputs, these head dims, at most kAttentionMaxGridY of
-// each of B * H and query tiles (grid dimensions y and z), at most kAttentionMaxSlices slices N
-// (32-bit indices; the forward's grid dimension x), and these key counts. The forward
+// each of B * H and query tiles (grid dimensions y and z), at most kAttentionMaxSlices slices
+// B * N * H (32-bit indices; the forward's and the delta kernel's grid dimension x), and these key
+// counts. The forward
 // (forward_sm90.h) takes every multiple of 8 up to 128, a bias of q's dtype or float32, and K and
 // V rows that TMA can copy (attention_tma_ready); the backward every multiple of 8 up to 128, the
 // same biases (a float32 bias's gradient in float32) and Q, K, V and dO rows that TMA can copy.

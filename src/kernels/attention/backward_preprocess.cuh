@@ -13,45 +13,49 @@
 
 namespace tpf::cuda {
 
-// Query row r of the padded layout [B][N][H][sq_pad] (p.delta, p.lse2): its (b, n, h, s).
+// Query row s of slice bnh = (b N + n) H + h of the padded layout [B][N][H][sq_pad] (p.delta,
+// p.lse2): its (b, n, h, s) and its index there. The kernels below run a grid of (slices, row
+// blocks), so a thread finds its row from its block's slice by 32-bit divisions, where three 64-bit
+// divisions per thread of a flat index (each a software routine) took as long as the loads.
 struct DeltaRow {
   int b, n, h, s;
+  int64_t r;
 };
-__device__ __forceinline__ DeltaRow delta_row(const AttentionForwardParams& f, int64_t r,
+__device__ __forceinline__ DeltaRow delta_row(const AttentionForwardParams& f, int bnh, int s,
                                               int sq_pad) {
   DeltaRow x;
-  x.s = int(r % sq_pad);
-  r /= sq_pad;
-  x.h = int(r % f.H);
-  r /= f.H;
-  x.n = int(r % f.N);
-  x.b = int(r / f.N);
+  x.s = s;
+  x.h = bnh % f.H;
+  x.n = bnh / f.H % f.N;
+  x.b = bnh / f.H / f.N;
+  x.r = int64_t(bnh) * sq_pad + s;
   return x;
 }
 
-// delta and lse log2(e) of row r (rows past Sq: 0 and +inf, no probability).
-__device__ __forceinline__ void store_delta(const AttentionBackwardParams& p, int64_t r,
-                                            const DeltaRow& x, float delta) {
+// delta and lse log2(e) of row x (rows past Sq: 0 and +inf, no probability).
+__device__ __forceinline__ void store_delta(const AttentionBackwardParams& p, const DeltaRow& x,
+                                            float delta) {
   const AttentionForwardParams& f = p.fwd;
   const bool real = x.s < f.Sq;
-  p.delta[r] = real ? delta : 0.f;
-  p.lse2[r] = real ? f.lse[x.b * f.lse_stride_b + int64_t(x.n) * f.lse_stride_n +
-                           x.h * f.lse_stride_h + int64_t(x.s) * f.lse_stride_s] *
-                         kLog2e
-                   : INFINITY;
+  p.delta[x.r] = real ? delta : 0.f;
+  p.lse2[x.r] = real ? f.lse[x.b * f.lse_stride_b + int64_t(x.n) * f.lse_stride_n +
+                             x.h * f.lse_stride_h + int64_t(x.s) * f.lse_stride_s] *
+                           kLog2e
+                     : INFINITY;
 }
 
+// One thread per row: grid (slices B N H, row blocks of sq_pad).
 template <typename T, int D>
 __global__ void attention_delta_kernel(const AttentionBackwardParams p, int sq_pad) {
   const AttentionForwardParams& f = p.fwd;
-  const int64_t rows = int64_t(f.B) * f.N * f.H * sq_pad;
-  for (int64_t r = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; r < rows;
-       r += int64_t(gridDim.x) * blockDim.x) {
-    const DeltaRow x = delta_row(f, r, sq_pad);
-    if (x.s >= f.Sq) {
-      store_delta(p, r, x, 0.f);
-      continue;
-    }
+  const int row = blockIdx.y * blockDim.x + threadIdx.x;
+  if (row >= sq_pad) return;
+  const DeltaRow x = delta_row(f, blockIdx.x, row, sq_pad);
+  if (x.s >= f.Sq) {
+    store_delta(p, x, 0.f);
+    return;
+  }
+  {
     const int s = x.s, h = x.h, n = x.n, b = x.b;
     const T* o = static_cast<const T*>(f.o) + b * f.o_stride.b + n * f.o_stride.n +
                  h * f.o_stride.h + s * f.o_stride.s;
@@ -68,7 +72,7 @@ __global__ void attention_delta_kernel(const AttentionBackwardParams p, int sq_p
       const float oc = to_float(o[c]) + (res ? __bfloat162float(res[c]) : 0.f);
       acc = fmaf(to_float(dout[c]), oc, acc);
     }
-    store_delta(p, r, x, acc);
+    store_delta(p, x, acc);
   }
 }
 
@@ -80,16 +84,12 @@ template <typename T, int D>
 __global__ void attention_delta_vec_kernel(const AttentionBackwardParams p, int sq_pad) {
   constexpr int L = D / 8;  // threads per row, a power of two dividing 32
   const AttentionForwardParams& f = p.fwd;
-  const int64_t rows = int64_t(f.B) * f.N * f.H * sq_pad, total = rows * L;
-  const int part = threadIdx.x % L;
-  for (int64_t base = int64_t(blockIdx.x) * blockDim.x; base < total;
-       base +=
-       int64_t(gridDim.x) * blockDim.x) {  // uniform over the block: shuffles see every lane
-    const int64_t idx = base + threadIdx.x, r = idx / L;
+  const int part = threadIdx.x % L, row = (blockIdx.y * blockDim.x + threadIdx.x) / L;
+  {  // every lane of a warp runs the shuffles below: rows past sq_pad read and store nothing
     float acc = 0.f;
-    const DeltaRow x = delta_row(f, r, sq_pad);
+    const DeltaRow x = delta_row(f, blockIdx.x, row, sq_pad);
     // Lanes past the tensors' D add nothing; rows past Sq read nothing.
-    if (idx < total && part * 8 < p.head_dim && x.s < f.Sq) {
+    if (row < sq_pad && part * 8 < p.head_dim && x.s < f.Sq) {
       const int s = x.s, h = x.h, n = x.n, b = x.b;
       const uint4 o = *reinterpret_cast<const uint4*>(
           static_cast<const T*>(f.o) + b * f.o_stride.b + n * f.o_stride.n + h * f.o_stride.h +
@@ -114,13 +114,8 @@ __global__ void attention_delta_vec_kernel(const AttentionBackwardParams p, int 
     }
 #pragma unroll
     for (int off = L / 2; off > 0; off >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, off);
-    if (idx < total && part == 0) store_delta(p, r, x, acc);
+    if (row < sq_pad && part == 0) store_delta(p, x, acc);
   }
-}
-
-inline int grid_for(int64_t work, int threads) {
-  const int64_t blocks = (work + threads - 1) / threads;
-  return int(blocks < 65535 * 8 ? (blocks > 0 ? blocks : 1) : 65535 * 8);
 }
 
 // delta and lse log2(e) for every query row of p (p.delta, p.lse2: [B][N][H][sq_pad]), on `stream`. D: the built head dim (backward_sm90.h), at
@@ -128,11 +123,15 @@ inline int grid_for(int64_t work, int threads) {
 template <typename T, int D>
 void launch_attention_delta(const AttentionBackwardParams& p, int sq_pad, cudaStream_t stream) {
   const AttentionForwardParams& f = p.fwd;
-  const int64_t rows = int64_t(f.B) * f.N * f.H * sq_pad;
-  if (p.delta_vectorized)
-    attention_delta_vec_kernel<T, D><<<grid_for(rows * (D / 8), 256), 256, 0, stream>>>(p, sq_pad);
-  else
-    attention_delta_kernel<T, D><<<grid_for(rows, 256), 256, 0, stream>>>(p, sq_pad);
+  const unsigned slices = unsigned(f.B) * f.N * f.H;  // within the grid's 2^31 - 1 (src/ops)
+  constexpr int kThreads = 256;
+  if (p.delta_vectorized) {
+    const dim3 grid(slices, (sq_pad * (D / 8) + kThreads - 1) / kThreads);
+    attention_delta_vec_kernel<T, D><<<grid, kThreads, 0, stream>>>(p, sq_pad);
+  } else {
+    const dim3 grid(slices, (sq_pad + kThreads - 1) / kThreads);
+    attention_delta_kernel<T, D><<<grid, kThreads, 0, stream>>>(p, sq_pad);
+  }
 }
 
 }  // namespace tpf::cuda

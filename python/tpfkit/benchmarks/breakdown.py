@@ -34,7 +34,8 @@ from torch.autograd import DeviceType
 CLASSES: tuple[tuple[str, str], ...] = (
     # Ours (src/kernels/attention): forward, backward, its delta and the bias passes.
     ("ours_attention", r"attention_forward_sm90|attention_backward_sm90|attention_delta"
-                       r"|bias_prepass|attention_dbias_finish|^tpfkit::attention_"),
+                       r"|bias_prepass|attention_dbias_finish|attention_dq_finish"
+                       r"|^tpfkit::attention_"),
     # Ours (src/kernels/trimul): input/output-side forward and backward kernels, weight packing,
     # the column sums and the backward's finish (its cuBLAS calls are GEMMs, below).
     ("ours_trimul", r"(?<![A-Za-z])(input|output)_(forward|backward)\w*_kernel|pack_weights_kernel"

@@ -110,19 +110,28 @@ class WidenToFloat64(TorchFunctionMode):
         return func(*args, **kwargs)
 
 
-def step(client, model, inputs, path, dtype, grad_out, autocast=None):
-    """One forward and backward on a copy of model in dtype: outputs and gradients by name."""
-    model = copy.deepcopy(model).to(dtype)
-    x = {k: v.detach().to(dtype) for k, v in inputs.items()}
+def on_cpu(tensors: dict) -> dict:
+    """Results brought back to the CPU (where compare() and the FP64 runs hold them); a CPU
+    tensor as it is (no copy)."""
+    return {k: (None if v is None else v.detach().cpu()) for k, v in tensors.items()}
+
+
+def step(client, model, inputs, path, dtype, grad_out, autocast=None, device="cpu"):
+    """One forward and backward on a copy of model in dtype on device (inputs, grad_out on the
+    CPU): outputs and gradients by name, on the CPU. autocast: its dtype on device's type."""
+    model = copy.deepcopy(model).to(device, dtype)
+    x = {k: v.detach().to(device, dtype) for k, v in inputs.items()}
     x["s"].requires_grad_(True)
     x["z"].requires_grad_(True)
     widen = WidenToFloat64() if dtype == torch.float64 else contextlib.nullcontext()
-    with widen, torch.autocast("cpu", dtype=autocast, enabled=autocast is not None):
+    with widen, torch.autocast(torch.device(device).type, dtype=autocast,
+                               enabled=autocast is not None):
         s, z = client.run(model, x, path)
-    torch.autograd.backward([s, z], [grad_out["s"].to(s.dtype), grad_out["z"].to(z.dtype)])
+    torch.autograd.backward([s, z], [grad_out["s"].to(s.device, s.dtype),
+                                     grad_out["z"].to(z.device, z.dtype)])
     grads = {"ds": x["s"].grad, "dz": x["z"].grad}
     grads.update({f"d[{n}]": p.grad for n, p in model.named_parameters()})
-    return {"s": s.detach(), "z": z.detach()}, grads
+    return on_cpu({"s": s, "z": z}), on_cpu(grads)
 
 
 def case(client, seed):
@@ -181,11 +190,12 @@ def compare(out, grads, baselines, out64, grads64, valid, precision, context, pe
               grad_roundings)
 
 
-def run_paths(client, model, inputs, grad_out, precision, step=step):
+def run_paths(client, model, inputs, grad_out, precision, step=step, device="cpu"):
     """FP64, PyTorch's path (batch as given and reversed) and ours, each (outputs, gradients),
     each sample's FP64 gradients (batched clients) and the FP64 run's gradient terms. The FP64
-    runs take the model and inputs as the paths see them, in float32 (accuracy.py). step: a
-    stack's (above) or a module's (module_step)."""
+    runs take the model and inputs as the paths see them, in float32 (accuracy.py), and run the
+    client's PyTorch path on the CPU; PyTorch's path and ours run on device. step: a stack's
+    (above) or a module's (module_step)."""
     autocast = torch.bfloat16 if precision == "bf16-autocast" else None
     model = copy.deepcopy(model).float().double()
     as_seen = lambda d: {k: (v.float().double() if v is not None and v.is_floating_point() else v)
@@ -198,33 +208,44 @@ def run_paths(client, model, inputs, grad_out, precision, step=step):
         one = lambda d, b: {k: (None if v is None else v[b:b + 1]) for k, v in d.items()}
         per_sample = [step(client, model, one(inputs, b), "pytorch", torch.float64,
                            one(grad_out, b))[1] for b in range(inputs["z"].shape[0])]
-    baselines = [step(client, model, inputs, "pytorch", torch.float32, grad_out, autocast)]
+    baselines = [step(client, model, inputs, "pytorch", torch.float32, grad_out, autocast,
+                      device=device)]
     if client.batched:
         out_r, g_r = step(client, model, flipped(inputs), "pytorch", torch.float32,
-                          flipped(grad_out), autocast)
+                          flipped(grad_out), autocast, device=device)
         g_r = {k: (v.flip(0) if k in ("ds", "dz") else v) for k, v in g_r.items()}
         baselines.append((flipped(out_r), g_r))
-    ours = step(client, model, inputs, "ours", torch.float32, grad_out, autocast)
+    ours = step(client, model, inputs, "ours", torch.float32, grad_out, autocast, device=device)
     return ref, baselines, ours, per_sample, terms
 
 
-@pytest.mark.parametrize("precision", ["float32", "bf16-autocast"])
-@pytest.mark.parametrize("name", NAMES)
-def test_matches_fp64_by_accuracy_rule(name, precision, seed, counted):
+def blocks_of(client) -> int:
+    return next(client.small[k] for k in ("no_blocks", "num_blocks", "n_blocks")
+                if k in client.small)
+
+
+def check_stack(name, precision, seed, counted, device="cpu"):
+    """A client's stack on its PyTorch path and ours on device against FP64 (the CPU) by the
+    accuracy rule, and what of ours ran (counted)."""
     client = CLIENTS[name]
     model = build(client, seed)
     inputs, grad_out, valid = case(client, seed)
-    (out64, g64), baselines, (out, g), per_sample, terms = run_paths(client, model, inputs,
-                                                                     grad_out, precision)
-    blocks = next(client.small[k] for k in ("no_blocks", "num_blocks", "n_blocks")
-                  if k in client.small)
+    (out64, g64), baselines, (out, g), per_sample, terms = run_paths(
+        client, model, inputs, grad_out, precision, device=device)
+    blocks = blocks_of(client)
     # Ours ran, each triangle layer once per block (the PyTorch runs did not count), the triangle
     # attentions and both transitions (pair and single track) fused: a LayerNorm each, the
     # attentions' gates, the transitions' SwiGLU.
     assert counted == {"attention": 2 * blocks, "trimul": 2 * blocks, "layer_norm": 4 * blocks,
                        "gate": 2 * blocks, "swiglu": 2 * blocks}, counted
-    compare(out, g, baselines, out64, g64, valid, precision, f"{name} {precision} seed {seed}",
-            per_sample, terms)
+    compare(out, g, baselines, out64, g64, valid, precision,
+            f"{name} {precision} {device} seed {seed}", per_sample, terms)
+
+
+@pytest.mark.parametrize("precision", ["float32", "bf16-autocast"])
+@pytest.mark.parametrize("name", NAMES)
+def test_matches_fp64_by_accuracy_rule(name, precision, seed, counted):
+    check_stack(name, precision, seed, counted)
 
 
 # A module alone (the client's triangle attention or pair transition, its update of z): the
@@ -239,18 +260,20 @@ MODULE_ROUNDINGS = {"tri_att_start": ATTENTION_ROUNDINGS, "tri_att_end": ATTENTI
 MODULE_GLUE = {"tri_att_start": (1, 1, 0), "tri_att_end": (1, 1, 0), "pair_transition": (1, 0, 1)}
 
 
-def module_step(kind, client, module, inputs, path, dtype, grad_out, autocast=None):
-    """One forward and backward of a pair-stack module (a copy in dtype) on z: its update and
-    the gradients by name."""
-    module = copy.deepcopy(module).to(dtype)
-    z = inputs["z"].detach().to(dtype).requires_grad_(True)
+def module_step(kind, client, module, inputs, path, dtype, grad_out, autocast=None,
+                device="cpu"):
+    """One forward and backward of a pair-stack module (a copy in dtype on device) on z: its
+    update and the gradients by name, on the CPU (as step)."""
+    module = copy.deepcopy(module).to(device, dtype)
+    z = inputs["z"].detach().to(device, dtype).requires_grad_(True)
     widen = WidenToFloat64() if dtype == torch.float64 else contextlib.nullcontext()
-    with widen, torch.autocast("cpu", dtype=autocast, enabled=autocast is not None):
-        out = client.run_module(kind, module, z, inputs["pair_mask"].to(dtype), path)
-    out.backward(grad_out["out"].to(out.dtype))
+    with widen, torch.autocast(torch.device(device).type, dtype=autocast,
+                               enabled=autocast is not None):
+        out = client.run_module(kind, module, z, inputs["pair_mask"].to(device, dtype), path)
+    out.backward(grad_out["out"].to(out.device, out.dtype))
     grads = {"dz": z.grad}
     grads.update({f"d[{n}]": p.grad for n, p in module.named_parameters()})
-    return {"out": out.detach()}, grads
+    return on_cpu({"out": out}), on_cpu(grads)
 
 
 def build_module(client, kind, seed):
@@ -276,23 +299,30 @@ def test_module_matches_fp64_by_accuracy_rule(name, kind, precision, seed, count
     calls them) and pair transition alone, our fused forward on the client's parameters against
     its own PyTorch path and FP64 (the update of z over real pairs, dz and every parameter
     gradient), and bitwise the same over repeated steps."""
+    check_module(name, kind, precision, seed, counted)
+
+
+def check_module(name, kind, precision, seed, counted, device="cpu"):
+    """test_module_matches_fp64_by_accuracy_rule with the module's PyTorch path and ours on
+    device (FP64 on the CPU)."""
     client = CLIENTS[name]
     module = build_module(client, kind, seed)
     inputs, grad_out, valid = module_case(client, seed)
     one_step = functools.partial(module_step, kind)
     (out64, g64), baselines, (out, g), per_sample, terms = run_paths(
-        client, module, inputs, grad_out, precision, step=one_step)
+        client, module, inputs, grad_out, precision, step=one_step, device=device)
     rules = MODULE_ROUNDINGS[kind]
     roundings = (rules[torch.float32], rules[torch.float32]) if precision == "float32" else \
         (rules["16-bit"], rules["16-bit gradients"])
     compare(out, g, baselines, out64, g64, valid, precision,
-            f"{name} {kind} {precision} seed {seed}", per_sample, terms, roundings)
+            f"{name} {kind} {precision} {device} seed {seed}", per_sample, terms, roundings)
     ln, gate, swiglu = MODULE_GLUE[kind]
     attention = 0 if kind == "pair_transition" else 1
     assert counted == {"attention": attention, "trimul": 0, "layer_norm": ln, "gate": gate,
                        "swiglu": swiglu}, counted
     autocast = torch.bfloat16 if precision == "bf16-autocast" else None
-    again = one_step(client, module.float(), inputs, "ours", torch.float32, grad_out, autocast)
+    again = one_step(client, module.float(), inputs, "ours", torch.float32, grad_out, autocast,
+                     device=device)
     for got, want in ((again[0], out), (again[1], g)):
         for key, ref in want.items():
             assert (got[key] is None and ref is None) or torch.equal(got[key], ref), key
@@ -306,13 +336,18 @@ def test_dropout_as_the_client_applies_it(name, seed, counted):
     would move them by the size of a dropped update): s, z and their gradients (the parameter
     gradients are held to the accuracy rule without dropout, above; a sum that cancels to ~0 has
     no relative error to bound here)."""
+    check_dropout(name, seed, counted)
+
+
+def check_dropout(name, seed, counted, device="cpu"):
+    """test_dropout_as_the_client_applies_it with both paths on device."""
     client = CLIENTS[name]
     model = build(client, seed, dropout=0.25).float().train()
     inputs, grad_out, valid = case(client, seed)
     results = {}
     for path in ("pytorch", "ours"):
         torch.manual_seed(seed)
-        results[path] = step(client, model, inputs, path, torch.float32, grad_out)
+        results[path] = step(client, model, inputs, path, torch.float32, grad_out, device=device)
     assert counted["gate"] > 0 and counted["swiglu"] > 0, counted
     (out, grads), (own, own_grads) = results["ours"], results["pytorch"]
     for key in ("s", "z"):
@@ -326,14 +361,24 @@ def test_dropout_as_the_client_applies_it(name, seed, counted):
 @pytest.mark.parametrize("name", NAMES)
 def test_gradients_bitwise_identical_over_steps(name, seed, counted):
     """Training mode with the client's default dropout (the same masks each step: reseeded)."""
+    check_repeatable(name, seed, counted)
+
+
+def check_repeatable(name, seed, counted, device="cpu", steps=3, autocast=None,
+                     between=lambda: None):
+    """Outputs and gradients of `steps` steps on our path on device bitwise the same (training
+    mode, dropout 0.25, reseeded each step); autocast: its dtype; between(): before each step."""
     client = CLIENTS[name]
     model = build(client, seed, dropout=0.25).float()
     inputs, grad_out, _ = case(client, seed)
     results = []
-    for _ in range(3):
+    for _ in range(steps):
+        between()
         torch.manual_seed(seed)
-        results.append(step(client, model, inputs, "ours", torch.float32, grad_out))
-    assert counted["attention"] > 0 and counted["trimul"] > 0
+        results.append(step(client, model, inputs, "ours", torch.float32, grad_out, autocast,
+                            device=device))
+    assert counted["attention"] == steps * 2 * blocks_of(client), counted
+    assert counted["trimul"] == steps * 2 * blocks_of(client), counted
     for out, grads in results[1:]:
         for key in ("s", "z"):
             assert torch.equal(out[key], results[0][0][key]), key
@@ -405,11 +450,16 @@ def test_float64_runs_the_clients_own_path(name, seed, counted):
     integration enabled, not our ops: a reference run in float64 (the client's float32 casts
     widened, as the FP64 runs above) gives the client's own float64 results bitwise, forward and
     backward."""
+    check_float64_fallback(name, seed, counted)
+
+
+def check_float64_fallback(name, seed, counted, device="cpu"):
+    """test_float64_runs_the_clients_own_path with both runs on device."""
     client = CLIENTS[name]
     model = build(client, seed)
     inputs, grad_out, _ = case(client, seed)
-    own = step(client, model, inputs, "pytorch", torch.float64, grad_out)
-    ours = step(client, model, inputs, "ours", torch.float64, grad_out)
+    own = step(client, model, inputs, "pytorch", torch.float64, grad_out, device=device)
+    ours = step(client, model, inputs, "ours", torch.float64, grad_out, device=device)
     assert set(counted.values()) == {0}, counted
     for got, want in zip(ours, own):
         assert set(got) == set(want)

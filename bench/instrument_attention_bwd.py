@@ -12,6 +12,9 @@ cycles per CTA (thread 0 of each role records; the CTA count rides in slot [4][1
   dqw (the dQ writer's thread): turn waits, dq_full waits, copies (through bulk_commit +
     bulk_wait_read), completion + release (bulk_wait, fence, pass_turn) and total;
   dbw (the single dbias writer thread): dbias_full waits, turn waits, copy + release and total.
+  With write_in_turns (9f8280b) the writers' columns are instead: dqw turn waits, issue (full
+  waits + copies), completion + release, tiles issued early (a count per CTA), total; dbw turn
+  waits, issue, completion + release, total.
 Usage: python3 bench/instrument_attention_bwd.py TREE
 """
 import sys
@@ -140,16 +143,88 @@ sub(ml, """    mbar_arrive(&sm.dbias_full);
   }
   PA(w, 9, t_all);
 }""")
+# ---- writers. Either the one-tile-at-a-time writers, or write_in_turns (the writers that issue the
+# next tile's copies before waiting for this one's, 9f8280b), whose slots are: turn waits, issue
+# (full waits + copies), completion + release, 1000 x the tiles issued early (printed as a count
+# per CTA; dQ only: slot 3) and total (dQ: slot 4; dbias: slot 3, its early count left out).
+if "write_in_turns" in open(ep).read():
+    sub(ep, """                                               Issue issue) {
+  if (T <= 0) return;""", """                                               Issue issue, unsigned long long* prof,
+                                               int total_slot, bool count_early) {
+  if (T <= 0) return;
+  const long long t_all = clock64();
+#define PW(slot, t0) (prof[slot] += clock64() - (t0))""")
+    sub(ep, """  int* sem = sem_of(0);
+  wait_turn(sem, turn);
+  fence_proxy_async_all();  // the turns before's sums (acquired above) to the bulk copies
+  issue(0);""", """  int* sem = sem_of(0);
+  PT(t_t0);
+  wait_turn(sem, turn);
+  PW(0, t_t0);
+  fence_proxy_async_all();  // the turns before's sums (acquired above) to the bulk copies
+  PT(t_i0);
+  issue(0);
+  PW(1, t_i0);""")
+    sub(ep, """      fence_proxy_async_all();
+      bulk_wait_all_but(issue(i + 1));  // tile i's copies complete, i + 1's under way
+      fence_proxy_async_all();
+      pass_turn(sem);
+      sem = next;
+      continue;""", """      fence_proxy_async_all();
+      PT(t_i);
+      const int newest = issue(i + 1);
+      PW(1, t_i);
+      PT(t_c);
+      bulk_wait_all_but(newest);  // tile i's copies complete, i + 1's under way
+      fence_proxy_async_all();
+      pass_turn(sem);
+      PW(2, t_c);
+      if (count_early) prof[3] += 1000;
+      sem = next;
+      continue;""")
+    sub(ep, """    bulk_wait();
+    fence_proxy_async_all();
+    pass_turn(sem);
+    if (next == nullptr) break;
+    sem = next;
+    wait_turn(sem, turn);
+    fence_proxy_async_all();
+    issue(i + 1);
+  }
+}""", """    PT(t_c);
+    bulk_wait();
+    fence_proxy_async_all();
+    pass_turn(sem);
+    PW(2, t_c);
+    if (next == nullptr) break;
+    sem = next;
+    PT(t_t);
+    wait_turn(sem, turn);
+    PW(0, t_t);
+    fence_proxy_async_all();
+    PT(t_i);
+    issue(i + 1);
+    PW(1, t_i);
+  }
+  PW(total_slot, t_all);
+#undef PW
+}""")
+    sub(ep, """      T_tiles, jb, [&](int i) { return sems + i; }, staged_ready, issue);""",
+        """      T_tiles, jb, [&](int i) { return sems + i; }, staged_ready, issue, sm.prof[3], 4, true);""")
+    sub(ep, """      [&](int i) { return mbar_ready(&sm.dbias_full, i & 1); }, issue);""",
+        """      [&](int i) { return mbar_ready(&sm.dbias_full, i & 1); }, issue, sm.prof[4], 3, false);""")
+# The one-tile-at-a-time writers (main since 8f977fc):
+sub_old = (lambda *args, **kw: None) if "write_in_turns" in open(ep).read() else sub
 # ---- dq writer: one thread (warp 1, lane 0), bulk copies in every key block
-sub(ep, """  if ((threadIdx.x & 31) != 0) return;""", """  if ((threadIdx.x & 31) != 0) return;
+sub_old(ep, """  if ((threadIdx.x & 31) != 0) return;""", """  if ((threadIdx.x & 31) != 0) return;
   const bool prof_on = true;
   PT(t_all);""")
-sub(ep, """    wait_turn(sem, jb);
+sub_old(ep, """    wait_turn(sem, jb);
     fence_proxy_async_all();""", """    PT(t_t);
     wait_turn(sem, jb);
     PA(3, 0, t_t);
     fence_proxy_async_all();""")
-sub(ep, """      mbar_wait(&sm.dq_full[buf], (staged / DQS) & 1);
+sub_old(ep, """      mbar_wait(&sm.dq_full[buf], (staged / DQS) & 1);
       const int n = g * A + u;
       if (n < f.N && (first || sm.dq_valid[buf] != 0)) {""", """      PT(t_f);
       mbar_wait(&sm.dq_full[buf], (staged / DQS) & 1);
@@ -157,7 +232,7 @@ sub(ep, """      mbar_wait(&sm.dq_full[buf], (staged / DQS) & 1);
       PT(t_w);
       const int n = g * A + u;
       if (n < f.N && (first || sm.dq_valid[buf] != 0)) {""")
-sub(ep, """        bulk_commit();
+sub_old(ep, """        bulk_commit();
         bulk_wait_read();
       }
       mbar_arrive(&sm.dq_empty[buf]);
@@ -181,10 +256,10 @@ sub(ep, """        bulk_commit();
   PA(3, 4, t_all);
 }""")
 # ---- dbias writer (one thread: part 0, lane 0)
-sub(ep, """  if (part != 0 || (threadIdx.x & 31) != 0) return;""", """  if (part != 0 || (threadIdx.x & 31) != 0) return;
+sub_old(ep, """  if (part != 0 || (threadIdx.x & 31) != 0) return;""", """  if (part != 0 || (threadIdx.x & 31) != 0) return;
   const bool prof_on = true;
   PT(t_all);""")
-sub(ep, """    mbar_wait(&sm.dbias_full, i & 1);
+sub_old(ep, """    mbar_wait(&sm.dbias_full, i & 1);
     int* sem = p.dbias_sem + (bh * T_tiles + i) * J + jb;
     wait_turn(sem, turn);""", """    PT(t_f);
     mbar_wait(&sm.dbias_full, i & 1);
@@ -194,7 +269,7 @@ sub(ep, """    mbar_wait(&sm.dbias_full, i & 1);
     wait_turn(sem, turn);
     PA(4, 1, t_t);
     PT(t_c);""")
-sub(ep, """    bulk_wait();
+sub_old(ep, """    bulk_wait();
     fence_proxy_async_all();
     pass_turn(sem);
   }

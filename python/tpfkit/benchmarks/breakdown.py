@@ -74,7 +74,8 @@ CLASSES: tuple[tuple[str, str], ...] = (
     # PyTorch's other kernels and ops, known as such: elementwise, reductions, copies, softmax
     # (softmax_warp_* sit outside at::), LayerNorm, dropout, indexing, cub/thrust, the autograd
     # engine's own ops; Inductor's Triton kernels (triton_*); on the CPU also the records of
-    # autograd Functions' forwards (ours: Eager, _TrimulEager: the host time around our calls).
+    # autograd Functions' forwards (ours: Eager, ops/_common.py's eager_autograd route of every op:
+    # the host time around our calls).
     # TriFast's Triton kernels (_fwd, _bwd_kv, _bwd_q, _bwd_b; no client path here runs it) are
     # named here too, as other.
     ("other_pytorch", r"at::|c10::|^aten::|^autograd::|^torch::autograd::|Backward\d*$"

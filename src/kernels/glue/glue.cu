@@ -279,7 +279,7 @@ void layer_norm_forward(const LayerNormForwardArgs& a, const Rows& rows, int64_t
       });
     });
   });
-  check_cuda(cudaGetLastError(), "layer_norm_forward_kernel");
+  check_launch("layer_norm_forward_kernel");
 }
 
 void layer_norm_backward(const LayerNormBackwardArgs& a, const Rows& rows, int64_t n_rows,
@@ -306,12 +306,12 @@ void layer_norm_backward(const LayerNormBackwardArgs& a, const Rows& rows, int64
       });
     });
   });
-  check_cuda(cudaGetLastError(), "layer_norm_backward_kernel");
+  check_launch("layer_norm_backward_kernel");
   layer_norm_finish_kernel<<<unsigned((2 * C + kColumnSumCols - 1) / kColumnSumCols),
                              dim3(kColumnSumCols, kColumnSumRowGroups), 0, s>>>(
       partial, int(blocks), C, static_cast<float*>(a.dweight.data),
       static_cast<float*>(a.dbias.data));
-  check_cuda(cudaGetLastError(), "layer_norm_finish_kernel");
+  check_launch("layer_norm_finish_kernel");
 }
 
 namespace {
@@ -334,7 +334,7 @@ void swiglu(const SwigluArgs& a, void* stream) {
     else
       swiglu_kernel<T, 1, Backward><<<grid_for(M * H, kThreads), kThreads, 0, s>>>(ab, dh, o, M, H);
   });
-  check_cuda(cudaGetLastError(), "swiglu_kernel");
+  check_launch("swiglu_kernel");
 }
 
 template <bool Backward>
@@ -360,7 +360,7 @@ void gated_output(const GatedOutputArgs& a, const Heads& heads, void* stream) {
       gated_output_kernel<T, 1, Backward>
           <<<grid_for(R * HD, kThreads), kThreads, 0, s>>>(g, gs, o, dy, res, d_o, R, HD, heads);
   });
-  check_cuda(cudaGetLastError(), "gated_output_kernel");
+  check_launch("gated_output_kernel");
 }
 }  // namespace
 

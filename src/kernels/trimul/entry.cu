@@ -129,7 +129,7 @@ void backward(const TrimulBackwardArgs& a, const TrimulDims& d, cudaStream_t str
   p.sums = reinterpret_cast<double*>(ws + layout.sums);
   if constexpr (!kIsF32<T>) {  // the 16-bit types' backward kernels: three CTAs per SM
     p.grid_input_backward = int(p.tiles < kSplitBackwardCtas ? p.tiles : kSplitBackwardCtas);
-    p.grid_backward = int(p.tiles < kOccupancyBackwardCtas ? p.tiles : kOccupancyBackwardCtas);
+    p.grid_backward = int(p.tiles < k16BitOutputBackwardCtas ? p.tiles : k16BitOutputBackwardCtas);
   }
   float* dw_in = reinterpret_cast<float*>(ws + layout.dw_in);
   float* dw_out = reinterpret_cast<float*>(ws + layout.dw_out);

@@ -126,7 +126,7 @@ __device__ __forceinline__ void load_gates_step(const Params& p, const Tile& til
 
 // kD: static D (64 or 128; Dims), or 0 for D from Params.
 template <typename T, int kD>
-__global__ void __launch_bounds__(kThreads, kOccupancyCtas)
+__global__ void __launch_bounds__(kThreads, k16BitCtas)
     input_backward_gates_kernel(const Params p) {
   using Acc = WarpTileLdsm<T>;
   using Dm = Dims<kD>;
@@ -337,8 +337,7 @@ __device__ __forceinline__ void load_dx_stage(const Params& p, const Tile& tile,
 
 // kD: static D (64 or 128; Dims), or 0 for D from Params.
 template <typename T, int kD>
-__global__ void __launch_bounds__(kThreads, kOccupancyCtas)
-    input_backward_dx_kernel(const Params p) {
+__global__ void __launch_bounds__(kThreads, k16BitCtas) input_backward_dx_kernel(const Params p) {
   using Dm = Dims<kD>;
   constexpr int kLanes = kLanesOf<kD>;
   extern __shared__ __align__(128) unsigned char smem_raw[];

@@ -105,13 +105,13 @@ __global__ void __launch_bounds__(kThreads, kF32Ctas) input_forward_f32_kernel(c
 // No fp32 staging (34 KB less shared memory: 68 KB per CTA at D = 128) and at most 80 registers.
 
 template <typename T>
-struct InputForwardOccupancySmem {
+struct InputForward16BitSmem {
   T* x;
   T* w;
   T* st;
   float* mask;
   size_t bytes;
-  __host__ __device__ InputForwardOccupancySmem(unsigned char* base, int Dp) {
+  __host__ __device__ InputForward16BitSmem(unsigned char* base, int Dp) {
     SmemCarver s{base};
     take_step_operands(s, Dp, x, w);
     st = s.take<T>(size_t(kRows) * kLdSt);
@@ -122,14 +122,13 @@ struct InputForwardOccupancySmem {
 
 // kD: static D (64 or 128; Dims), or 0 for D from Params.
 template <typename T, int kD>
-__global__ void __launch_bounds__(kThreads, kOccupancyCtas)
-    input_forward_16bit_kernel(const Params p) {
+__global__ void __launch_bounds__(kThreads, k16BitCtas) input_forward_16bit_kernel(const Params p) {
   using Acc = WarpTileLdsm<T>;
   using Dm = Dims<kD>;
   constexpr int kLdAB = kRows + kPad;
   extern __shared__ __align__(128) unsigned char smem_raw[];
   const int D = Dm::D(p), Dp = Dm::Dp(p), ld = Dm::ld(p), chunks = Dm::chunks(p);
-  InputForwardOccupancySmem<T> s(smem_raw, Dp);
+  InputForward16BitSmem<T> s(smem_raw, Dp);
   const Tile tile = tile_at<true>(blockIdx.x, p);  // grids of at most 2^31 - 1 tiles
   const T* w_in = static_cast<const T*>(p.w_in);
 
@@ -224,7 +223,7 @@ void launch_input_forward(const Params& p, cudaStream_t stream) {
   else
     with_static_d(p, [&](auto d) {
       launch_kernel(input_forward_16bit_kernel<T, d.value>, dim3(unsigned(p.tiles)),
-                    InputForwardOccupancySmem<T>(nullptr, p.Dp).bytes, p, stream,
+                    InputForward16BitSmem<T>(nullptr, p.Dp).bytes, p, stream,
                     "trimul input_forward");
     });
 }

@@ -18,13 +18,13 @@
 namespace tpf::cuda::trimul {
 
 // One kernel per job and element type (their tile sizes and CTAs per SM: tiles.h). 16-bit types
-// (bfloat16, float16) run the kernels bounded for kOccupancyCtas CTAs per SM: GEMMs through mma.sync with ldmatrix fragments, epilogues from
-// the MMA registers, the sigmoid through the approximate exponential and division (device.cuh),
-// input_backward split in two persistent kernels (input_backward_split.cu) and output_backward
-// persistent over kOccupancyBackwardCtas CTAs. float32 runs its own kernels (GEMMs on the CUDA
-// cores, IEEE sigmoid: float32 outputs keep float32 accuracy), at kF32Ctas CTAs per SM,
-// persistent backward kernels over kBackwardCtas CTAs. The designs tried and deleted:
-// bench/notes-trimul.md.
+// (bfloat16, float16) run the kernels bounded for k16BitCtas CTAs per SM: GEMMs through mma.sync
+// with ldmatrix fragments, epilogues from the MMA registers, the sigmoid through the approximate
+// exponential and division (device.cuh), input_backward split in two persistent kernels
+// (input_backward_split.cu) and output_backward persistent over k16BitOutputBackwardCtas CTAs.
+// float32 runs its own kernels (GEMMs on the CUDA cores, IEEE sigmoid: float32 outputs keep
+// float32 accuracy), at kF32Ctas CTAs per SM, persistent backward kernels over kBackwardCtas CTAs.
+// The designs tried and deleted: bench/notes-trimul.md.
 template <typename T>
 constexpr bool kIsF32 = std::is_same_v<T, float>;
 

@@ -185,7 +185,7 @@ __global__ void __launch_bounds__(kThreads, kF32Ctas) output_backward_f32_kernel
 // and dz reach shared memory by stmatrix, z_hat by ldmatrix, and z_ln, dpo and dz leave in
 // 16-byte stores. The row sums of the LayerNorm backward cross the four column warps through
 // `red`. 74.5 KB of shared memory at D = 128, at most 80 registers; grid p.grid_backward =
-// kOccupancyBackwardCtas (three per SM). Running sums in fixed roles, summed per tile over the
+// k16BitOutputBackwardCtas (three per SM). Running sums in fixed roles, summed per tile over the
 // warp's 8 row groups by a reduce-scatter (lane g keeps column k = g of its 8), so each thread
 // keeps one running sum per quantity (in its slots of `sums`):
 //   d p_out_bias, d g_out_bias -> row (2 CTA + warp's row half) of partials_bias_out;
@@ -198,7 +198,7 @@ constexpr int kColWarps = kChunkN / 32;  // warps across the columns of the 2 x 
 constexpr int kLdZT = kRows + kPad;      // dz staged channel-major
 
 template <typename T>
-struct OutputBackwardOccupancySmem {
+struct OutputBackward16BitSmem {
   T* z;
   T* x;
   T* w;
@@ -209,7 +209,7 @@ struct OutputBackwardOccupancySmem {
   size_t bytes;
   // SmemCarver's layout (128-byte aligned regions in this order) in 32-bit offsets: with size_t
   // ones, ptxas keeps a 64-bit offset across the tile loop and spills it.
-  __host__ __device__ OutputBackwardOccupancySmem(unsigned char* base, int Dp) {
+  __host__ __device__ OutputBackward16BitSmem(unsigned char* base, int Dp) {
     unsigned at = 0;
     auto take = [&](unsigned elems, unsigned elem_bytes) {
       unsigned char* q = base + at;
@@ -309,10 +309,10 @@ __device__ __forceinline__ unsigned char* smem_base_here(unsigned char* base) {
 // kPaired: D is even (go, dy and dgo in 32-bit pairs; scalar otherwise, for the C++ API's odd D).
 // kD: static D (64 or 128; Dims; always paired), or 0 for D from Params.
 template <typename T, bool kPaired, int kD>
-__global__ void __launch_bounds__(kThreads, kOccupancyCtas)
+__global__ void __launch_bounds__(kThreads, k16BitCtas)
     output_backward_16bit_kernel(const Params p) {
   using Acc = WarpTileLdsm<T>;
-  using Smem = OutputBackwardOccupancySmem<T>;
+  using Smem = OutputBackward16BitSmem<T>;
   using Dm = Dims<kD>;
   static_assert(kD == 0 || kPaired, "static D is even");
   // The widest row (row-major stores) or the most channels (dz's channel-major store).
@@ -629,7 +629,7 @@ void launch_output_backward(const Params& p, cudaStream_t stream) {
       if constexpr (kD == 0)
         if (p.D % 2 != 0) kernel = output_backward_16bit_kernel<T, false, 0>;
       launch_kernel(kernel, dim3(unsigned(p.grid_backward)),
-                    OutputBackwardOccupancySmem<T>(nullptr, p.Dp).bytes, p, stream,
+                    OutputBackward16BitSmem<T>(nullptr, p.Dp).bytes, p, stream,
                     "trimul output_backward");
     });
   }

@@ -79,12 +79,12 @@ __global__ void __launch_bounds__(kThreads, kF32Ctas) output_forward_f32_kernel(
 // per CTA at D = 128, at most 80 registers.
 
 template <typename T>
-struct OutputForwardOccupancySmem {
+struct OutputForward16BitSmem {
   T* zx;
   T* w;
   T* st;
   size_t bytes;
-  __host__ __device__ OutputForwardOccupancySmem(unsigned char* base, int Dp) {
+  __host__ __device__ OutputForward16BitSmem(unsigned char* base, int Dp) {
     SmemCarver s{base};
     zx = s.take<T>(size_t(kRows) * (Dp + kPad));
     w = s.take<T>(size_t(Dp) * (Dp + kPad));
@@ -95,13 +95,13 @@ struct OutputForwardOccupancySmem {
 
 // kD: static D (64 or 128; Dims), or 0 for D from Params.
 template <typename T, int kD>
-__global__ void __launch_bounds__(kThreads, kOccupancyCtas)
+__global__ void __launch_bounds__(kThreads, k16BitCtas)
     output_forward_16bit_kernel(const Params p) {
   using Acc = WarpTileLdsm<T>;
   using Dm = Dims<kD>;
   extern __shared__ __align__(128) unsigned char smem_raw[];
   const int D = Dm::D(p), Dp = Dm::Dp(p), ld = Dm::ld(p);
-  OutputForwardOccupancySmem<T> s(smem_raw, Dp);
+  OutputForward16BitSmem<T> s(smem_raw, Dp);
   const Tile tile = tile_at<true>(blockIdx.x, p);  // grids of at most 2^31 - 1 tiles
   const T* go = static_cast<const T*>(p.go) + tile.row0 * D;
 
@@ -149,7 +149,7 @@ void launch_output_forward(const Params& p, cudaStream_t stream) {
   else
     with_static_d(p, [&](auto d) {
       launch_kernel(output_forward_16bit_kernel<T, d.value>, dim3(unsigned(p.tiles)),
-                    OutputForwardOccupancySmem<T>(nullptr, p.Dp).bytes, p, stream,
+                    OutputForward16BitSmem<T>(nullptr, p.Dp).bytes, p, stream,
                     "trimul output_forward");
     });
 }

@@ -61,7 +61,7 @@ struct Params {
   float* partials_norm_in;   // [kWarps * grid_input_backward, D]: d norm_in_weight
   double* sums;
   int grid_backward;        // persistent CTAs of output_backward (kBackwardCtas for float32,
-                            // kOccupancyBackwardCtas for 16-bit types; the output segments of
+                            // k16BitOutputBackwardCtas for 16-bit types; the output segments of
                             // launch_reduce_sums follow it)
   int grid_input_backward;  // persistent CTAs of the input_backward kernel(s) (kBackwardCtas for
                             // float32, kSplitBackwardCtas for 16-bit types)

@@ -30,7 +30,7 @@ constexpr int kLdSt = kChunkN + kPad;
 constexpr int kStagingFloats = kRows * kLdC > kChunkN* kLdCT ? kRows* kLdC : kChunkN* kLdCT;
 // CTAs per SM that the kernels are bounded for (__launch_bounds__): the 16-bit types' kernels and
 // the float32 ones.
-constexpr int kOccupancyCtas = 3;
+constexpr int k16BitCtas = 3;
 constexpr int kF32Ctas = 2;
 // Persistent CTAs of the float32 backward kernels (two per SM on a 132-SM H100/H200). A constant,
 // not the device's SM count: the order of the bias and LayerNorm gradient sums follows from it.
@@ -42,9 +42,9 @@ constexpr int kMaxInputBackwardCtas =
     kSplitBackwardCtas > kBackwardCtas ? kSplitBackwardCtas : kBackwardCtas;
 // Persistent CTAs of the 16-bit types' output_backward (three per SM), and the most that the
 // output side's partial sums are sized for.
-constexpr int kOccupancyBackwardCtas = 396;
+constexpr int k16BitOutputBackwardCtas = 396;
 constexpr int kMaxOutputBackwardCtas =
-    kOccupancyBackwardCtas > kBackwardCtas ? kOccupancyBackwardCtas : kBackwardCtas;
+    k16BitOutputBackwardCtas > kBackwardCtas ? k16BitOutputBackwardCtas : kBackwardCtas;
 
 // The tile passes' trip counts at the largest D (device.cuh): rows per warp and row elements per
 // lane in row passes, elements per thread in channel-major passes.

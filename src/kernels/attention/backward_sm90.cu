@@ -29,6 +29,7 @@
 #include "kernels/attention/backward_sm90_epilogue.cuh"
 #include "kernels/attention/backward_sm90_mainloop.cuh"
 #include "kernels/attention/tma.cuh"
+#include "kernels/common/device_guard.h"
 #include "kernels/common/wgmma.cuh"
 
 namespace tpf::cuda {
@@ -118,20 +119,24 @@ void launch(const AttentionBackwardParams& p, const Sm90BackwardWorkspace& w, cu
                          kBwdKeysPerWarpgroup, CU_TENSOR_MAP_SWIZZLE_128B, "bias", maps.bias_dims);
   }
   launch_attention_delta<T, D>(p, grid.query_tiles * kTileQ, stream);
-  cudaMemsetAsync(p.dq_sem, 0, w.sem_bytes, stream);  // dq_sem and dbias_sem are contiguous
+  // dq_sem and dbias_sem are contiguous
+  check_cuda(cudaMemsetAsync(p.dq_sem, 0, w.sem_bytes, stream), "attention backward: semaphores");
   if constexpr (!S::kF32Bias) {
     if (p.bias_copy)
       for (int b = 0; b < f.B; ++b)
-        for (int h = 0; h < f.H; ++h)
-          cudaMemcpy2DAsync(
-              static_cast<char*>(p.bias_copy) + (int64_t(b) * f.H + h) * f.Sq * pitch * 2,
-              size_t(pitch) * 2,
-              static_cast<const char*>(f.bias) + (b * f.bias_stride_b + h * f.bias_stride_h) * 2,
-              size_t(f.bias_stride_q) * 2, size_t(f.Sk) * 2, size_t(f.Sq), cudaMemcpyDeviceToDevice,
-              stream);
+        for (int h = 0; h < f.H; ++h) {
+          char* dst = static_cast<char*>(p.bias_copy) + (int64_t(b) * f.H + h) * f.Sq * pitch * 2;
+          const char* src =
+              static_cast<const char*>(f.bias) + (b * f.bias_stride_b + h * f.bias_stride_h) * 2;
+          check_cuda(
+              cudaMemcpy2DAsync(dst, size_t(pitch) * 2, src, size_t(f.bias_stride_q) * 2,
+                                size_t(f.Sk) * 2, size_t(f.Sq), cudaMemcpyDeviceToDevice, stream),
+              "attention backward: the bias's aligned copy");
+        }
   }
   auto kernel = attention_backward_sm90_kernel<T, D, BT>;
-  cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem));
+  check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)),
+             "attention backward: its shared memory");
   const int groups_per_chunk = w.chunk / S::A;
   for (int g0 = 0; g0 < grid.groups; g0 += groups_per_chunk) {
     const int groups = min(groups_per_chunk, grid.groups - g0);

@@ -25,6 +25,7 @@
 #include "kernels/attention/forward_sm90_epilogue.cuh"
 #include "kernels/attention/forward_sm90_mainloop.cuh"
 #include "kernels/attention/tma.cuh"
+#include "kernels/common/device_guard.h"
 #include "tpf/error.h"
 
 namespace tpf::cuda::fwd90 {
@@ -158,7 +159,8 @@ void launch_dp(const AttentionForwardParams& f, const AttentionForwardArgs& a,
   const size_t smem = L::smem_bytes(p.key_tiles);
   // The mask words (8 bytes per slice and key tile) sit in shared memory beside the stages; src/ops
   // checked Sk against max_keys before anything was queued.
-  cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem));
+  check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)),
+             "attention forward: its shared memory");
   kernel<<<grid_of(p), kThreads, smem, stream>>>(p);
 }
 

@@ -233,9 +233,9 @@ __global__ void __launch_bounds__(kThreads, k16BitCtas) input_forward_16bit_kern
 //     the stage (a warp per row as normalize_input_rows: the same sums, the same bits of x_ln),
 //     written back swizzled, so the stage becomes wgmma's K-major A operand; then per step a
 //     wgmma m64nNk16 chain (A = x_ln, B = the weight block, both from shared memory), the stage
-//     released after the last step's GEMM, and the epilogue from the accumulator registers: a | b
-//     = sigmoid_fast(G) * P * mask transposed into its staging, go row-major (64-column halves),
-//     then 16-byte stores.
+//     released after the last step's GEMM, and the epilogue from the accumulator registers in parts
+//     of 32 channels or columns: a | b = sigmoid_fast(G) * P * mask transposed into its staging,
+//     go row-major, then 16-byte stores (a channel's 64 positions are 128 contiguous bytes).
 // The a/b blocks are used as pack.cu writes them (P rows 0..63, G rows 64..127): accumulator
 // columns 8j.. (j < 8) and 8(j + 8).. are P and G of the same channels in the same thread.
 // The products accumulate in fp32 as mma.sync's do but in wgmma's order, so a, b and go may differ
@@ -310,7 +310,7 @@ __global__ void __launch_bounds__(sm90::kThreads, 1)
                               const __grid_constant__ CUtensorMap x_map,
                               const __grid_constant__ CUtensorMap w_map) {
   using L = sm90::Layout<kD>;
-  constexpr int kLd = L::kLdSt;
+  constexpr int kPart = L::kPart, kLdAB = L::kLdAB, kLdGo = L::kLdGo;
   extern __shared__ __align__(1024) unsigned char smem_raw[];
   // Aligned up to 1024 bytes by pointer arithmetic on the shared array (a round trip through an
   // integer would lose its state space: generic loads and stores instead of LDS / STS).
@@ -414,47 +414,52 @@ __global__ void __launch_bounds__(sm90::kThreads, 1)
     consumer_sync(c);
     mbar_wait(w_bar, 0);
 
-    // a | b steps: 64 channels each, all in a (q < chunks / 2) or all in b.
+    // a | b steps: 64 channels each, all in a (q < chunks / 2) or all in b; the epilogue in two
+    // parts of kPart channels (accumulator blocks j and j + 8 of each part: P and G).
+    const int64_t origin = tile.channel_major(p, kD, 0, 0);
+    const bool whole = tile.n == kRows && p.S % 8 == 0;
 #pragma unroll 1
     for (int q = 0; q < L::kChunks; ++q) {
       float acc[kChunkN / 8][4];
       step_gemm<T, kChunkN, kD>(acc, xs_addr, smem_addr(base + L::kW + q * L::kWBlockBytes));
       wgmma_wait<0>();
       fence_regs(acc);
-      consumer_sync(c);  // the previous step's stores have read the staging
-#pragma unroll
-      for (int j = 0; j < 8; ++j)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const int r = 16 * warp + g + 8 * (e >> 1), cl = 8 * j + 2 * tq + (e & 1);
-          const int ch = q * kChunkChannels + cl;
-          const float pv = acc[j][e] + bias_in[ch];
-          const float gv = acc[j + 8][e] + bias_in[2 * kD + ch];
-          st[cl * kLd + r] = from_f<T>(sigmoid_fast(gv) * pv * mask[r]);
-        }
-      consumer_sync(c);
       const int c0 = q * kChunkChannels;
       T* dst =
           (c0 < kD ? static_cast<T*>(p.a) + c0 * plane : static_cast<T*>(p.b) + (c0 - kD) * plane) +
-          tile.channel_major(p, kD, 0, 0);
-      const bool whole = tile.n == kRows && p.S % 8 == 0;
+          origin;
 #pragma unroll
-      for (int it = 0; it < kChunkChannels * kRows / 8 / 128; ++it) {
-        const int idx = tid + 128 * it, cl = idx / (kRows / 8), r0 = (idx % (kRows / 8)) * 8;
-        T* d = dst + cl * plane + r0;
-        const uint4 val = *reinterpret_cast<const uint4*>(st + cl * kLd + r0);
-        if (whole || (r0 + 8 <= tile.n && reinterpret_cast<uintptr_t>(d) % 16 == 0)) {
-          *reinterpret_cast<uint4*>(d) = val;
-        } else {
-          const T* sv = st + cl * kLd + r0;
+      for (int part = 0; part < kChunkChannels / kPart; ++part) {
+        consumer_sync(c);  // the staging's previous readers are done
 #pragma unroll
-          for (int e = 0; e < 8; ++e)
-            if (r0 + e < tile.n) d[e] = sv[e];
+        for (int j = part * kPart / 8; j < (part + 1) * kPart / 8; ++j)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            const int r = 16 * warp + g + 8 * (e >> 1), cl = 8 * j + 2 * tq + (e & 1);
+            const int ch = c0 + cl;
+            const float pv = acc[j][e] + bias_in[ch];
+            const float gv = acc[j + 8][e] + bias_in[2 * kD + ch];
+            st[(cl - part * kPart) * kLdAB + r] = from_f<T>(sigmoid_fast(gv) * pv * mask[r]);
+          }
+        consumer_sync(c);
+        // Channel part * kPart + idx / 8 of the step, rows 8 (idx % 8) ..: 16 bytes a thread.
+#pragma unroll
+        for (int it = 0; it < kPart * kRows / 8 / 128; ++it) {
+          const int idx = tid + 128 * it, cl = idx / (kRows / 8), r0 = (idx % (kRows / 8)) * 8;
+          T* d = dst + (part * kPart + cl) * plane + r0;
+          const T* sv = st + cl * kLdAB + r0;
+          if (whole || (r0 + 8 <= tile.n && reinterpret_cast<uintptr_t>(d) % 16 == 0)) {
+            *reinterpret_cast<uint4*>(d) = *reinterpret_cast<const uint4*>(sv);
+          } else {
+#pragma unroll
+            for (int e = 0; e < 8; ++e)
+              if (r0 + e < tile.n) d[e] = sv[e];
+          }
         }
       }
     }
 
-    // Output gate logits, N = D, row-major through the staging in 64-column halves.
+    // Output gate logits, N = D, row-major through the staging in parts of kPart columns.
     {
       float acc[kD / 8][4];
       step_gemm<T, kD, kD>(acc, xs_addr, smem_addr(base + L::kW + L::kChunks * L::kWBlockBytes));
@@ -463,23 +468,24 @@ __global__ void __launch_bounds__(sm90::kThreads, 1)
       mbar_arrive(&empty[s.stage]);  // this thread's reads of the stage are done
       T* go = static_cast<T*>(p.go) + tile.row0 * kD;
 #pragma unroll
-      for (int h = 0; h < kD / 64; ++h) {
+      for (int part = 0; part < kD / kPart; ++part) {
         consumer_sync(c);
 #pragma unroll
-        for (int j = 8 * h; j < 8 * h + 8; ++j)
+        for (int j = part * kPart / 8; j < (part + 1) * kPart / 8; ++j)
 #pragma unroll
           for (int e = 0; e < 4; e += 2) {
             const int r = 16 * warp + g + 8 * (e >> 1), n = 8 * j + 2 * tq;
-            store_pair(st + r * kLd + n - 64 * h, acc[j][e] + bias_go[n],
+            store_pair(st + r * kLdGo + n - part * kPart, acc[j][e] + bias_go[n],
                        acc[j][e + 1] + bias_go[n + 1]);
           }
         consumer_sync(c);
+        // Row idx / (kPart / 8), columns part * kPart + 8 (idx % (kPart / 8)) ..: 16 bytes.
 #pragma unroll
-        for (int it = 0; it < kRows * 64 / 8 / 128; ++it) {
-          const int idx = tid + 128 * it, r = idx / 8, c8 = (idx % 8) * 8;
+        for (int it = 0; it < kRows * kPart / 8 / 128; ++it) {
+          const int idx = tid + 128 * it, r = idx / (kPart / 8), c8 = (idx % (kPart / 8)) * 8;
           if (r < tile.n)
-            *reinterpret_cast<uint4*>(go + r * kD + 64 * h + c8) =
-                *reinterpret_cast<const uint4*>(st + r * kLd + c8);
+            *reinterpret_cast<uint4*>(go + r * kD + part * kPart + c8) =
+                *reinterpret_cast<const uint4*>(st + r * kLdGo + c8);
         }
       }
     }

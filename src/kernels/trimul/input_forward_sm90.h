@@ -41,15 +41,22 @@ struct Layout {
   static constexpr int kChunks = 2 * kD / kChunkChannels;  // a/b steps; then the gate step
   static constexpr int kBlocks = kChunks + 1;              // weight blocks [kChunkN][kD]
   static constexpr int kKHalves = kD / kAtomCols;          // 64-column blocks along K
-  // x stages in the ring: two at D = 128 (the 160 KiB of weights leave no room for a third).
-  static constexpr int kStages = kD == 128 ? 2 : 4;
+  // x stages in the ring: three at D = 128 (the 160 KiB of weights leave room for no fourth), so
+  // that one tile is loading while both consumers work.
+  static constexpr int kStages = kD == 128 ? 3 : 4;
   static constexpr uint32_t kWBlockBytes = uint32_t(kChunkN) * kD * 2;
   static constexpr uint32_t kWBytes = kBlocks * kWBlockBytes;
   static constexpr uint32_t kXBytes = uint32_t(kRows) * kD * 2;  // one stage (one TMA tx count)
-  // Per consumer: the epilogue's 16-bit staging, [64][kLdSt] (a | b channel-major: [channel][row];
-  // go row-major in 64-column halves: [row][column]).
-  static constexpr int kLdSt = kRows + kPad;
-  static constexpr uint32_t kStagingBytes = uint32_t(kRows) * kLdSt * 2;
+  // Per consumer: the epilogue's 16-bit staging for one part of kPart channels or columns (the
+  // epilogues go in parts, so that the staging leaves room for the third stage): a | b
+  // channel-major [kPart channels][kRows rows] with row stride kLdAB, go row-major
+  // [kRows rows][kPart columns] with row stride kLdGo (the pads: 16-byte aligned rows that start
+  // on different banks).
+  static constexpr int kPart = 32;
+  static constexpr int kLdAB = kRows + kPad;
+  static constexpr int kLdGo = kPart + kPad;
+  static constexpr uint32_t kStagingBytes =
+      uint32_t(kPart * kLdAB > kRows * kLdGo ? kPart * kLdAB : kRows * kLdGo) * 2;
   // Offsets from the 1024-byte aligned base.
   static constexpr uint32_t kW = 0;
   static constexpr uint32_t kX = kW + kWBytes;

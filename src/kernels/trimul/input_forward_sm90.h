@@ -42,8 +42,8 @@ struct Layout {
   static constexpr int kBlocks = kChunks + 1;              // weight blocks [kChunkN][kD]
   static constexpr int kKHalves = kD / kAtomCols;          // 64-column blocks along K
   // x stages in the ring: three at D = 128 (the 160 KiB of weights leave room for no fourth), so
-  // that one tile is loading while both consumers work.
-  static constexpr int kStages = kD == 128 ? 3 : 4;
+  // that one tile is loading while both consumers work; six at D = 64 (8 KiB each), four loading.
+  static constexpr int kStages = kD == 128 ? 3 : 6;
   static constexpr uint32_t kWBlockBytes = uint32_t(kChunkN) * kD * 2;
   static constexpr uint32_t kWBytes = kBlocks * kWBlockBytes;
   static constexpr uint32_t kXBytes = uint32_t(kRows) * kD * 2;  // one stage (one TMA tx count)

@@ -1,7 +1,9 @@
 // Fused input kernel: LayerNorm_in, the five projections (P and G of a and b, the output gate
 // logits), gates and mask, in one pass over x. One CTA per tile of kRows positions. Step
 // q < input_chunks writes a and b channel-major; the last step writes go row-major. The next
-// block's weights load while the epilogue runs. One kernel for float32, one for 16-bit types.
+// block's weights load while the epilogue runs. One kernel for float32, one for 16-bit types
+// (mma.sync), and for 16-bit types at D = 64 and 128 the Hopper kernel below (TMA, wgmma, warp
+// specialization; persistent), which the launcher takes there.
 //
 // float32 (GEMMs on the CUDA cores, IEEE sigmoid, 2 CTAs per SM):
 //   X  [kRows, Dp]     x_ln, the A operand of every step
@@ -130,7 +132,8 @@ struct InputForward16BitSmem {
   }
 };
 
-// kD: static D (64 or 128; Dims), or 0 for D from Params.
+// kD: static D (64 or 128; Dims), or 0 for D from Params. Only kD = 0 is launched: D = 64 and 128
+// run input_forward_sm90_kernel (their instantiations here were deleted with it).
 template <typename T, int kD>
 __global__ void __launch_bounds__(kThreads, k16BitCtas) input_forward_16bit_kernel(const Params p) {
   using Acc = WarpTileLdsm<T>;

@@ -416,6 +416,8 @@ __global__ void __launch_bounds__(sm90::kThreads, 1)
     fence_proxy_async();
     consumer_sync(c);
     mbar_wait(w_bar, 0);
+    // The mask of this thread's accumulator rows 16 warp + g and + 8.
+    const float mask_lo = mask[16 * warp + g], mask_hi = mask[16 * warp + g + 8];
 
     // a | b steps: 64 channels each, all in a (q < chunks / 2) or all in b; the epilogue in two
     // parts of kPart channels (accumulator blocks j and j + 8 of each part: P and G).
@@ -433,17 +435,37 @@ __global__ void __launch_bounds__(sm90::kThreads, 1)
           origin;
 #pragma unroll
       for (int part = 0; part < kChunkChannels / kPart; ++part) {
+        // This thread's biases of the part (P and G of channels c0 + 8 j + 2 tq, + 1) into
+        // registers first: loaded next to their use, each would be reloaded after every staging
+        // store (the compiler cannot tell the arrays apart).
+        float2 bias_p[kPart / 8], bias_g[kPart / 8];
+#pragma unroll
+        for (int jj = 0; jj < kPart / 8; ++jj) {
+          const int ch = c0 + 8 * (part * kPart / 8 + jj) + 2 * tq;
+          bias_p[jj] = *reinterpret_cast<const float2*>(bias_in + ch);
+          bias_g[jj] = *reinterpret_cast<const float2*>(bias_in + 2 * kD + ch);
+        }
         consumer_sync(c);  // the staging's previous readers are done
+        // 16 channels x 16 positions per stmatrix.trans (store_transposed: the C fragment of
+        // the [position][channel] block lands in [channel][position]).
 #pragma unroll
-        for (int j = part * kPart / 8; j < (part + 1) * kPart / 8; ++j)
+        for (int jj = 0; jj < kPart / 8; jj += 2) {
+          uint32_t frag[4];
 #pragma unroll
-          for (int e = 0; e < 4; ++e) {
-            const int r = 16 * warp + g + 8 * (e >> 1), cl = 8 * j + 2 * tq + (e & 1);
-            const int ch = c0 + cl;
-            const float pv = acc[j][e] + bias_in[ch];
-            const float gv = acc[j + 8][e] + bias_in[2 * kD + ch];
-            st[(cl - part * kPart) * kLdAB + r] = from_f<T>(sigmoid_fast(gv) * pv * mask[r]);
-          }
+          for (int h = 0; h < 2; ++h)
+#pragma unroll
+            for (int ep = 0; ep < 2; ++ep) {
+              const int j = part * kPart / 8 + jj + h;
+              const float m = ep ? mask_hi : mask_lo;
+              const float2 bp = bias_p[jj + h], bg = bias_g[jj + h];
+              const float v0 =
+                  sigmoid_fast(acc[j + 8][2 * ep] + bg.x) * (acc[j][2 * ep] + bp.x) * m;
+              const float v1 =
+                  sigmoid_fast(acc[j + 8][2 * ep + 1] + bg.y) * (acc[j][2 * ep + 1] + bp.y) * m;
+              frag[2 * h + ep] = Mma<T>::pack(v0, v1);
+            }
+          store_transposed(st, kLdAB, 8 * jj, 16 * warp, frag);
+        }
         consumer_sync(c);
         // Channel part * kPart + idx / 8 of the step, rows 8 (idx % 8) ..: 16 bytes a thread.
 #pragma unroll
@@ -478,8 +500,9 @@ __global__ void __launch_bounds__(sm90::kThreads, 1)
 #pragma unroll
           for (int e = 0; e < 4; e += 2) {
             const int r = 16 * warp + g + 8 * (e >> 1), n = 8 * j + 2 * tq;
-            store_pair(st + r * kLdGo + n - part * kPart, acc[j][e] + bias_go[n],
-                       acc[j][e + 1] + bias_go[n + 1]);
+            const float2 bias = *reinterpret_cast<const float2*>(bias_go + n);
+            store_pair(st + r * kLdGo + n - part * kPart, acc[j][e] + bias.x,
+                       acc[j][e + 1] + bias.y);
           }
         consumer_sync(c);
         // Row idx / (kPart / 8), columns part * kPart + 8 (idx % (kPart / 8)) ..: 16 bytes.

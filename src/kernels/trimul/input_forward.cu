@@ -302,6 +302,15 @@ __device__ __forceinline__ void step_gemm(float (&acc)[N / 8][4], uint32_t a, ui
   wgmma_commit();
 }
 
+// The producer's arrival on a barrier of count 1 with `bytes` of TMA transactions still to come:
+// the phase completes once they have (mbar_expect_tx alone would leave the arrival pending).
+__device__ __forceinline__ void mbar_arrive_expect_tx(uint64_t* bar, uint32_t bytes) {
+  asm volatile(
+      "mbarrier.arrive.expect_tx.release.cta.shared::cta.b64 _, [%0], %1;\n" ::"r"(smem_addr(bar)),
+      "r"(bytes)
+      : "memory");
+}
+
 // Named barrier of consumer warpgroup c (ids 1.., 128 threads; 0 is __syncthreads).
 __device__ __forceinline__ void consumer_sync(int c) {
   asm volatile("bar.sync %0, 128;\n" ::"r"(1 + c) : "memory");
@@ -343,7 +352,7 @@ __global__ void __launch_bounds__(sm90::kThreads, 1)
     // Producer: one thread issues every load.
     if (threadIdx.x != 0) return;
     constexpr uint64_t kEvictFirst = 0x12F0000000000000ull, kEvictLast = 0x14F0000000000000ull;
-    mbar_expect_tx(w_bar, L::kWBytes);
+    mbar_arrive_expect_tx(w_bar, L::kWBytes);
 #pragma unroll
     for (int q = 0; q < L::kBlocks; ++q)
 #pragma unroll
@@ -357,7 +366,7 @@ __global__ void __launch_bounds__(sm90::kThreads, 1)
       const unsigned bi = t / tpr;
       const int j0 = int(t - bi * tpr) * kRows;
       mbar_wait(&empty[s.stage], s.parity ^ 1);
-      mbar_expect_tx(&full[s.stage], L::kXBytes);
+      mbar_arrive_expect_tx(&full[s.stage], L::kXBytes);
 #pragma unroll
       for (int h = 0; h < L::kKHalves; ++h)
         cute::SM90_TMA_LOAD_3D::copy(&x_map, &full[s.stage], kEvictFirst,

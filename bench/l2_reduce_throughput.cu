@@ -6,12 +6,11 @@
 // waiting for every copy to complete before the next (the writers before 9f8280b) or keeping up to
 // 4 in flight (write_in_turns' overlap, and more).
 //
-// Build and run on the GPU machine (prints one JSON row per case, rates in bytes added per second):
+// Build and run on the GPU machine (prints one JSON row per case, tb_per_s: bytes copied per second):
 //   nvcc -O3 -std=c++20 -arch=sm_90a -Isrc -o /tmp/l2r bench/l2_reduce_throughput.cu && /tmp/l2r
 #include <cuda_runtime.h>
 
 #include <cstdio>
-#include <cstdlib>
 
 #include "kernels/common/wgmma.cuh"
 
@@ -21,6 +20,12 @@ namespace {
 
 constexpr int kMaxTileBytes = 32 * 1024;
 constexpr int kWritersMax = 2;
+
+// All but the thread's newest N bulk groups are complete (wait_group takes an immediate).
+template <int N>
+__device__ __forceinline__ void bulk_wait_newest_pending() {
+  asm volatile("cp.async.bulk.wait_group %0;\n" ::"n"(N) : "memory");
+}
 
 // Writer w (thread 32 w of the CTA) adds its tile `iters` times at CTA-strided tile slots of the
 // footprint; `inflight` copies may be outstanding (1: wait for each before the next).
@@ -45,10 +50,7 @@ __global__ void writers_kernel(float* dst, long long slots, int tile_bytes, int 
     else
       bulk_store(d, src, tile_bytes);
     bulk_commit();
-    if constexpr (kInflight == 1)
-      bulk_wait();
-    else
-      bulk_wait_all_but(kInflight - 1);
+    bulk_wait_newest_pending<kInflight - 1>();
   }
   bulk_wait();
 }

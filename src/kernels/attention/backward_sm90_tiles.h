@@ -67,9 +67,11 @@ struct Sm90BackwardConfig {
   // columns, w D / 2 .. (w + 1) D / 2 - 1, from both warpgroups' dS (so the CTA's dQ partial is
   // summed inside the MMA, and the writers stage one partial, not two to add).
   static constexpr int kDqCols = D / 2;
-  // Staged dQ partials (64 queries x D fp32 per stage, half per warpgroup): two let the consumers
-  // run a slice ahead of the dQ writer; D = 128 has shared memory for one.
-  static constexpr int kDqStages = D <= 64 ? 2 : 1;
+  // Staged dQ partials (64 queries x D fp32 per stage, half per warpgroup): a query tile's kSlices
+  // partials fit (the dQ writer tests the next tile's stages while this tile's copies are in
+  // flight, backward_sm90_epilogue.cuh); two at D = 64 let the consumers run a slice ahead of the
+  // dQ writer; D = 128 has shared memory for one.
+  static constexpr int kDqStages = D == 16 ? 4 : D <= 64 ? 2 : 1;
 };
 
 // The float offset of (row, col) in a staged tile [rows][COLS] (a warpgroup's dQ half, COLS = DQC;

@@ -79,7 +79,7 @@ struct Sm90BackwardConfig {
   // partials fit (the dQ writer tests the next tile's stages while this tile's copies are in
   // flight, backward_sm90_epilogue.cuh); two at D = 64 let the consumers run a slice ahead of the
   // dQ writer; D = 128 has shared memory for one.
-  static constexpr int kDqStages = D == 16 ? 4 : D <= 64 ? 2 : 1;
+  static constexpr int kDqStages = D == 128 ? 1 : kSlices > 2 ? kSlices : 2;
 };
 
 // The float offset of (row, col) in a staged tile [rows][COLS] (a warpgroup's dQ half, COLS = DQC;

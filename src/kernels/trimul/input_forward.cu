@@ -274,15 +274,7 @@ __global__ void __launch_bounds__(sm90::kThreads, 1)
   if (wg == 0) {
     // Producer: one thread issues every load.
     if (threadIdx.x != 0) return;
-    constexpr uint64_t kEvictFirst = 0x12F0000000000000ull, kEvictLast = 0x14F0000000000000ull;
-    mbar_arrive_expect_tx(w_bar, L::kWBytes);
-#pragma unroll
-    for (int q = 0; q < L::kBlocks; ++q)
-#pragma unroll
-      for (int h = 0; h < L::kKHalves; ++h)
-        cute::SM90_TMA_LOAD_2D::copy(&w_map, w_bar, kEvictLast,
-                                     base + L::kW + q * L::kWBlockBytes + h * (kChunkN * 128),
-                                     h * sm90::kAtomCols, q * kChunkN);
+    load_weight_blocks<kD, L::kBlocks>(&w_map, w_bar, base + L::kW);
     for (int64_t k = 0; k < ntiles; ++k) {
       const sm90::Slot s = sm90::slot_of(blockIdx.x, gridDim.x, k, L::kStages);
       const unsigned t = unsigned(s.tile), tpr = unsigned(p.tiles_per_row);
@@ -292,7 +284,7 @@ __global__ void __launch_bounds__(sm90::kThreads, 1)
       mbar_arrive_expect_tx(&full[s.stage], L::kXBytes);
 #pragma unroll
       for (int h = 0; h < L::kKHalves; ++h)
-        cute::SM90_TMA_LOAD_3D::copy(&x_map, &full[s.stage], kEvictFirst,
+        cute::SM90_TMA_LOAD_3D::copy(&x_map, &full[s.stage], kTmaEvictFirst,
                                      base + L::kX + s.stage * L::kXBytes + h * (kRows * 128),
                                      h * sm90::kAtomCols, j0, int(bi));
     }

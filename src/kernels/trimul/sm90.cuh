@@ -88,6 +88,27 @@ __device__ __forceinline__ void mbar_arrive_expect_tx(uint64_t* bar, uint32_t by
       : "memory");
 }
 
+// L2 cache hints of the TMA loads: evict-first for the tiles streamed once, evict-last for the
+// weights every CTA reads.
+constexpr uint64_t kTmaEvictFirst = 0x12F0000000000000ull, kTmaEvictLast = 0x14F0000000000000ull;
+
+// The producer's load of weight blocks 0 .. kBlocks - 1 of w_in ([128][kD] each, rows 128 q ..;
+// w_in_map's boxes) into consecutive swizzled blocks at dst, completing on bar (a barrier of count
+// 1: this arrival and the blocks' bytes).
+template <int kD, int kBlocks>
+__device__ __forceinline__ void load_weight_blocks(const CUtensorMap* w_map, uint64_t* bar,
+                                                   unsigned char* dst) {
+  constexpr uint32_t kBlockBytes = uint32_t(kChunkN) * kD * 2;
+  mbar_arrive_expect_tx(bar, kBlocks * kBlockBytes);
+#pragma unroll
+  for (int q = 0; q < kBlocks; ++q)
+#pragma unroll
+    for (int h = 0; h < kD / sm90::kAtomCols; ++h)
+      cute::SM90_TMA_LOAD_2D::copy(w_map, bar, kTmaEvictLast,
+                                   dst + q * kBlockBytes + h * (kChunkN * 128), h * sm90::kAtomCols,
+                                   q * kChunkN);
+}
+
 // Named barrier of consumer warpgroup c (ids 1.., 128 threads; 0 is __syncthreads).
 __device__ __forceinline__ void consumer_sync(int c) {
   asm volatile("bar.sync %0, 128;\n" ::"r"(1 + c) : "memory");

@@ -698,6 +698,7 @@ void launch_input_backward_gates_sm90(const Params& p, cudaStream_t stream) {
   const CUtensorMap db_map =
       tiled_tensor_map(p.db, kFp16, 3, ab_size, ab_stride, ab_box, p.S, uint32_t(kRows),
                        CU_TENSOR_MAP_SWIZZLE_128B, "trimul dB", dims);
+  TPF_CHECK(dims == (1u << 2 | 2u << 4), "trimul dA | dB: TMA dims out of the kernel's order");
   const auto kernel = input_backward_gates_sm90_kernel<T, kD>;
   set_max_smem(kernel, L::kBytes);
   const int64_t grid = std::min<int64_t>(p.grid_input_backward, multiprocessors());

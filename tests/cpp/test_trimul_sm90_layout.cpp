@@ -5,7 +5,10 @@
 // (src/kernels/trimul/input_backward_sm90.h): its shared memory, the dA | dB stage's swizzle and
 // the ldmatrix.trans addresses that read it in the accumulators' layout, and the units of work:
 // every tile once, each bias partial-sum row once, from the tiles the mma.sync kernel's CTA of
-// that row takes, in an order that depends on G alone.
+// that row takes, in an order that depends on G alone. The Hopper dx kernel's: its shared memory,
+// the core-matrix layout its copies write and its descriptors read, its stages' k order (the
+// mma.sync kernel's: dpg column and w_in row of the same k), its copy cursor's order and the rows
+// its warps sum.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -300,6 +303,145 @@ TEST(TrimulSm90Layout, GatesUnitsCoverEveryTileAndRowOnceWhateverTheSmCount) {
         EXPECT_EQ(rows, first) << "tiles " << tiles << ", " << sms << " SMs";
     }
   }
+}
+
+template <int kD>
+void check_dx_layout() {
+  using L = DxLayout<kD>;
+  EXPECT_LE(L::kBytes, uint32_t(kSmemLimit));
+  EXPECT_EQ(L::kStagesPerTile * L::kStageK, 5 * kD);
+  EXPECT_GE(L::kStages, 2);
+  EXPECT_EQ(L::kABytes, uint32_t(kRows * L::kStageK * 2));
+  EXPECT_EQ(L::kWBytes, uint32_t(L::kStageK * kD * 2));
+  EXPECT_EQ(L::kStaging, L::kStages * L::kStageBytes);
+  EXPECT_EQ(L::kHeld, L::kStaging + L::kStagingBytes);
+  EXPECT_EQ(L::kConsumerBytes, L::kHeld + L::kHeldBytes);
+  EXPECT_GE(L::kBytes, kConsumers * L::kConsumerBytes + 127);  // the base aligned up to 128
+  // Core matrices (and so descriptor start addresses) on 128 bytes in every stage of every
+  // consumer; staging rows on 16 bytes (float2 stores, row r at r * kLdC floats).
+  EXPECT_EQ(L::kABytes % 128, 0u);
+  EXPECT_EQ(L::kStageBytes % 128, 0u);
+  EXPECT_EQ(L::kConsumerBytes % 128, 0u);
+  EXPECT_EQ((L::kLdC * 4) % 16, 0);
+  EXPECT_GE(L::kLdC, kD);
+  EXPECT_EQ(L::kStagingBytes, uint32_t(kRows * L::kLdC * 4));
+  EXPECT_EQ(L::kHeldBytes, uint32_t(kWarps * kD * 4));
+  EXPECT_EQ(L::kThreads, 128 * kConsumers);
+}
+
+TEST(TrimulSm90Layout, DxSharedMemoryFitsOneCta) {
+  check_dx_layout<64>();
+  check_dx_layout<128>();
+}
+
+// The core-matrix layout of a 64-row tile: a bijection onto [0, 64 cols); 8 rows of 16 bytes are
+// 128 contiguous bytes; 8 rows further is 128 bytes (desc_k_major's SBO, desc_mn_major's LBO), 8
+// columns further is 1024 bytes (the other offset); the kernel's k step ks of A starts at column
+// 16 ks (offset ks * 2 * 64 * 8), of B at row 16 ks (offset ks * 16 * 8), its N half h of B at
+// column 64 h (offset h * 8 * 64 * 8).
+TEST(TrimulSm90Layout, DxCoreMatrixLayoutIsTheDescriptors) {
+  for (int cols : {64, 128}) {
+    std::set<int> seen;
+    for (int r = 0; r < 64; ++r)
+      for (int c = 0; c < cols; ++c) {
+        const int o = core_offset(64, r, c);
+        ASSERT_TRUE(seen.insert(o).second);
+        ASSERT_LT(o, 64 * cols);
+        // Within a core matrix: 8 contiguous elements per row, rows 16 bytes apart.
+        EXPECT_EQ(o, core_offset(64, r - r % 8, c - c % 8) + 8 * (r % 8) + c % 8);
+        if (r + 8 < 64) {
+          EXPECT_EQ(2 * (core_offset(64, r + 8, c) - o), 128);
+        }
+        if (c + 8 < cols) {
+          EXPECT_EQ(2 * (core_offset(64, r, c + 8) - o), 1024);
+        }
+      }
+  }
+  for (int ks = 0; ks < 4; ++ks) {
+    EXPECT_EQ(core_offset(64, 0, 16 * ks), ks * 2 * 64 * 8);
+    EXPECT_EQ(core_offset(64, 16 * ks, 0), ks * 16 * 8);
+  }
+  EXPECT_EQ(core_offset(64, 0, 64), 8 * 64 * 8);
+}
+
+// Every k of the K = 5D GEMM once, its dpg column and its w_in row of the same thing (pack.cu's
+// w_in: per a/b block q, P rows of channels 64 q.. then their G rows; then Wg_out): dP of channel
+// ch with Wp_in's row ch, dG with Wg_in's, dgo column n with Wg_out's row n.
+template <int kD>
+void check_dx_stages() {
+  constexpr int kChunks = 2 * kD / kChunkChannels;
+  std::set<int> cols, rows;
+  for (int st = 0; st < DxLayout<kD>::kStagesPerTile; ++st) {
+    const DxStage s = dx_stage<kD>(st);
+    for (int kk = 0; kk < DxLayout<kD>::kStageK; ++kk) {
+      const int col = s.col0 + kk, row = s.wrow + kk;
+      ASSERT_TRUE(cols.insert(col).second);
+      ASSERT_TRUE(rows.insert(row).second);
+      ASSERT_LT(col, 5 * kD);
+      ASSERT_LT(row, kChunks * kChunkN + kD);
+      // What the dpg column holds: kind 0 dP, 1 dG, 2 dgo; and its channel.
+      const int kind = col < 2 * kD ? 0 : col < 4 * kD ? 1 : 2, ch = col - kind * 2 * kD;
+      if (kind < 2) {
+        EXPECT_EQ(row / kChunkN, ch / kChunkChannels);  // block of the channel
+        EXPECT_EQ(row % kChunkN, kind * kChunkChannels + ch % kChunkChannels);
+      } else {
+        EXPECT_EQ(row, kChunks * kChunkN + ch);
+      }
+    }
+  }
+  EXPECT_EQ(int(cols.size()), 5 * kD);
+}
+
+TEST(TrimulSm90Layout, DxStagesPairEachDpgColumnWithItsWeightRow) {
+  check_dx_stages<64>();
+  check_dx_stages<128>();
+}
+
+// The copy cursor visits exactly the consumer's (tile, stage) sequence of the main loop (units in
+// order, their tiles, every stage), with empty units skipped, and is invalid after it.
+TEST(TrimulSm90Layout, DxCopyCursorFollowsTheConsumersStages) {
+  constexpr int kPer = DxLayout<128>::kStagesPerTile;
+  for (int64_t tiles : {1, 2, 3, 131, 133, 397, 1000}) {
+    const int64_t G = std::min<int64_t>(tiles, kSplitBackwardCtas);
+    for (int64_t sms : {1, 3, 132}) {
+      const int64_t grid = std::min(G, sms);
+      for (int64_t cta = 0; cta < grid; ++cta)
+        for (int c = 0; c < kConsumers; ++c) {
+          StageCursor cur(cta, grid, G, tiles, c, kPer);
+          for (int64_t k = 0; k < units_of(cta, grid, G); ++k) {
+            const Unit u = unit_of(cta, grid, G, tiles, c, k);
+            for (int64_t m = 0; m < u.count; ++m)
+              for (int st = 0; st < kPer; ++st) {
+                ASSERT_TRUE(cur.valid());
+                EXPECT_EQ(cur.tile(), u.v + (u.first + m) * G);
+                EXPECT_EQ(cur.st, st);
+                cur.next();
+              }
+          }
+          EXPECT_FALSE(cur.valid());
+        }
+    }
+  }
+}
+
+// The row pass: warp w of a consumer takes rows w + 4 (i0 + i) (i0 in steps of 4, i < 4) and sums
+// them into virtual warp w + 4 (i % 2), which must be the mma.sync kernel's warp of the row
+// (r % kWarps); each row once, each virtual warp's rows in increasing order.
+TEST(TrimulSm90Layout, DxRowPassSumsTheMmaSyncWarpsRows) {
+  std::vector<int> seen(kRows, 0);
+  for (int warp = 0; warp < 4; ++warp) {
+    int last[2] = {-1, -1};
+    for (int i0 = 0; i0 < kRows / 4; i0 += 4)
+      for (int i = 0; i < 4; ++i) {
+        const int r = warp + 4 * (i0 + i);
+        ASSERT_LT(r, kRows);
+        ++seen[size_t(r)];
+        EXPECT_EQ(warp + 4 * (i % 2), r % kWarps);
+        EXPECT_GT(r, last[i % 2]);
+        last[i % 2] = r;
+      }
+  }
+  for (int r = 0; r < kRows; ++r) EXPECT_EQ(seen[size_t(r)], 1);
 }
 
 }  // namespace

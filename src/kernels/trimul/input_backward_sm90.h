@@ -128,4 +128,95 @@ TPF_TRIMUL_HD constexpr Use use_of(int64_t n, int stages) {
   return {int(n % stages), int((n / stages) & 1)};
 }
 
+// ---- The Hopper dx kernel (input_backward_dx_sm90_kernel): dx_ln = [dP | dG | dgo] W_in as one
+// K = 5D GEMM per tile (wgmma; A = kRows x 64 columns of dpg, B = the matching 64 rows of w_in,
+// MN-major), then the LayerNorm backward, dx and the d norm_in_weight partial sums. CTAs of
+// kConsumers warpgroups, no producer: each consumer copies its own stages (cp.async, wgmma's
+// no-swizzle core-matrix layout, the attention kernels' MN-major B path) kStages - 1 ahead, across
+// its tiles; units and partial rows as the gates kernel's (virtual CTA v's row kWarps v + w is its
+// rows r % kWarps == w, summed part 0 + part 1).
+template <int kD>
+struct DxLayout {
+  static_assert(kD == 64 || kD == 128, "the Hopper dx kernel's D");
+  static constexpr int kThreads = 128 * kConsumers;
+  static constexpr int kStageK = 64;  // k per stage
+  static constexpr int kStagesPerTile = 5 * kD / kStageK;
+  static constexpr int kStages = kD == 128 ? 3 : 4;  // copies in flight per consumer: kStages - 1
+  static constexpr uint32_t kABytes = uint32_t(kRows) * kStageK * 2;  // [kStageK / 8][kRows][8]
+  static constexpr uint32_t kWBytes = uint32_t(kStageK) * kD * 2;     // [kD / 8][kStageK][8]
+  static constexpr uint32_t kStageBytes = kABytes + kWBytes;
+  static constexpr int kLdC = kD + 4;  // fp32 staging rows of dx_ln (16-byte aligned)
+  static constexpr uint32_t kStagingBytes = uint32_t(kRows) * kLdC * 4;
+  static constexpr uint32_t kHeldBytes = uint32_t(kWarps) * kD * 4;  // [virtual warp][kD]
+  static constexpr uint32_t kConsumerBytes = kStages * kStageBytes + kStagingBytes + kHeldBytes;
+  // Consumer c's region at c * kConsumerBytes: its stages, then its staging, then its held sums.
+  static constexpr uint32_t kStaging = kStages * kStageBytes;
+  static constexpr uint32_t kHeld = kStaging + kStagingBytes;
+  static constexpr uint32_t kBytes = kConsumers * kConsumerBytes + 128;  // aligned up to 128
+  static_assert(kBytes <= uint32_t(kSmemLimit), "fits one CTA per SM");
+  static_assert(kStageBytes % 128 == 0 && kStagingBytes % 16 == 0 && kConsumerBytes % 128 == 0,
+                "core matrices on 128 bytes, staging rows on 16");
+};
+
+// Element offset of (r, c) in a [rows][cols] tile stored in wgmma's no-swizzle core-matrix layout
+// [cols / 8][rows][8] (load_tile's CORE layout, wgmma.cuh's descriptors: 8 rows further = 128
+// bytes, 8 columns further = rows * 16 bytes).
+TPF_TRIMUL_HD constexpr int core_offset(int rows, int r, int c) {
+  return ((c / 8) * rows + r) * 8 + c % 8;
+}
+
+// Stage st (0 .. 5 kD / 64 - 1) of a tile's dx GEMM: the first dpg column and the first w_in row
+// of its 64 k, in the mma.sync dx kernel's order (load_dx_stage): per a/b step q, its dP columns
+// (w_in block q's P rows) then its dG columns (the block's G rows), then dgo (the Wg_out rows).
+struct DxStage {
+  int col0, wrow;
+};
+template <int kD>
+TPF_TRIMUL_HD constexpr DxStage dx_stage(int st) {
+  constexpr int kChunks = 2 * kD / kChunkChannels;
+  if (st < 2 * kChunks) {
+    const int q = st / 2, part = st % 2;
+    return {part * 2 * kD + q * kChunkChannels, q * kChunkN + part * kChunkChannels};
+  }
+  const int k0 = (st - 2 * kChunks) * kChunkChannels;
+  return {4 * kD + k0, kChunks * kChunkN + k0};
+}
+
+// A consumer's stages in order, across its units and tiles (empty units skipped): unit k, tile m
+// of it, stage st; `valid` false past the last. The copies run kStages - 1 stages ahead of the
+// GEMM with a second cursor.
+struct StageCursor {
+  int64_t cta, grid, G, tiles;
+  int c;
+  int64_t units, k = 0, m = 0;
+  int st = 0, stages_per_tile;
+  Unit u{};  // unit k's
+  TPF_TRIMUL_HD constexpr StageCursor(int64_t cta_, int64_t grid_, int64_t G_, int64_t tiles_,
+                                      int c_, int stages_per_tile_)
+      : cta(cta_),
+        grid(grid_),
+        G(G_),
+        tiles(tiles_),
+        c(c_),
+        units(units_of(cta_, grid_, G_)),
+        stages_per_tile(stages_per_tile_) {
+    if (units > 0) u = unit_of(cta, grid, G, tiles, c, 0);
+    skip_empty();
+  }
+  TPF_TRIMUL_HD constexpr bool valid() const { return k < units; }
+  TPF_TRIMUL_HD constexpr int64_t tile() const { return u.v + (u.first + m) * G; }
+  TPF_TRIMUL_HD constexpr void next() {
+    if (++st < stages_per_tile) return;
+    st = 0;
+    ++m;
+    skip_empty();
+  }
+  TPF_TRIMUL_HD constexpr void skip_empty() {
+    while (k < units && m >= u.count) {
+      m = 0;
+      if (++k < units) u = unit_of(cta, grid, G, tiles, c, k);
+    }
+  }
+};
+
 }  // namespace tpf::cuda::trimul::sm90

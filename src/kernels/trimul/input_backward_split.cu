@@ -668,6 +668,197 @@ __global__ void __launch_bounds__(sm90::kThreads, 1)
   }
 }
 
+// ---- Hopper (sm_90a), 16-bit types at D = 64 and 128: the dx kernel from wgmma. Persistent CTAs
+// (min(G, SMs)) of sm90::kConsumers warpgroups, no producer (input_backward_sm90.h, DxLayout):
+// each consumer takes the gates kernel's units of work (unit_of), copies its stages (64 columns of
+// dpg, the 64 matching rows of w_in; cp.async into wgmma's core-matrix layout, zeros past the
+// tile) kStages - 1 stages ahead across its tiles, and per stage issues m64nNk16 wgmmas (A K-major,
+// B = w_in's rows MN-major, as the attention backward's dV and dK products read theirs) into the
+// tile's dx_ln accumulators; then dx_ln through an fp32 staging to the mma.sync dx kernel's row
+// code: x re-read, row_stats, layer_norm_backward_row, dx, and d norm_in_weight += dx_ln x_hat per
+// row. Warp w of a consumer takes rows w + 4 i, so its lanes sum the rows of the mma.sync
+// kernel's warps w and w + 4 (r % kWarps): partials_norm_in row kWarps v + r % kWarps, as there,
+// each unit's sum in registers, a virtual CTA's row = part 0 + part 1. dx_ln accumulates in fp32
+// in wgmma's order (may differ from the mma.sync kernel's in the last bit of a rounding); the row
+// code, its roundings and its sums are the mma.sync kernel's.
+
+// Copies a [kR][kC] block of a row-major tensor (row stride ld elements; rows >= valid as zeros,
+// never read) into the core-matrix layout [kC / 8][kR][8]: 16 bytes per cp.async, thread tid of
+// 128.
+template <int kR, int kC, typename T>
+__device__ __forceinline__ void copy_core_block(T* s, const T* g, int64_t ld, int valid, int tid) {
+#pragma unroll
+  for (int i = tid; i < kR * kC / 8; i += 128) {
+    const int r = i % kR, c = (i / kR) * 8;
+    cp_async_16(s + sm90::core_offset(kR, r, c), r < valid ? g + r * ld + c : g,
+                r < valid ? 16 : 0);
+  }
+}
+
+template <typename T, int kD>
+__global__ void __launch_bounds__(sm90::DxLayout<kD>::kThreads, 1)
+    input_backward_dx_sm90_kernel(const __grid_constant__ Params p) {
+  using L = sm90::DxLayout<kD>;
+  constexpr int kHalves = kD / 64;  // wgmma N = 64 per half of dx_ln's columns
+  constexpr int kLdDpg = 5 * kD;
+  extern __shared__ __align__(128) unsigned char smem_raw[];
+  unsigned char* base = smem_raw + ((128u - (smem_addr(smem_raw) & 127u)) & 127u);
+  const int c = threadIdx.x / 128, tid = threadIdx.x % 128, warp = tid / 32, lane = tid % 32;
+  const int g = lane >> 2, tq = lane & 3;
+  unsigned char* mine = base + c * L::kConsumerBytes;
+  float* staging = reinterpret_cast<float*>(mine + L::kStaging);
+  float* held = reinterpret_cast<float*>(mine + L::kHeld);  // [virtual warp][kD]
+  const int64_t G = p.grid_input_backward;
+  const int64_t units = sm90::units_of(blockIdx.x, gridDim.x, G);
+  const T* dpg = static_cast<const T*>(p.dpg);
+  const T* w_in = static_cast<const T*>(p.w_in);
+  const T* x = static_cast<const T*>(p.x);
+  T* dx_out = static_cast<T*>(p.dx);
+
+  // Copies of the stage at `ahead` into its buffer (one commit group, empty past the last stage).
+  sm90::StageCursor ahead(blockIdx.x, gridDim.x, G, p.tiles, c, L::kStagesPerTile);
+  int64_t issued = 0;
+  const auto issue = [&]() {
+    if (ahead.valid()) {
+      const Tile tile = tile_at<true>(ahead.tile(), p);
+      const sm90::DxStage st = sm90::dx_stage<kD>(ahead.st);
+      T* a = reinterpret_cast<T*>(mine + (issued % L::kStages) * L::kStageBytes);
+      copy_core_block<kRows, L::kStageK>(a, dpg + tile.row0 * kLdDpg + st.col0, kLdDpg, tile.n,
+                                         tid);
+      copy_core_block<L::kStageK, kD>(a + L::kABytes / 2, w_in + int64_t(st.wrow) * kD, kD,
+                                      L::kStageK, tid);
+      ahead.next();
+    }
+    cp_async_commit();
+    ++issued;
+  };
+#pragma unroll 1
+  for (int s = 0; s < L::kStages - 1; ++s) issue();
+
+  float sums[2][kD / 32] = {};    // the unit's d norm_in_weight sums: virtual warps warp, warp + 4
+  int64_t held_v = -1, done = 0;  // done: stages multiplied so far
+  for (int64_t k = 0; k < units; ++k) {
+    const sm90::Unit u = sm90::unit_of(blockIdx.x, gridDim.x, G, p.tiles, c, k);
+#pragma unroll 1
+    for (int64_t m = 0; m < u.count; ++m) {
+      const Tile tile = tile_at<true>(u.v + (u.first + m) * G, p);
+      float acc[kHalves][8][4];
+#pragma unroll
+      for (int h = 0; h < kHalves; ++h)
+#pragma unroll
+        for (int j = 0; j < 8; ++j)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) acc[h][j][e] = 0.0f;
+#pragma unroll 1
+      for (int st = 0; st < L::kStagesPerTile; ++st, ++done) {
+        // Stage `done` has landed (kStages - 2 younger groups may be in flight) for every thread;
+        // every thread is past the wgmmas of stage done - 1, whose buffer the next copies take.
+        cp_async_wait<L::kStages - 2>();
+        fence_proxy_async();
+        consumer_sync(c);
+        issue();
+        const T* a = reinterpret_cast<const T*>(mine + (done % L::kStages) * L::kStageBytes);
+        const T* b = a + L::kABytes / 2;
+        wgmma_fence();
+#pragma unroll
+        for (int ks = 0; ks < L::kStageK / 16; ++ks) {
+          const uint64_t da = desc_k_major(a + ks * 2 * kRows * 8);
+#pragma unroll
+          for (int h = 0; h < kHalves; ++h)
+            Wgmma<T, 64>::template ss<1, 0, 1>(
+                acc[h], da, desc_mn_major(b + h * 8 * L::kStageK * 8 + ks * 16 * 8));
+        }
+        wgmma_commit();
+        wgmma_wait<0>();
+#pragma unroll
+        for (int h = 0; h < kHalves; ++h) fence_regs(acc[h]);
+      }
+
+      // dx_ln to the staging (the previous tile's row pass is done: every thread passed this
+      // tile's stage barriers), then the rows.
+#pragma unroll
+      for (int h = 0; h < kHalves; ++h)
+#pragma unroll
+        for (int j = 0; j < 8; ++j)
+#pragma unroll
+          for (int e = 0; e < 4; e += 2)
+            *reinterpret_cast<float2*>(staging + (16 * warp + g + 4 * e) * L::kLdC + 64 * h +
+                                       8 * j + 2 * tq) =
+                make_float2(acc[h][j][e], acc[h][j][e + 1]);
+      consumer_sync(c);
+      // Rows warp + 4 (i0 + i): x re-read (kBatch rows' loads before the first use), statistics
+      // recomputed as normalize_input_rows computes them; rows past the tile run too (zeros), so
+      // that no shuffle is under a branch.
+      constexpr int kBatch = 4;
+#pragma unroll 1
+      for (int i0 = 0; i0 < kRows / 4; i0 += kBatch) {
+        float xv[kBatch][kPerLane];
+#pragma unroll
+        for (int i = 0; i < kBatch; ++i) {
+          const int r = warp + 4 * (i0 + i);
+          const T* row = x + (tile.row0 + r) * kD + lane;
+#pragma unroll
+          for (int e = 0; e < kPerLane; ++e)
+            xv[i][e] = (r < tile.n && e < kD / 32) ? to_f(row[32 * e]) : 0.0f;
+        }
+#pragma unroll
+        for (int i = 0; i < kBatch; ++i) {
+          const int r = warp + 4 * (i0 + i);
+          const RowStats rs = row_stats<kD>(xv[i], kD, p.eps);
+          float dxl[kPerLane] = {}, xhat[kPerLane] = {}, dx[kPerLane];
+#pragma unroll
+          for (int e = 0; e < kD / 32; ++e) {
+            dxl[e] = staging[r * L::kLdC + lane + 32 * e];
+            xhat[e] = (xv[i][e] - rs.mean) * rs.rstd;
+            // Virtual warp r % kWarps = warp + 4 (i % 2) (i0 is even).
+            if (r < tile.n) sums[i % 2][e] += dxl[e] * xhat[e];
+          }
+          layer_norm_backward_row<kD>(dxl, xhat, p.ln_in_w, kD, rs.rstd, dx);
+          T* dx_row = dx_out + (tile.row0 + r) * kD + lane;
+#pragma unroll
+          for (int e = 0; e < kD / 32; ++e)
+            if (r < tile.n) dx_row[32 * e] = from_f<T>(dx[e]);
+        }
+      }
+    }
+
+    // The unit's sums: with the partner's into partials_norm_in (part 0 + part 1), or held. Each
+    // lane owns its (virtual warp, channel) slots: no barrier.
+    const bool closes = held_v == u.v;
+#pragma unroll
+    for (int vv = 0; vv < 2; ++vv)
+#pragma unroll
+      for (int e = 0; e < kD / 32; ++e) {
+        const int vw = warp + 4 * vv, ch = lane + 32 * e;
+        float& h = held[vw * kD + ch];
+        if (closes)
+          p.partials_norm_in[(u.v * kWarps + vw) * kD + ch] =
+              u.part == 0 ? sums[vv][e] + h : h + sums[vv][e];
+        else
+          h = sums[vv][e];
+        sums[vv][e] = 0.0f;
+      }
+    held_v = closes ? -1 : u.v;
+  }
+  cp_async_wait<0>();
+
+  // The virtual CTA split between the consumers (input_backward_sm90.h): part 0 in consumer 0's
+  // held sums, part 1 in consumer 1's.
+  if (sm90::split_unit(blockIdx.x, gridDim.x, G)) {
+    asm volatile("bar.sync 3, %0;\n" ::"n"(L::kThreads) : "memory");
+    if (c == 1) {
+      const float* held0 = reinterpret_cast<const float*>(base + L::kHeld);
+#pragma unroll
+      for (int vv = 0; vv < 2; ++vv)
+#pragma unroll
+        for (int e = 0; e < kD / 32; ++e) {
+          const int i = (warp + 4 * vv) * kD + lane + 32 * e;
+          p.partials_norm_in[held_v * kWarps * kD + i] = held0[i] + held[i];
+        }
+    }
+  }
+}
+
 // Whether the Hopper gates kernel takes this call: D = 64 or 128, S a multiple of 8 (dA | dB's
 // TMA strides of S elements on 16 bytes), 32-bit tile indices and TMA coordinates, 16-byte
 // aligned TMA tensors and 4-byte aligned dpg (32-bit stores).
@@ -678,6 +869,24 @@ bool sm90_gates_fits(const Params& p) {
   return (p.D == 64 || p.D == 128) && p.S % 8 == 0 && p.ld_dpg == 5 * p.D && p.tiles <= INT32_MAX &&
          p.B * p.S <= INT32_MAX && aligned(p.x, 16) && aligned(p.xln, 16) && aligned(p.w_in, 16) &&
          aligned(p.da, 16) && aligned(p.db, 16) && aligned(p.dpg, 4);
+}
+
+// Whether the Hopper dx kernel takes this call: D = 64 or 128, 32-bit tile indices, dpg's row
+// stride 5D and 16-byte aligned dpg and w_in (16-byte copies).
+bool sm90_dx_fits(const Params& p) {
+  const auto aligned = [](const void* q) { return reinterpret_cast<uintptr_t>(q) % 16 == 0; };
+  return (p.D == 64 || p.D == 128) && p.ld_dpg == 5 * p.D && p.tiles <= INT32_MAX &&
+         aligned(p.dpg) && aligned(p.w_in);
+}
+
+template <typename T, int kD>
+void launch_input_backward_dx_sm90(const Params& p, cudaStream_t stream) {
+  using L = sm90::DxLayout<kD>;
+  const auto kernel = input_backward_dx_sm90_kernel<T, kD>;
+  set_max_smem(kernel, L::kBytes);
+  const int64_t grid = std::min<int64_t>(p.grid_input_backward, multiprocessors());
+  kernel<<<unsigned(grid), L::kThreads, L::kBytes, stream>>>(p);
+  check_launch("trimul input_backward (dx, sm90)");
 }
 
 template <typename T, int kD>
@@ -709,22 +918,29 @@ void launch_input_backward_gates_sm90(const Params& p, cudaStream_t stream) {
 
 }  // namespace
 
-// The gates kernel: the Hopper one where it fits (16-bit D = 64 / 128, sm90_gates_fits), the
-// mma.sync one otherwise; then the dx kernel.
+// The gates and dx kernels: the Hopper ones where they fit (16-bit D = 64 / 128, sm90_gates_fits,
+// sm90_dx_fits), the mma.sync ones otherwise.
 template <typename T>
 void launch_input_backward_split(const Params& p, cudaStream_t stream) {
   with_static_d(p, [&](auto d) {
     constexpr int kD = decltype(d)::value;
-    bool sm90 = false;
+    bool sm90_gates = false, sm90_dx = false;
     if constexpr (kD > 0) {
-      sm90 = sm90_gates_fits(p);
-      if (sm90) launch_input_backward_gates_sm90<T, kD>(p, stream);
+      sm90_gates = sm90_gates_fits(p);
+      sm90_dx = sm90_dx_fits(p);
     }
-    if (!sm90)
+    if constexpr (kD > 0) {
+      if (sm90_gates) launch_input_backward_gates_sm90<T, kD>(p, stream);
+    }
+    if (!sm90_gates)
       launch_kernel(input_backward_gates_kernel<T, kD>, p.grid_input_backward,
                     GatesSmem<T>(nullptr, p.Dp).bytes, p, stream, "trimul input_backward (gates)");
-    launch_kernel(input_backward_dx_kernel<T, d.value>, p.grid_input_backward,
-                  DxSmem<T>(nullptr, p.Dp).bytes, p, stream, "trimul input_backward (dx)");
+    if constexpr (kD > 0) {
+      if (sm90_dx) launch_input_backward_dx_sm90<T, kD>(p, stream);
+    }
+    if (!sm90_dx)
+      launch_kernel(input_backward_dx_kernel<T, kD>, p.grid_input_backward,
+                    DxSmem<T>(nullptr, p.Dp).bytes, p, stream, "trimul input_backward (dx)");
   });
 }
 

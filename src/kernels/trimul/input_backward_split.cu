@@ -24,9 +24,10 @@
 // w_in); dx_ln (fp32 [kRows, kLdC]) over the second stage and past it, so that the next tile's
 // first stage loads during the LayerNorm backward.
 //
-// Hopper gates kernel (16-bit types, D = 64 and 128, S a multiple of 8: input_backward_gates_sm90_
-// kernel below, its layout and tile order in input_backward_sm90.h): the same outputs and partial
-// sums from TMA, wgmma and warp specialization, in input_forward_sm90_kernel's design.
+// Hopper kernels (16-bit types, D = 64 and 128; below, their layouts and tile orders in
+// input_backward_sm90.h): input_backward_gates_sm90_kernel (S a multiple of 8) from TMA, wgmma and
+// warp specialization in input_forward_sm90_kernel's design, input_backward_dx_sm90_kernel from
+// cp.async and wgmma; the same outputs and partial-sum layouts as the kernels above.
 #include <algorithm>
 
 #include "kernels/common/tile_io.cuh"

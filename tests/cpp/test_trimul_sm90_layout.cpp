@@ -1,14 +1,24 @@
 // The Hopper input kernel's layout (src/kernels/trimul/input_forward_sm90.h): the 128-byte swizzle
 // its LayerNorm reads and writes is the one TMA writes and the wgmma descriptors read, its shared
 // memory fits one CTA, and its persistent tile order gives every tile to one consumer once with
-// the ring's stages and phases in the order the producer fills them.
+// the ring's stages and phases in the order the producer fills them. The Hopper gates kernel's
+// (src/kernels/trimul/input_backward_sm90.h): its shared memory, the dA | dB stage's swizzle and
+// the ldmatrix.trans addresses that read it in the accumulators' layout, and the units of work:
+// every tile once, each bias partial-sum row once, from the tiles the mma.sync kernel's CTA of
+// that row takes, in an order that depends on G alone. The Hopper dx kernel's: its shared memory,
+// the core-matrix layout its copies write and its descriptors read, its stages' k order (the
+// mma.sync kernel's: dpg column and w_in row of the same k), its copy cursor's order and the rows
+// its warps sum.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstdint>
+#include <map>
 #include <random>
 #include <set>
 #include <vector>
 
+#include "kernels/trimul/input_backward_sm90.h"
 #include "kernels/trimul/input_forward_sm90.h"
 
 namespace tpf::cuda::trimul::sm90 {
@@ -236,6 +246,327 @@ TEST(TrimulSm90Layout, RingProtocolUnderAnyLoadOrder) {
   for (uint32_t seed = 0; seed < 2000; ++seed)
     found += run_protocol(Layout<128>::kStages, 40, false, seed).violated;
   EXPECT_GT(found, 0);
+}
+
+template <int kD>
+void check_gates_layout() {
+  using L = GatesLayout<kD>;
+  EXPECT_LE(L::kBytes, uint32_t(kSmemLimit));
+  EXPECT_EQ(L::kChunks * kChunkChannels, 2 * kD);
+  // Regions in order, without overlap; the swizzled ones (TMA destinations, wgmma operands) on
+  // 1024 bytes, the float sums on 16 (float2 reads of the biases need 8), the barriers on 8.
+  EXPECT_EQ(L::kW, 0u);
+  EXPECT_EQ(L::kWBlockBytes, uint32_t(L::kKHalves * kChunkN * 128));
+  EXPECT_EQ(L::kXBytes, uint32_t(L::kKHalves * kRows * 128));
+  EXPECT_EQ(L::kDabBytes, uint32_t(kChunkChannels * 128));  // one TMA box: 64 channels x 128 B
+  EXPECT_GE(L::kX, L::kW + L::kWBytes);
+  EXPECT_GE(L::kDab, L::kX + kConsumers * L::kXStages * L::kXBytes);
+  EXPECT_GE(L::kRun, L::kDab + kConsumers * L::kDabStages * L::kDabBytes);
+  EXPECT_GE(L::kHeld, L::kRun + kConsumers * L::kRunBytes);
+  EXPECT_GE(L::kBiasIn, L::kHeld + kConsumers * L::kHeldBytes);
+  EXPECT_GE(L::kBars, L::kBiasIn + 4 * kD * 4);
+  EXPECT_EQ(L::kEnd, L::kBars + 8 * L::kBarCount);
+  for (uint32_t o : {L::kX, L::kDab, L::kXBytes, L::kDabBytes, L::kWBlockBytes})
+    EXPECT_EQ(o % 1024, 0u);
+  for (uint32_t o : {L::kRun, L::kHeld, L::kBiasIn}) EXPECT_EQ(o % 16, 0u);
+  EXPECT_EQ(L::kBars % 8, 0u);
+  // Sums: a row of partials_bias_in per half, 4 warps of 16 rows = the tile's kRows.
+  EXPECT_EQ(L::kSumCols, 4 * kD);
+  EXPECT_EQ(L::kRunBytes, uint32_t(4 * 4 * kD * 4));
+  EXPECT_EQ(L::kHeldBytes, uint32_t(2 * 4 * kD * 4));
+  // Barrier indices: the weights' 0, then each consumer's, all distinct and in range.
+  std::set<int> bars{0};
+  for (int c = 0; c < kConsumers; ++c) {
+    for (int s = 0; s < L::kXStages; ++s) {
+      EXPECT_TRUE(bars.insert(L::x_full(c, s)).second);
+      EXPECT_TRUE(bars.insert(L::x_empty(c, s)).second);
+    }
+    for (int s = 0; s < L::kDabStages; ++s) {
+      EXPECT_TRUE(bars.insert(L::dab_full(c, s)).second);
+      EXPECT_TRUE(bars.insert(L::dab_empty(c, s)).second);
+    }
+  }
+  EXPECT_EQ(int(bars.size()), L::kBarCount);
+  EXPECT_EQ(*bars.rbegin(), L::kBarCount - 1);
+}
+
+TEST(TrimulSm90Layout, GatesSharedMemoryFitsOneCta) {
+  check_gates_layout<64>();
+  check_gates_layout<128>();
+}
+
+// dA | dB stage: TMA's box {64 positions, 64 channels} of 128-byte channel rows, swizzled.
+TEST(TrimulSm90Layout, GatesDabStageIsTmasSwizzle) {
+  std::set<uint32_t> seen;
+  for (int ch = 0; ch < kChunkChannels; ++ch)
+    for (int r = 0; r < kRows; ++r) {
+      ASSERT_EQ(dab_offset(ch, r), tma_sw128(kRows, ch, r));
+      ASSERT_TRUE(seen.insert(dab_offset(ch, r)).second);
+      ASSERT_LT(dab_offset(ch, r), GatesLayout<64>::kDabBytes);
+    }
+}
+
+// ldmatrix.x4.trans: lane 8 m + rr gives the address of row rr of matrix m (8 contiguous 16-bit
+// values); thread (g, tq) receives in register m rows 2 tq and 2 tq + 1 of it at column g (low
+// half first). The kernel's dab[jj][m] must then hold channels 8 j + 2 tq + e, j = 2 jj + m / 2,
+// at tile row 16 warp + 8 (m % 2) + g: the C fragment's (row, column) of accumulator blocks j (P)
+// and j + 8 (G). Each 8-lane phase reads 8 different 16-byte bank groups (no conflicts).
+TEST(TrimulSm90Layout, GatesDabFragmentsAreTheAccumulatorsLayout) {
+  for (int warp = 0; warp < 4; ++warp)
+    for (int jj = 0; jj < 4; ++jj) {
+      uint32_t addr[32];
+      for (int lane = 0; lane < 32; ++lane) {
+        addr[lane] = dab_ldsm_offset(warp, lane, jj);
+        EXPECT_EQ(addr[lane] % 16, 0u);
+      }
+      for (int m = 0; m < 4; ++m) {
+        std::set<uint32_t> groups;
+        for (int rr = 0; rr < 8; ++rr) groups.insert((addr[8 * m + rr] / 16) % 8);
+        EXPECT_EQ(groups.size(), 8u) << "bank conflict, warp " << warp << " jj " << jj;
+      }
+      for (int lane = 0; lane < 32; ++lane) {
+        const int g = lane / 4, tq = lane % 4;
+        for (int m = 0; m < 4; ++m)
+          for (int e = 0; e < 2; ++e) {
+            const uint32_t got = addr[8 * m + 2 * tq + e] + 2 * g;
+            const int j = 2 * jj + m / 2, row = 16 * warp + 8 * (m % 2) + g;
+            EXPECT_EQ(got, dab_offset(8 * j + 2 * tq + e, row));
+          }
+      }
+    }
+}
+
+// A tile row r is in row half r / 32 of the mma.sync kernel's sums, and the Hopper kernel's warp
+// r / 16 sums it: half h = warps 2 h, 2 h + 1.
+TEST(TrimulSm90Layout, GatesRowHalvesAreWarpPairs) {
+  for (int r = 0; r < kRows; ++r) EXPECT_EQ((r / 16) / 2, r / 32);
+}
+
+// One CTA grid of the Hopper gates kernel over `tiles` tiles with G virtual CTAs: every tile once;
+// each consumer's x and dA | dB ring uses with phases 0, 1, 0, ... per stage; and the kernel's
+// pairing of units (a unit closes its virtual CTA when the consumer holds the partner's sums,
+// else it is held; at the end the split virtual CTA of an odd count is closed across the
+// consumers) writes partial row v once, as part 0 + part 1, each part the tiles v + m G of the
+// mma.sync kernel's CTA v in increasing m. Returns each row's (part 0 tiles, part 1 tiles).
+using RowParts = std::map<int64_t, std::pair<std::vector<int64_t>, std::vector<int64_t>>>;
+template <int kD>
+RowParts simulate_gates(int64_t grid, int64_t G, int64_t tiles) {
+  using L = GatesLayout<kD>;
+  RowParts rows;
+  std::vector<int> count(size_t(tiles), 0);
+  for (int64_t cta = 0; cta < grid; ++cta) {
+    std::vector<int64_t> held_v(kConsumers, -1);
+    std::vector<std::vector<int64_t>> held(kConsumers);
+    const int64_t units = units_of(cta, grid, G);
+    for (int c = 0; c < kConsumers; ++c) {
+      int64_t xn = 0, dn = 0;
+      std::vector<int> x_uses(L::kXStages, 0), dab_uses(L::kDabStages, 0);
+      for (int64_t k = 0; k < units; ++k) {
+        const Unit u = unit_of(cta, grid, G, tiles, c, k);
+        EXPECT_EQ(u.v % grid, cta);
+        EXPECT_LT(u.v, G);
+        std::vector<int64_t> unit_tiles;
+        for (int64_t m = 0; m < u.count; ++m, ++xn) {
+          const int64_t t = u.v + (u.first + m) * G;
+          EXPECT_LT(t, tiles);
+          ++count[size_t(t)];
+          unit_tiles.push_back(t);
+          const Use x = use_of(xn, L::kXStages);
+          EXPECT_EQ(x.parity, x_uses[size_t(x.stage)]++ & 1);
+          for (int q = 0; q < L::kChunks; ++q, ++dn) {
+            const Use d = use_of(dn, L::kDabStages);
+            EXPECT_EQ(d.parity, dab_uses[size_t(d.stage)]++ & 1);
+          }
+        }
+        if (held_v[size_t(c)] == u.v) {
+          EXPECT_EQ(rows.count(u.v), 0u) << "row " << u.v << " written twice";
+          auto& r = rows[u.v];
+          (u.part == 0 ? r.first : r.second) = unit_tiles;
+          (u.part == 0 ? r.second : r.first) = held[size_t(c)];
+          held_v[size_t(c)] = -1;
+        } else {
+          held_v[size_t(c)] = u.v;
+          held[size_t(c)] = unit_tiles;
+        }
+      }
+    }
+    if (split_unit(cta, grid, G)) {
+      EXPECT_EQ(held_v[0], held_v[1]);
+      EXPECT_GE(held_v[0], 0);
+      EXPECT_EQ(rows.count(held_v[0]), 0u);
+      rows[held_v[0]] = {held[0], held[1]};
+    } else {
+      EXPECT_EQ(held_v[0], -1);
+      EXPECT_EQ(held_v[1], -1);
+    }
+  }
+  for (int64_t t = 0; t < tiles; ++t) EXPECT_EQ(count[size_t(t)], 1) << "tile " << t;
+  EXPECT_EQ(int64_t(rows.size()), G);
+  for (const auto& [v, parts] : rows) {
+    std::vector<int64_t> all = parts.first;
+    all.insert(all.end(), parts.second.begin(), parts.second.end());
+    std::vector<int64_t> want;
+    for (int64_t t = v; t < tiles; t += G) want.push_back(t);  // the mma.sync kernel's CTA v
+    EXPECT_EQ(all, want) << "row " << v;
+    EXPECT_EQ(parts.first.size(), (want.size() + 1) / 2);
+  }
+  return rows;
+}
+
+TEST(TrimulSm90Layout, GatesUnitsCoverEveryTileAndRowOnceWhateverTheSmCount) {
+  for (int64_t tiles : {1, 2, 3, 7, 131, 132, 133, 395, 396, 397, 1000, 9216}) {
+    const int64_t G = std::min<int64_t>(tiles, kSplitBackwardCtas);
+    RowParts first;
+    for (int64_t sms : {1, 2, 3, 78, 114, 132}) {
+      const int64_t grid = std::min(G, sms);
+      const RowParts rows = simulate_gates<128>(grid, G, tiles);
+      simulate_gates<64>(grid, G, tiles);
+      // The same parts (so the same sums, bit for bit) on every device.
+      if (first.empty())
+        first = rows;
+      else
+        EXPECT_EQ(rows, first) << "tiles " << tiles << ", " << sms << " SMs";
+    }
+  }
+}
+
+template <int kD>
+void check_dx_layout() {
+  using L = DxLayout<kD>;
+  EXPECT_LE(L::kBytes, uint32_t(kSmemLimit));
+  EXPECT_EQ(L::kStagesPerTile * L::kStageK, 5 * kD);
+  EXPECT_GE(L::kStages, 2);
+  EXPECT_EQ(L::kABytes, uint32_t(kRows * L::kStageK * 2));
+  EXPECT_EQ(L::kWBytes, uint32_t(L::kStageK * kD * 2));
+  EXPECT_EQ(L::kStaging, L::kStages * L::kStageBytes);
+  EXPECT_EQ(L::kHeld, L::kStaging + L::kStagingBytes);
+  EXPECT_EQ(L::kConsumerBytes, L::kHeld + L::kHeldBytes);
+  EXPECT_GE(L::kBytes, kConsumers * L::kConsumerBytes + 127);  // the base aligned up to 128
+  // Core matrices (and so descriptor start addresses) on 128 bytes in every stage of every
+  // consumer; staging rows on 16 bytes (float2 stores, row r at r * kLdC floats).
+  EXPECT_EQ(L::kABytes % 128, 0u);
+  EXPECT_EQ(L::kStageBytes % 128, 0u);
+  EXPECT_EQ(L::kConsumerBytes % 128, 0u);
+  EXPECT_EQ((L::kLdC * 4) % 16, 0);
+  EXPECT_GE(L::kLdC, kD);
+  EXPECT_EQ(L::kStagingBytes, uint32_t(kRows * L::kLdC * 4));
+  EXPECT_EQ(L::kHeldBytes, uint32_t(kWarps * kD * 4));
+  EXPECT_EQ(L::kThreads, 128 * kConsumers);
+}
+
+TEST(TrimulSm90Layout, DxSharedMemoryFitsOneCta) {
+  check_dx_layout<64>();
+  check_dx_layout<128>();
+}
+
+// The core-matrix layout of a 64-row tile: a bijection onto [0, 64 cols); 8 rows of 16 bytes are
+// 128 contiguous bytes; 8 rows further is 128 bytes (desc_k_major's SBO, desc_mn_major's LBO), 8
+// columns further is 1024 bytes (the other offset); the kernel's k step ks of A starts at column
+// 16 ks (offset ks * 2 * 64 * 8), of B at row 16 ks (offset ks * 16 * 8), its N half h of B at
+// column 64 h (offset h * 8 * 64 * 8).
+TEST(TrimulSm90Layout, DxCoreMatrixLayoutIsTheDescriptors) {
+  for (int cols : {64, 128}) {
+    std::set<int> seen;
+    for (int r = 0; r < 64; ++r)
+      for (int c = 0; c < cols; ++c) {
+        const int o = core_offset(64, r, c);
+        ASSERT_TRUE(seen.insert(o).second);
+        ASSERT_LT(o, 64 * cols);
+        // Within a core matrix: 8 contiguous elements per row, rows 16 bytes apart.
+        EXPECT_EQ(o, core_offset(64, r - r % 8, c - c % 8) + 8 * (r % 8) + c % 8);
+        if (r + 8 < 64) {
+          EXPECT_EQ(2 * (core_offset(64, r + 8, c) - o), 128);
+        }
+        if (c + 8 < cols) {
+          EXPECT_EQ(2 * (core_offset(64, r, c + 8) - o), 1024);
+        }
+      }
+  }
+  for (int ks = 0; ks < 4; ++ks) {
+    EXPECT_EQ(core_offset(64, 0, 16 * ks), ks * 2 * 64 * 8);
+    EXPECT_EQ(core_offset(64, 16 * ks, 0), ks * 16 * 8);
+  }
+  EXPECT_EQ(core_offset(64, 0, 64), 8 * 64 * 8);
+}
+
+// Every k of the K = 5D GEMM once, its dpg column and its w_in row of the same thing (pack.cu's
+// w_in: per a/b block q, P rows of channels 64 q.. then their G rows; then Wg_out): dP of channel
+// ch with Wp_in's row ch, dG with Wg_in's, dgo column n with Wg_out's row n.
+template <int kD>
+void check_dx_stages() {
+  constexpr int kChunks = 2 * kD / kChunkChannels;
+  std::set<int> cols, rows;
+  for (int st = 0; st < DxLayout<kD>::kStagesPerTile; ++st) {
+    const DxStage s = dx_stage<kD>(st);
+    for (int kk = 0; kk < DxLayout<kD>::kStageK; ++kk) {
+      const int col = s.col0 + kk, row = s.wrow + kk;
+      ASSERT_TRUE(cols.insert(col).second);
+      ASSERT_TRUE(rows.insert(row).second);
+      ASSERT_LT(col, 5 * kD);
+      ASSERT_LT(row, kChunks * kChunkN + kD);
+      // What the dpg column holds: kind 0 dP, 1 dG, 2 dgo; and its channel.
+      const int kind = col < 2 * kD ? 0 : col < 4 * kD ? 1 : 2, ch = col - kind * 2 * kD;
+      if (kind < 2) {
+        EXPECT_EQ(row / kChunkN, ch / kChunkChannels);  // block of the channel
+        EXPECT_EQ(row % kChunkN, kind * kChunkChannels + ch % kChunkChannels);
+      } else {
+        EXPECT_EQ(row, kChunks * kChunkN + ch);
+      }
+    }
+  }
+  EXPECT_EQ(int(cols.size()), 5 * kD);
+}
+
+TEST(TrimulSm90Layout, DxStagesPairEachDpgColumnWithItsWeightRow) {
+  check_dx_stages<64>();
+  check_dx_stages<128>();
+}
+
+// The copy cursor visits exactly the consumer's (tile, stage) sequence of the main loop (units in
+// order, their tiles, every stage), with empty units skipped, and is invalid after it.
+TEST(TrimulSm90Layout, DxCopyCursorFollowsTheConsumersStages) {
+  constexpr int kPer = DxLayout<128>::kStagesPerTile;
+  for (int64_t tiles : {1, 2, 3, 131, 133, 397, 1000}) {
+    const int64_t G = std::min<int64_t>(tiles, kSplitBackwardCtas);
+    for (int64_t sms : {1, 3, 132}) {
+      const int64_t grid = std::min(G, sms);
+      for (int64_t cta = 0; cta < grid; ++cta)
+        for (int c = 0; c < kConsumers; ++c) {
+          StageCursor cur(cta, grid, G, tiles, c, kPer);
+          for (int64_t k = 0; k < units_of(cta, grid, G); ++k) {
+            const Unit u = unit_of(cta, grid, G, tiles, c, k);
+            for (int64_t m = 0; m < u.count; ++m)
+              for (int st = 0; st < kPer; ++st) {
+                ASSERT_TRUE(cur.valid());
+                EXPECT_EQ(cur.tile(), u.v + (u.first + m) * G);
+                EXPECT_EQ(cur.st, st);
+                cur.next();
+              }
+          }
+          EXPECT_FALSE(cur.valid());
+        }
+    }
+  }
+}
+
+// The row pass: warp w of a consumer takes rows w + 4 (i0 + i) (i0 in steps of 4, i < 4) and sums
+// them into virtual warp w + 4 (i % 2), which must be the mma.sync kernel's warp of the row
+// (r % kWarps); each row once, each virtual warp's rows in increasing order.
+TEST(TrimulSm90Layout, DxRowPassSumsTheMmaSyncWarpsRows) {
+  std::vector<int> seen(kRows, 0);
+  for (int warp = 0; warp < 4; ++warp) {
+    int last[2] = {-1, -1};
+    for (int i0 = 0; i0 < kRows / 4; i0 += 4)
+      for (int i = 0; i < 4; ++i) {
+        const int r = warp + 4 * (i0 + i);
+        ASSERT_LT(r, kRows);
+        ++seen[size_t(r)];
+        EXPECT_EQ(warp + 4 * (i % 2), r % kWarps);
+        EXPECT_GT(r, last[i % 2]);
+        last[i % 2] = r;
+      }
+  }
+  for (int r = 0; r < kRows; ++r) EXPECT_EQ(seen[size_t(r)], 1);
 }
 
 }  // namespace

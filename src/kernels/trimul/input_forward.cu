@@ -12,18 +12,12 @@
 //   C  [kChunkN, kLdCT] the product of a step q < input_chunks (transposed: column-major reads
 //                      for the channel-major a and b); [kRows, kLdC] for the last step
 #include <algorithm>
-#include <utility>
 
-#include <cute/arch/copy_sm90_tma.hpp>
-#include <cute/arch/mma_sm90_desc.hpp>
-#include <cute/arch/mma_sm90_gmma.hpp>
-
-#include "kernels/attention/tma.cuh"
-#include "kernels/common/wgmma.cuh"
 #include "kernels/trimul/device.cuh"
 #include "kernels/trimul/input_forward_sm90.h"
 #include "kernels/trimul/launch.h"
 #include "kernels/trimul/layer_norm.cuh"
+#include "kernels/trimul/sm90.cuh"
 
 namespace tpf::cuda::trimul {
 namespace {
@@ -245,77 +239,6 @@ __global__ void __launch_bounds__(kThreads, k16BitCtas) input_forward_16bit_kern
 // from the mma.sync kernel's in the last bit of a rounding; x_ln, the biases, sigmoid and the
 // 16-bit roundings are the same expressions.
 
-namespace gmma = cute::SM90::GMMA;
-
-template <typename T, int N>
-struct SsAtom;
-#define TPF_TRIMUL_SS_ATOM(N)                                                          \
-  template <>                                                                          \
-  struct SsAtom<__nv_bfloat16, N> {                                                    \
-    using type = gmma::MMA_64x##N##x16_F32BF16BF16_SS<gmma::Major::K, gmma::Major::K>; \
-  };                                                                                   \
-  template <>                                                                          \
-  struct SsAtom<__half, N> {                                                           \
-    using type = gmma::MMA_64x##N##x16_F32F16F16_SS<gmma::Major::K, gmma::Major::K>;   \
-  };
-TPF_TRIMUL_SS_ATOM(64)
-TPF_TRIMUL_SS_ATOM(128)
-#undef TPF_TRIMUL_SS_ATOM
-
-template <typename Atom, size_t... I>
-__device__ __forceinline__ void ss_fma(uint64_t a, uint64_t b, float* d, gmma::ScaleOut scale,
-                                       std::index_sequence<I...>) {
-  Atom::fma(a, b, d[I]..., scale);
-}
-
-// Descriptor of a K-major operand stored as TMA's 128-byte swizzle writes it: 8-row groups 1024
-// bytes apart (SBO), LBO unused for K-major swizzled layouts (1); addr on the k step's first
-// 16-byte chunk of row 0 of a 1024-byte aligned block.
-__device__ __forceinline__ uint64_t sw128_desc(uint32_t addr) {
-  cute::GmmaDescriptor d;
-  d.bitfield.start_address_ = uint16_t(addr >> 4);
-  d.bitfield.leading_byte_offset_ = 1;
-  d.bitfield.stride_byte_offset_ = uint16_t(1024 >> 4);
-  d.bitfield.base_offset_ = 0;
-  d.bitfield.layout_type_ = uint8_t(gmma::LayoutType::B128);
-  return d.desc_;
-}
-
-// acc = x_ln W^T for one consumer warpgroup: A [64][kD] at a (the stage), B the first N rows of a
-// weight block [128][kD] at b, both as kD / 64 swizzled column blocks. Issued and committed; the
-// caller waits (wgmma_wait<0>) before it reads acc.
-template <typename T, int N, int kD>
-__device__ __forceinline__ void step_gemm(float (&acc)[N / 8][4], uint32_t a, uint32_t b) {
-#pragma unroll
-  for (int j = 0; j < N / 8; ++j)
-#pragma unroll
-    for (int e = 0; e < 4; ++e) acc[j][e] = 0.0f;
-  fence_regs(acc);
-  wgmma_fence();
-#pragma unroll
-  for (int kk = 0; kk < kD / 16; ++kk) {
-    const uint32_t at = (kk / 4) * (kRows * 128) + (kk % 4) * 32;
-    const uint32_t bt = (kk / 4) * (kChunkN * 128) + (kk % 4) * 32;
-    ss_fma<typename SsAtom<T, N>::type>(sw128_desc(a + at), sw128_desc(b + bt), &acc[0][0],
-                                        gmma::ScaleOut::One, std::make_index_sequence<N / 2>{});
-  }
-  wgmma_commit();
-}
-
-// The producer's arrival on a barrier of count 1 with `bytes` of TMA transactions still to come:
-// the phase completes once they have (mbar_expect_tx alone would leave the arrival pending).
-__device__ __forceinline__ void mbar_arrive_expect_tx(uint64_t* bar, uint32_t bytes) {
-  asm volatile(
-      "mbarrier.arrive.expect_tx.release.cta.shared::cta.b64 _, [%0], %1;\n" ::"r"(smem_addr(bar)),
-      "r"(bytes)
-      : "memory");
-}
-
-// Named barrier of consumer warpgroup c (ids 1.., 128 threads; 0 is __syncthreads).
-__device__ __forceinline__ void consumer_sync(int c) {
-  asm volatile("bar.sync %0, 128;\n" ::"r"(1 + c) : "memory");
-}
-
 template <typename T, int kD>
 __global__ void __launch_bounds__(sm90::kThreads, 1)
     input_forward_sm90_kernel(const __grid_constant__ Params p,
@@ -355,15 +278,7 @@ __global__ void __launch_bounds__(sm90::kThreads, 1)
   if (wg == 0) {
     // Producer: one thread issues every load.
     if (threadIdx.x != 0) return;
-    constexpr uint64_t kEvictFirst = 0x12F0000000000000ull, kEvictLast = 0x14F0000000000000ull;
-    mbar_arrive_expect_tx(w_bar, L::kWBytes);
-#pragma unroll
-    for (int q = 0; q < L::kBlocks; ++q)
-#pragma unroll
-      for (int h = 0; h < L::kKHalves; ++h)
-        cute::SM90_TMA_LOAD_2D::copy(&w_map, w_bar, kEvictLast,
-                                     base + L::kW + q * L::kWBlockBytes + h * (kChunkN * 128),
-                                     h * sm90::kAtomCols, q * kChunkN);
+    load_weight_blocks<kD, L::kBlocks>(&w_map, w_bar, base + L::kW);
     for (int64_t k = 0; k < ntiles; ++k) {
       const sm90::Slot s = sm90::slot_of(blockIdx.x, gridDim.x, k, L::kStages);
       const unsigned t = unsigned(s.tile), tpr = unsigned(p.tiles_per_row);
@@ -373,7 +288,7 @@ __global__ void __launch_bounds__(sm90::kThreads, 1)
       mbar_arrive_expect_tx(&full[s.stage], L::kXBytes);
 #pragma unroll
       for (int h = 0; h < L::kKHalves; ++h)
-        cute::SM90_TMA_LOAD_3D::copy(&x_map, &full[s.stage], kEvictFirst,
+        cute::SM90_TMA_LOAD_3D::copy(&x_map, &full[s.stage], kTmaEvictFirst,
                                      base + L::kX + s.stage * L::kXBytes + h * (kRows * 128),
                                      h * sm90::kAtomCols, j0, int(bi));
     }
@@ -412,29 +327,9 @@ __global__ void __launch_bounds__(sm90::kThreads, 1)
     if constexpr (L::kStages % sm90::kConsumers != 0) mbar_wait(&empty[s.stage], s.parity ^ 1);
     mbar_wait(&full[s.stage], s.parity);
 
-    // LayerNorm in place: warp w takes rows w + 4 i, lane l elements l + 32 t (row_stats's sums).
-    // Rows past the tile were read as zeros (TMA's out-of-bounds fill); their results are never
-    // stored.
-    constexpr int kGroup = 4;
-#pragma unroll 1
-    for (int i0 = 0; i0 < kRows / 4; i0 += kGroup) {
-      float v[kGroup][kD / 32];
-#pragma unroll
-      for (int u = 0; u < kGroup; ++u)
-#pragma unroll
-        for (int t = 0; t < kD / 32; ++t)
-          v[u][t] = to_f(*reinterpret_cast<const T*>(
-              xs + sm90::sw128_offset(kRows, warp + 4 * (i0 + u), lane + 32 * t)));
-#pragma unroll
-      for (int u = 0; u < kGroup; ++u) {
-        const int r = warp + 4 * (i0 + u);
-        const RowStats rs = row_stats<kD>(v[u], kD, p.eps);
-#pragma unroll
-        for (int t = 0; t < kD / 32; ++t)
-          *reinterpret_cast<T*>(xs + sm90::sw128_offset(kRows, r, lane + 32 * t)) =
-              from_f<T>((v[u][t] - rs.mean) * rs.rstd * ln_w[t] + ln_b[t]);
-      }
-    }
+    // LayerNorm in place (rows past the tile were read as zeros, TMA's out-of-bounds fill; their
+    // results are never stored).
+    layer_norm_in_place<T, kD>(xs, warp, lane, ln_w, ln_b, p.eps);
     fence_proxy_async();
     consumer_sync(c);
     mbar_wait(w_bar, 0);
@@ -548,31 +443,13 @@ bool sm90_input_forward_fits(const Params& p) {
          aligned(p.x) && aligned(p.w_in) && aligned(p.a) && aligned(p.b) && aligned(p.go);
 }
 
-int multiprocessors() {
-  int device = 0, n = 0;
-  check_cuda(cudaGetDevice(&device), "cudaGetDevice");
-  check_cuda(cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, device),
-             "cudaDeviceGetAttribute");
-  return n;
-}
-
 template <typename T, int kD>
 void launch_input_forward_sm90(const Params& p, cudaStream_t stream) {
   using L = sm90::Layout<kD>;
   constexpr bool kFp16 = std::is_same_v<T, __half>;
-  uint32_t dims = 0;
-  // x [B * S, S, D]: box 64 positions x 64 channels; positions past S read as zero.
-  const int64_t x_size[2] = {p.S, p.B * p.S}, x_stride[2] = {kD, p.S * kD};
-  const uint32_t x_box[2] = {uint32_t(kRows), 1};
-  const CUtensorMap x_map =
-      tiled_tensor_map(p.x, kFp16, 2, x_size, x_stride, x_box, kD, uint32_t(sm90::kAtomCols),
-                       CU_TENSOR_MAP_SWIZZLE_128B, "trimul x", dims);
-  // w_in [kBlocks * 128, D]: box 128 rows x 64 columns.
-  const int64_t w_size[1] = {int64_t(L::kBlocks) * kChunkN}, w_stride[1] = {kD};
-  const uint32_t w_box[1] = {uint32_t(kChunkN)};
-  const CUtensorMap w_map =
-      tiled_tensor_map(p.w_in, kFp16, 1, w_size, w_stride, w_box, kD, uint32_t(sm90::kAtomCols),
-                       CU_TENSOR_MAP_SWIZZLE_128B, "trimul w_in", dims);
+  // x [B * S * S, D]: box 64 positions x 64 channels; w_in [kBlocks * 128, D]: 128 rows x 64.
+  const CUtensorMap x_map = position_rows_map<kD>(p.x, kFp16, p, "trimul x");
+  const CUtensorMap w_map = w_in_map<kD>(p.w_in, kFp16, L::kBlocks);
   const auto kernel = input_forward_sm90_kernel<T, kD>;
   set_max_smem(kernel, L::kBytes);
   const int64_t grid = std::min<int64_t>(p.tiles, multiprocessors());

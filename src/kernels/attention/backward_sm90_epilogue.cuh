@@ -43,51 +43,12 @@ __device__ __forceinline__ void store_dq4(T* dst, float4 x, float scale, bool al
   }
 }
 
-// A writer's chain over the query tiles i = 0, 1, ..., T - 1, each a sum in turns across CTAs
-// (semaphore sem_of(i), this CTA's turn `turn`): acquire the turn, issue the tile's bulk copies
-// (issue(i): the bulk groups it committed), and pass the turn once they are complete. Where the
-// next tile can be issued at once (its turn has come and staged_ready(i + 1): its staged tiles are
-// there), it is issued before this tile's copies are waited for, so the two tiles' copies overlap;
-// a turn is never held while waiting for anything but its own copies. The sums and their order
-// are those of one tile at a time.
-template <typename SemOf, typename Ready, typename Issue>
-__device__ __forceinline__ void write_in_turns(int T, int turn, SemOf sem_of, Ready staged_ready,
-                                               Issue issue) {
-  if (T <= 0) return;
-  int* sem = sem_of(0);
-  wait_turn(sem, turn);
-  fence_proxy_async_all();  // the turns before's sums (acquired above) to the bulk copies
-  issue(0);
-#pragma unroll 1
-  for (int i = 0; i < T; ++i) {
-    int* next = i + 1 < T ? sem_of(i + 1) : nullptr;
-    if (next != nullptr && load_acquire(next) >= turn && staged_ready(i + 1)) {
-      fence_proxy_async_all();
-      bulk_wait_all_but(issue(i + 1));  // tile i's copies complete, i + 1's under way
-      fence_proxy_async_all();
-      pass_turn(sem);
-      sem = next;
-      continue;
-    }
-    bulk_wait();
-    fence_proxy_async_all();
-    pass_turn(sem);
-    if (next == nullptr) break;
-    sem = next;
-    wait_turn(sem, turn);
-    fence_proxy_async_all();
-    issue(i + 1);
-  }
-}
-
 // dQ of a slice group's query tile is summed over its key blocks jb = 0, 1, ..., J - 1 in that
 // order (the semaphore counts the key blocks that have added theirs) by the dQ writer, thread 0 of
 // warp 1 (the warp's other lanes leave at once), by TMA: block 0 stores its staged tiles, the next
-// ones add theirs (bulk reductions at L2), in write_in_turns' chain. The accumulator's tile holds
-// the stage's order (stage_offset), so a whole staged tile is one bulk copy;
-// attention_dq_finish_kernel turns the sums into dq after the launch. A query tile's A staged
-// slices fit in the DQS stages, so that the next tile's stages can be tested while this one's
-// copies are in flight (each stage's previous phase was seen complete).
+// ones add theirs (bulk reductions at L2); each query tile's copies are waited for, then the turn
+// is passed on. The accumulator's tile holds the stage's order (stage_offset), so a whole staged
+// tile is one bulk copy; attention_dq_finish_kernel turns the sums into dq after the launch.
 template <typename T, int D, typename BT>
 __device__ __forceinline__ void sm90_backward_write_dq(const AttentionBackwardParams& p,
                                                        Sm90BackwardSmem<T, D, BT>& sm, int g, int b,
@@ -95,16 +56,17 @@ __device__ __forceinline__ void sm90_backward_write_dq(const AttentionBackwardPa
                                                        int chunk_first_slice) {
   using S = Sm90BackwardSmem<T, D, BT>;
   constexpr int A = S::A, DQS = S::DQS;
-  static_assert(A <= DQS, "a query tile's staged dQ slices fit in the stages");
   constexpr int kTileBytes = kTileQ * D * int(sizeof(float));
   const AttentionForwardParams& f = p.fwd;
   if ((threadIdx.x & 31) != 0) return;
   const int64_t sq_pad = int64_t(T_tiles) * kTileQ;
   const bool first = jb == 0;
-  int* const sems = p.dq_sem + ((int64_t(g) * f.B + b) * f.H + h) * T_tiles;
-  int staged = 0;  // staged slices taken so far: stage staged % DQS, its phase staged / DQS
-  auto issue = [&](int i) {
-    int groups = 0;
+  int staged = 0;
+#pragma unroll 1
+  for (int i = 0; i < T_tiles; ++i) {
+    int* sem = p.dq_sem + ((int64_t(g) * f.B + b) * f.H + h) * T_tiles + i;
+    wait_turn(sem, jb);
+    fence_proxy_async_all();  // the block before's sums (acquired above) to the bulk copies
 #pragma unroll 1
     for (int u = 0; u < A; ++u, ++staged) {
       const int buf = staged % DQS;
@@ -119,21 +81,14 @@ __device__ __forceinline__ void sm90_backward_write_dq(const AttentionBackwardPa
         else
           bulk_reduce_add(acc, sm.dq_stage[buf][0], kTileBytes);
         bulk_commit();
-        ++groups;
         bulk_wait_read();
       }
       mbar_arrive(&sm.dq_empty[buf]);
     }
-    return groups;
-  };
-  auto staged_ready = [&](int) {
-#pragma unroll 1
-    for (int u = 0; u < A; ++u)
-      if (!mbar_ready(&sm.dq_full[(staged + u) % DQS], ((staged + u) / DQS) & 1)) return false;
-    return true;
-  };
-  write_in_turns(
-      T_tiles, jb, [&](int i) { return sems + i; }, staged_ready, issue);
+    bulk_wait();
+    fence_proxy_async_all();
+    pass_turn(sem);
+  }
 }
 
 // dq = scale * the dQ accumulator of the launch's slices first_slice .. first_slice + slices - 1, in
@@ -166,12 +121,11 @@ __global__ void attention_dq_finish_kernel(const AttentionBackwardParams p, int 
   }
 }
 
-// The dbias writer, thread 0 of warp 2 (warp 3 and the other lanes leave at once), by TMA: per query
-// tile, the CTA's dbias^T tile (keys of both warpgroups x 64 queries, one bulk copy) into its lane
+// The dbias writer, thread 0 of warp 2 (warp 3 and the other lanes leave at once), by TMA: per query tile,
+// the CTA's dbias^T tile (keys of both warpgroups x 64 queries, one bulk copy) into its lane
 // l = g % L, in its slice group's turn there (g / L; the semaphore counts the groups that have
-// passed), in write_in_turns' chain: the first group of a lane stores, the others add
-// (backward_sm90_tiles.h). A lane's accumulator is tiled: [key block][query tile][KB keys][64
-// queries] in stage_offset's order.
+// passed): the first group of a lane stores, the others add (backward_sm90_tiles.h). A lane's
+// accumulator is tiled: [key block][query tile][KB keys][64 queries] in stage_offset's order.
 template <typename T, int D, typename BT>
 __device__ __forceinline__ void sm90_backward_write_dbias(const AttentionBackwardParams& p,
                                                           Sm90BackwardSmem<T, D, BT>& sm, int g,
@@ -183,26 +137,27 @@ __device__ __forceinline__ void sm90_backward_write_dbias(const AttentionBackwar
   if (part != 0 || (threadIdx.x & 31) != 0) return;
   const int lanes = p.dbias_lanes, lane_of_g = g % lanes, turn = g / lanes;
   const int64_t bh = (int64_t(lane_of_g) * f.B + b) * f.H + h;  // this lane's [b][h]
-  auto issue = [&](int i) {
+#pragma unroll 1
+  for (int i = 0; i < T_tiles; ++i) {
     mbar_wait(&sm.dbias_full, i & 1);
+    int* sem = p.dbias_sem + (bh * T_tiles + i) * J + jb;
+    wait_turn(sem, turn);
+    fence_proxy_async_all();  // the groups before's sums (acquired above) to the bulk copy
     float* acc = p.dbias_acc_t + ((bh * J + jb) * T_tiles + i) * int64_t(S::KB) * kTileQ;
     const bool valid = sm.dbias_valid[0] != 0 || sm.dbias_valid[1] != 0;
-    int groups = 0;
     if (turn == 0 || valid) {
       if (turn == 0)
         bulk_store(acc, sm.dbias_stage[0], kTileBytes);
       else
         bulk_reduce_add(acc, sm.dbias_stage[0], kTileBytes);
       bulk_commit();
-      groups = 1;
       bulk_wait_read();
     }
     mbar_arrive(&sm.dbias_empty);
-    return groups;
-  };
-  write_in_turns(
-      T_tiles, turn, [&](int i) { return p.dbias_sem + (bh * T_tiles + i) * J + jb; },
-      [&](int i) { return mbar_ready(&sm.dbias_full, i & 1); }, issue);
+    bulk_wait();
+    fence_proxy_async_all();
+    pass_turn(sem);
+  }
 }
 
 // A consumer's dK (scaled) and dV for its 64 keys of each slice, from registers: its DC columns

@@ -12,7 +12,6 @@
 
 #include <cmath>
 #include <cstdint>
-#include <type_traits>
 
 #include "kernels/attention/forward_sm90_layout.h"
 #include "kernels/attention/forward_sm90_params.h"
@@ -141,21 +140,22 @@ __device__ __forceinline__ void consume(const Params& p, const Tile& t, uint8_t*
     const float4* bias =
         reinterpret_cast<const float4*>(smem + s * L::kStageBytes) + (wg * 4 + warp) * 256 + lane;
     const uint64_t valid = valid_keys(kt, p.fwd.Sk);
-    // S = bias + Q K^T of slice g into acc, issued (one commit group); kMasked: a key of the tile
-    // below Sk is masked in some slice (keys past Sk are -inf in the bias already), and every
-    // slice's scores take their mask. The two cases are two straight-line copies of the loop: a
-    // branch between the commit groups makes ptxas wait for the MMAs in flight (C7517).
-    auto issue_scores = [&](int g, float(&acc)[kKeys / 8][4], auto masked) {
+#pragma unroll
+    for (int g = 0; g < L::G; ++g) {
+      float sc[kKeys / 8][4];
 #pragma unroll
       for (int j = 0; j < kKeys / 8; ++j) {
         const float4 v = bias[j * 32];
-        acc[j][0] = v.x;
-        acc[j][1] = v.y;
-        acc[j][2] = v.z;
-        acc[j][3] = v.w;
+        sc[j][0] = v.x;
+        sc[j][1] = v.y;
+        sc[j][2] = v.z;
+        sc[j][3] = v.w;
       }
-      if constexpr (decltype(masked)::value) apply_key_mask(acc, words[g * p.key_tiles + kt], lane);
-      fence_operands(acc);
+      const uint64_t word = words[g * p.key_tiles + kt];
+      // Keys past Sk are -inf in the bias already; only masked keys below Sk need this.
+      if (word != valid) apply_key_mask(sc, word, lane);
+      // S = bias + Q K^T
+      fence_operands(sc);
       cute::warpgroup_arrive();
 #pragma unroll
       for (int ks = 0; ks < DP / 16; ++ks) {
@@ -163,58 +163,35 @@ __device__ __forceinline__ void consume(const Params& p, const Tile& t, uint8_t*
         const uint32_t addr =
             stage + L::k_offset(g) + (col / L::W) * L::kBlockBytes + (col % L::W) * 2;
         if constexpr (L::kPvN != kKeys) {
-          wgmma_rs<T, kKeys, gmma::Major::K>(acc, st.qf[g][ks], smem_desc<L::W>(addr, 16));
+          wgmma_rs<T, kKeys, gmma::Major::K>(sc, st.qf[g][ks], smem_desc<L::W>(addr, 16));
         } else {
           // DP = 64: the PV product is m64n64k16 too, and ptxas (CUDA 13.0) given two chains of
           // that one shape put P into the registers of Q's fragments, which the next key tile
           // still reads (found in the SASS of f3bc00f, whose D = 56 and 64 were wrong). Keys
           // 0-31 and 32-63 as two m64n32k16 products (the second half of the K tile starts
           // 32 rows = 64 W bytes further, a whole number of swizzle periods).
-          wgmma_rs<T, kKeys / 2, gmma::Major::K>(reinterpret_cast<float(&)[kKeys / 16][4]>(acc[0]),
+          wgmma_rs<T, kKeys / 2, gmma::Major::K>(reinterpret_cast<float(&)[kKeys / 16][4]>(sc[0]),
                                                  st.qf[g][ks], smem_desc<L::W>(addr, 16));
           wgmma_rs<T, kKeys / 2, gmma::Major::K>(
-              reinterpret_cast<float(&)[kKeys / 16][4]>(acc[kKeys / 16]), st.qf[g][ks],
+              reinterpret_cast<float(&)[kKeys / 16][4]>(sc[kKeys / 16]), st.qf[g][ks],
               smem_desc<L::W>(addr + (kKeys / 2) * 2 * L::W, 16));
         }
       }
       cute::warpgroup_commit_batch();
-    };
-    // The slices' products overlap their softmax: slice g + 1's S is issued before slice g's
-    // softmax (two score buffers), so only P V of slice g - 1 is waited for with S of slice g. The
-    // commit order is S(g), PV(g - 1), S(g + 1): waiting for all but the newest group leaves
-    // S(g + 1) running and has PV(g - 1) done before P's registers are written again.
-    auto run_slices = [&](auto masked) {
-      float sc[2][kKeys / 8][4];
-      issue_scores(0, sc[0], masked);
+      cute::warpgroup_wait<0>();
+      fence_operands(sc);
+      uint32_t pa[kKeys / 16][4];
+      softmax_tile<T, L::kPvBlocks>(sc, st.m[g], st.l[g], st.o[g], pa, c, rescale_acc);
+      // O += P V
+      fence_operands(st.o[g]);
+      cute::warpgroup_arrive();
+      const uint32_t v_tile = stage + L::v_offset(g);
 #pragma unroll
-      for (int g = 0; g < L::G; ++g) {
-        if (g + 1 < L::G) {
-          issue_scores(g + 1, sc[(g + 1) & 1], masked);
-          cute::warpgroup_wait<1>();
-        } else {
-          cute::warpgroup_wait<0>();
-        }
-        fence_operands(sc[g & 1]);
-        uint32_t pa[kKeys / 16][4];
-        softmax_tile<T, L::kPvBlocks>(sc[g & 1], st.m[g], st.l[g], st.o[g], pa, c, rescale_acc);
-        // O += P V
-        fence_operands(st.o[g]);
-        cute::warpgroup_arrive();
-        const uint32_t v_tile = stage + L::v_offset(g);
-#pragma unroll
-        for (int kk = 0; kk < kKeys / 16; ++kk)
-          wgmma_rs<T, L::kPvN, gmma::Major::MN>(
-              st.o[g], pa[kk], smem_desc<L::W>(v_tile + kk * 16 * 2 * L::W, L::kBlockBytes));
-        cute::warpgroup_commit_batch();
-      }
-    };
-    bool masked = false;
-#pragma unroll
-    for (int g = 0; g < L::G; ++g) masked |= words[g * p.key_tiles + kt] != valid;
-    if (masked)
-      run_slices(std::true_type{});
-    else
-      run_slices(std::false_type{});
+      for (int kk = 0; kk < kKeys / 16; ++kk)
+        wgmma_rs<T, L::kPvN, gmma::Major::MN>(
+            st.o[g], pa[kk], smem_desc<L::W>(v_tile + kk * 16 * 2 * L::W, L::kBlockBytes));
+      cute::warpgroup_commit_batch();
+    }
     cute::warpgroup_wait<0>();  // every MMA that read this stage is done
 #pragma unroll
     for (int g = 0; g < L::G; ++g) fence_operands(st.o[g]);

@@ -158,19 +158,6 @@ __device__ __forceinline__ void mbar_wait(uint64_t* bar, int parity) {
       "r"(parity)
       : "memory");
 }
-// Whether the phase of that parity has completed, without waiting (acquire, as mbar_wait). Valid
-// as mbar_wait is: for the phase after the last one the caller saw complete.
-__device__ __forceinline__ bool mbar_ready(uint64_t* bar, int parity) {
-  uint32_t ok;
-  asm volatile(
-      "{\n.reg .pred p;\n"
-      "mbarrier.test_wait.parity.acquire.cta.shared::cta.b64 p, [%1], %2;\n"
-      "selp.u32 %0, 1, 0, p;\n}\n"
-      : "=r"(ok)
-      : "r"(smem_addr(bar)), "r"(parity)
-      : "memory");
-  return ok != 0;
-}
 
 // ---- warp specialization ----------------------------------------------------------------------------
 // Registers per thread of the calling warpgroup (all its threads execute it; the kernel needs a
@@ -232,16 +219,6 @@ __device__ __forceinline__ void bulk_wait_read() {
 // to whoever acquires it).
 __device__ __forceinline__ void bulk_wait() {
   asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory");
-}
-// All but the thread's `newest` (0 to 4) most recent bulk groups are complete.
-__device__ __forceinline__ void bulk_wait_all_but(int newest) {
-  switch (newest) {
-    case 1: asm volatile("cp.async.bulk.wait_group 1;\n" ::: "memory"); break;
-    case 2: asm volatile("cp.async.bulk.wait_group 2;\n" ::: "memory"); break;
-    case 3: asm volatile("cp.async.bulk.wait_group 3;\n" ::: "memory"); break;
-    case 4: asm volatile("cp.async.bulk.wait_group 4;\n" ::: "memory"); break;
-    default: asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory");
-  }
 }
 // Orders the calling thread's generic-proxy accesses with its async-proxy (TMA) ones, all state
 // spaces: after an acquire, before bulk copies that read what it made visible; after a bulk wait,

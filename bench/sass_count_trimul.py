@@ -58,7 +58,7 @@ def demangle(names: list[str]) -> dict[str, str]:
 def short_name(full: str) -> str:
     """`ns::(anonymous namespace)::input_forward_16bit_kernel<__nv_bfloat16, 64>(Params)` ->
     `input_forward_16bit<__nv_bfloat16, 64>`."""
-    name = re.sub(r"\(tpf::cuda::trimul::Params\)$", "", full)
+    name = re.sub(r"\(tpf::cuda::trimul::Params( const)?(, CUtensorMap_st( const)?)*\)$", "", full)
     name = name.replace("(anonymous namespace)::", "")
     base, _, args = name.partition("<")
     name = base.split("::")[-1] + ("<" + args if args else "")
@@ -66,10 +66,22 @@ def short_name(full: str) -> str:
     return name.replace("(int)", "").replace(" ", "")
 
 
+def cutlass_include() -> list[str]:
+    """-isystem for the CUTLASS/CuTe headers (the Hopper input kernel's wgmma atoms and TMA), found
+    as src/kernels/CMakeLists.txt finds them: TPF_CUTLASS_INCLUDE, else the .venv's nvidia-cutlass
+    wheel; none where neither exists (trees whose trimul kernels need none)."""
+    found = os.environ.get("TPF_CUTLASS_INCLUDE")
+    if not found:
+        hits = glob.glob(os.path.join(ROOT, ".venv/lib/python3*/site-packages/cutlass_library/"
+                                      "source/include"))
+        found = hits[0] if hits else None
+    return [f"-isystem={found}"] if found else []
+
+
 def compile_file(src_root: str, path: str, out_dir: str) -> tuple[str, str]:
     cubin = os.path.join(out_dir, os.path.basename(path) + ".cubin")
     cmd = ["nice", "-n", "10", tool("nvcc"), *FLAGS, f"-I{src_root}/include", f"-I{src_root}/src",
-           "-o", cubin, path]
+           *cutlass_include(), "-o", cubin, path]
     r = subprocess.run(cmd, capture_output=True, text=True)
     if r.returncode:
         sys.exit(f"sass_count_trimul: compile failed: {' '.join(cmd)}\n{r.stderr[-4000:]}")

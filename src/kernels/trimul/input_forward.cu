@@ -1,7 +1,9 @@
 // Fused input kernel: LayerNorm_in, the five projections (P and G of a and b, the output gate
 // logits), gates and mask, in one pass over x. One CTA per tile of kRows positions. Step
 // q < input_chunks writes a and b channel-major; the last step writes go row-major. The next
-// block's weights load while the epilogue runs. One kernel for float32, one for 16-bit types.
+// block's weights load while the epilogue runs. One kernel for float32, one for 16-bit types
+// (mma.sync), and for 16-bit types at D = 64 and 128 the Hopper kernel below (TMA, wgmma, warp
+// specialization; persistent), which the launcher takes there.
 //
 // float32 (GEMMs on the CUDA cores, IEEE sigmoid, 2 CTAs per SM):
 //   X  [kRows, Dp]     x_ln, the A operand of every step
@@ -9,7 +11,17 @@
 //                      rows of Wg_in; the last block is Wg_out
 //   C  [kChunkN, kLdCT] the product of a step q < input_chunks (transposed: column-major reads
 //                      for the channel-major a and b); [kRows, kLdC] for the last step
+#include <algorithm>
+#include <utility>
+
+#include <cute/arch/copy_sm90_tma.hpp>
+#include <cute/arch/mma_sm90_desc.hpp>
+#include <cute/arch/mma_sm90_gmma.hpp>
+
+#include "kernels/attention/tma.cuh"
+#include "kernels/common/wgmma.cuh"
 #include "kernels/trimul/device.cuh"
+#include "kernels/trimul/input_forward_sm90.h"
 #include "kernels/trimul/launch.h"
 #include "kernels/trimul/layer_norm.cuh"
 
@@ -120,7 +132,8 @@ struct InputForward16BitSmem {
   }
 };
 
-// kD: static D (64 or 128; Dims), or 0 for D from Params.
+// kD: static D (64 or 128; Dims), or 0 for D from Params. Only kD = 0 is launched: D = 64 and 128
+// run input_forward_sm90_kernel (their instantiations here were deleted with it).
 template <typename T, int kD>
 __global__ void __launch_bounds__(kThreads, k16BitCtas) input_forward_16bit_kernel(const Params p) {
   using Acc = WarpTileLdsm<T>;
@@ -213,19 +226,367 @@ __global__ void __launch_bounds__(kThreads, k16BitCtas) input_forward_16bit_kern
   }
 }
 
+// ---- Hopper (sm_90a), 16-bit types at D = 64 and 128: the same outputs from TMA, wgmma and warp
+// specialization. Persistent CTAs, one per SM, of one producer warpgroup and sm90::kConsumers
+// consumer warpgroups (input_forward_sm90.h: the shared-memory layout and the tile order):
+//   - the producer's first thread loads every weight block once (TMA, 128-byte swizzle: W stays
+//     in shared memory, 160 KiB at D = 128), then the x tiles [64][D] of the CTA's tiles into a
+//     ring of stages (full / empty mbarriers);
+//   - a consumer takes every kConsumers-th tile of its CTA: LayerNorm of its 64 rows in place in
+//     the stage (a warp per row as normalize_input_rows: the same sums, the same bits of x_ln),
+//     written back swizzled, so the stage becomes wgmma's K-major A operand; then per step a
+//     wgmma m64nNk16 chain (A = x_ln, B = the weight block, both from shared memory), the stage
+//     released after the last step's GEMM, and the epilogue from the accumulator registers in parts
+//     of 32 channels or columns: a | b = sigmoid_fast(G) * P * mask transposed into its staging,
+//     go row-major, then 16-byte stores (a channel's 64 positions are 128 contiguous bytes).
+// The a/b blocks are used as pack.cu writes them (P rows 0..63, G rows 64..127): accumulator
+// columns 8j.. (j < 8) and 8(j + 8).. are P and G of the same channels in the same thread.
+// The products accumulate in fp32 as mma.sync's do but in wgmma's order, so a, b and go may differ
+// from the mma.sync kernel's in the last bit of a rounding; x_ln, the biases, sigmoid and the
+// 16-bit roundings are the same expressions.
+
+namespace gmma = cute::SM90::GMMA;
+
+template <typename T, int N>
+struct SsAtom;
+#define TPF_TRIMUL_SS_ATOM(N)                                                          \
+  template <>                                                                          \
+  struct SsAtom<__nv_bfloat16, N> {                                                    \
+    using type = gmma::MMA_64x##N##x16_F32BF16BF16_SS<gmma::Major::K, gmma::Major::K>; \
+  };                                                                                   \
+  template <>                                                                          \
+  struct SsAtom<__half, N> {                                                           \
+    using type = gmma::MMA_64x##N##x16_F32F16F16_SS<gmma::Major::K, gmma::Major::K>;   \
+  };
+TPF_TRIMUL_SS_ATOM(64)
+TPF_TRIMUL_SS_ATOM(128)
+#undef TPF_TRIMUL_SS_ATOM
+
+template <typename Atom, size_t... I>
+__device__ __forceinline__ void ss_fma(uint64_t a, uint64_t b, float* d, gmma::ScaleOut scale,
+                                       std::index_sequence<I...>) {
+  Atom::fma(a, b, d[I]..., scale);
+}
+
+// Descriptor of a K-major operand stored as TMA's 128-byte swizzle writes it: 8-row groups 1024
+// bytes apart (SBO), LBO unused for K-major swizzled layouts (1); addr on the k step's first
+// 16-byte chunk of row 0 of a 1024-byte aligned block.
+__device__ __forceinline__ uint64_t sw128_desc(uint32_t addr) {
+  cute::GmmaDescriptor d;
+  d.bitfield.start_address_ = uint16_t(addr >> 4);
+  d.bitfield.leading_byte_offset_ = 1;
+  d.bitfield.stride_byte_offset_ = uint16_t(1024 >> 4);
+  d.bitfield.base_offset_ = 0;
+  d.bitfield.layout_type_ = uint8_t(gmma::LayoutType::B128);
+  return d.desc_;
+}
+
+// acc = x_ln W^T for one consumer warpgroup: A [64][kD] at a (the stage), B the first N rows of a
+// weight block [128][kD] at b, both as kD / 64 swizzled column blocks. Issued and committed; the
+// caller waits (wgmma_wait<0>) before it reads acc.
+template <typename T, int N, int kD>
+__device__ __forceinline__ void step_gemm(float (&acc)[N / 8][4], uint32_t a, uint32_t b) {
+#pragma unroll
+  for (int j = 0; j < N / 8; ++j)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) acc[j][e] = 0.0f;
+  fence_regs(acc);
+  wgmma_fence();
+#pragma unroll
+  for (int kk = 0; kk < kD / 16; ++kk) {
+    const uint32_t at = (kk / 4) * (kRows * 128) + (kk % 4) * 32;
+    const uint32_t bt = (kk / 4) * (kChunkN * 128) + (kk % 4) * 32;
+    ss_fma<typename SsAtom<T, N>::type>(sw128_desc(a + at), sw128_desc(b + bt), &acc[0][0],
+                                        gmma::ScaleOut::One, std::make_index_sequence<N / 2>{});
+  }
+  wgmma_commit();
+}
+
+// The producer's arrival on a barrier of count 1 with `bytes` of TMA transactions still to come:
+// the phase completes once they have (mbar_expect_tx alone would leave the arrival pending).
+__device__ __forceinline__ void mbar_arrive_expect_tx(uint64_t* bar, uint32_t bytes) {
+  asm volatile(
+      "mbarrier.arrive.expect_tx.release.cta.shared::cta.b64 _, [%0], %1;\n" ::"r"(smem_addr(bar)),
+      "r"(bytes)
+      : "memory");
+}
+
+// Named barrier of consumer warpgroup c (ids 1.., 128 threads; 0 is __syncthreads).
+__device__ __forceinline__ void consumer_sync(int c) {
+  asm volatile("bar.sync %0, 128;\n" ::"r"(1 + c) : "memory");
+}
+
+template <typename T, int kD>
+__global__ void __launch_bounds__(sm90::kThreads, 1)
+    input_forward_sm90_kernel(const __grid_constant__ Params p,
+                              const __grid_constant__ CUtensorMap x_map,
+                              const __grid_constant__ CUtensorMap w_map) {
+  using L = sm90::Layout<kD>;
+  constexpr int kPart = L::kPart, kLdAB = L::kLdAB, kLdGo = L::kLdGo;
+  extern __shared__ __align__(1024) unsigned char smem_raw[];
+  // Aligned up to 1024 bytes by pointer arithmetic on the shared array (a round trip through an
+  // integer would lose its state space: generic loads and stores instead of LDS / STS).
+  unsigned char* base = smem_raw + ((1024u - (smem_addr(smem_raw) & 1023u)) & 1023u);
+  float* bias_in = reinterpret_cast<float*>(base + L::kBiasIn);
+  float* bias_go = reinterpret_cast<float*>(base + L::kBiasGo);
+  uint64_t* bars = reinterpret_cast<uint64_t*>(base + L::kBars);
+  uint64_t* w_bar = bars;
+  uint64_t* full = bars + 1;
+  uint64_t* empty = bars + 1 + L::kStages;
+
+  for (int i = threadIdx.x; i < 4 * kD; i += sm90::kThreads) bias_in[i] = p.bias_in[i];
+  for (int i = threadIdx.x; i < kD; i += sm90::kThreads) bias_go[i] = p.bias_out[kD + i];
+  if (threadIdx.x == 0) {
+    mbar_init(w_bar, 1);
+    for (int s = 0; s < L::kStages; ++s) {
+      mbar_init(&full[s], 1);
+      mbar_init(&empty[s], 128);  // every thread of the consumer that used the stage
+    }
+    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+  }
+  __syncthreads();
+
+  const int wg = threadIdx.x / 128;
+  const int64_t ntiles = sm90::tiles_of(blockIdx.x, gridDim.x, p.tiles);
+  if (wg == 0) {
+    // Producer: one thread issues every load.
+    if (threadIdx.x != 0) return;
+    constexpr uint64_t kEvictFirst = 0x12F0000000000000ull, kEvictLast = 0x14F0000000000000ull;
+    mbar_arrive_expect_tx(w_bar, L::kWBytes);
+#pragma unroll
+    for (int q = 0; q < L::kBlocks; ++q)
+#pragma unroll
+      for (int h = 0; h < L::kKHalves; ++h)
+        cute::SM90_TMA_LOAD_2D::copy(&w_map, w_bar, kEvictLast,
+                                     base + L::kW + q * L::kWBlockBytes + h * (kChunkN * 128),
+                                     h * sm90::kAtomCols, q * kChunkN);
+    for (int64_t k = 0; k < ntiles; ++k) {
+      const sm90::Slot s = sm90::slot_of(blockIdx.x, gridDim.x, k, L::kStages);
+      const unsigned t = unsigned(s.tile), tpr = unsigned(p.tiles_per_row);
+      const unsigned bi = t / tpr;
+      const int j0 = int(t - bi * tpr) * kRows;
+      mbar_wait(&empty[s.stage], s.parity ^ 1);
+      mbar_arrive_expect_tx(&full[s.stage], L::kXBytes);
+#pragma unroll
+      for (int h = 0; h < L::kKHalves; ++h)
+        cute::SM90_TMA_LOAD_3D::copy(&x_map, &full[s.stage], kEvictFirst,
+                                     base + L::kX + s.stage * L::kXBytes + h * (kRows * 128),
+                                     h * sm90::kAtomCols, j0, int(bi));
+    }
+    return;
+  }
+
+  // Consumer c.
+  const int c = wg - 1, tid = threadIdx.x % 128, warp = tid / 32, lane = tid % 32;
+  const int g = lane >> 2, tq = lane & 3;
+  T* st = reinterpret_cast<T*>(base + L::kStaging + c * L::kStagingBytes);
+  float* mask = reinterpret_cast<float*>(base + L::kMask) + c * kRows;
+  const bool masked = p.mask != nullptr;
+  const int64_t plane = p.S * p.S;
+  float ln_w[kD / 32], ln_b[kD / 32];
+#pragma unroll
+  for (int t = 0; t < kD / 32; ++t) {
+    ln_w[t] = p.ln_in_w[lane + 32 * t];
+    ln_b[t] = p.ln_in_b[lane + 32 * t];
+  }
+
+  for (int64_t k = c; k < ntiles; k += sm90::kConsumers) {
+    const sm90::Slot s = sm90::slot_of(blockIdx.x, gridDim.x, k, L::kStages);
+    const Tile tile = tile_at<true>(s.tile, p);
+    if (tid < kRows)
+      mask[tid] = (masked && tid < tile.n) ? mask_value<T>(p, tile.row0 + tid) : 1.0f;
+    unsigned char* xs = base + L::kX + s.stage * L::kXBytes;
+    const uint32_t xs_addr = smem_addr(xs);
+    mbar_wait(&full[s.stage], s.parity);
+
+    // LayerNorm in place: warp w takes rows w + 4 i, lane l elements l + 32 t (row_stats's sums).
+    // Rows past the tile were read as zeros (TMA's out-of-bounds fill); their results are never
+    // stored.
+    constexpr int kGroup = 4;
+#pragma unroll 1
+    for (int i0 = 0; i0 < kRows / 4; i0 += kGroup) {
+      float v[kGroup][kD / 32];
+#pragma unroll
+      for (int u = 0; u < kGroup; ++u)
+#pragma unroll
+        for (int t = 0; t < kD / 32; ++t)
+          v[u][t] = to_f(*reinterpret_cast<const T*>(
+              xs + sm90::sw128_offset(kRows, warp + 4 * (i0 + u), lane + 32 * t)));
+#pragma unroll
+      for (int u = 0; u < kGroup; ++u) {
+        const int r = warp + 4 * (i0 + u);
+        const RowStats rs = row_stats<kD>(v[u], kD, p.eps);
+#pragma unroll
+        for (int t = 0; t < kD / 32; ++t)
+          *reinterpret_cast<T*>(xs + sm90::sw128_offset(kRows, r, lane + 32 * t)) =
+              from_f<T>((v[u][t] - rs.mean) * rs.rstd * ln_w[t] + ln_b[t]);
+      }
+    }
+    fence_proxy_async();
+    consumer_sync(c);
+    mbar_wait(w_bar, 0);
+    // The mask of this thread's accumulator rows 16 warp + g and + 8.
+    const float mask_lo = mask[16 * warp + g], mask_hi = mask[16 * warp + g + 8];
+
+    // a | b steps: 64 channels each, all in a (q < chunks / 2) or all in b; the epilogue in two
+    // parts of kPart channels (accumulator blocks j and j + 8 of each part: P and G).
+    const int64_t origin = tile.channel_major(p, kD, 0, 0);
+    const bool whole = tile.n == kRows && p.S % 8 == 0;
+#pragma unroll 1
+    for (int q = 0; q < L::kChunks; ++q) {
+      float acc[kChunkN / 8][4];
+      step_gemm<T, kChunkN, kD>(acc, xs_addr, smem_addr(base + L::kW + q * L::kWBlockBytes));
+      wgmma_wait<0>();
+      fence_regs(acc);
+      const int c0 = q * kChunkChannels;
+      T* dst =
+          (c0 < kD ? static_cast<T*>(p.a) + c0 * plane : static_cast<T*>(p.b) + (c0 - kD) * plane) +
+          origin;
+#pragma unroll
+      for (int part = 0; part < kChunkChannels / kPart; ++part) {
+        // This thread's biases of the part (P and G of channels c0 + 8 j + 2 tq, + 1) into
+        // registers first: loaded next to their use, each would be reloaded after every staging
+        // store (the compiler cannot tell the arrays apart).
+        float2 bias_p[kPart / 8], bias_g[kPart / 8];
+#pragma unroll
+        for (int jj = 0; jj < kPart / 8; ++jj) {
+          const int ch = c0 + 8 * (part * kPart / 8 + jj) + 2 * tq;
+          bias_p[jj] = *reinterpret_cast<const float2*>(bias_in + ch);
+          bias_g[jj] = *reinterpret_cast<const float2*>(bias_in + 2 * kD + ch);
+        }
+        consumer_sync(c);  // the staging's previous readers are done
+        // 16 channels x 16 positions per stmatrix.trans (store_transposed: the C fragment of
+        // the [position][channel] block lands in [channel][position]).
+#pragma unroll
+        for (int jj = 0; jj < kPart / 8; jj += 2) {
+          uint32_t frag[4];
+#pragma unroll
+          for (int h = 0; h < 2; ++h)
+#pragma unroll
+            for (int ep = 0; ep < 2; ++ep) {
+              const int j = part * kPart / 8 + jj + h;
+              const float m = ep ? mask_hi : mask_lo;
+              const float2 bp = bias_p[jj + h], bg = bias_g[jj + h];
+              const float v0 =
+                  sigmoid_fast(acc[j + 8][2 * ep] + bg.x) * (acc[j][2 * ep] + bp.x) * m;
+              const float v1 =
+                  sigmoid_fast(acc[j + 8][2 * ep + 1] + bg.y) * (acc[j][2 * ep + 1] + bp.y) * m;
+              frag[2 * h + ep] = Mma<T>::pack(v0, v1);
+            }
+          store_transposed(st, kLdAB, 8 * jj, 16 * warp, frag);
+        }
+        consumer_sync(c);
+        // Channel part * kPart + idx / 8 of the step, rows 8 (idx % 8) ..: 16 bytes a thread.
+#pragma unroll
+        for (int it = 0; it < kPart * kRows / 8 / 128; ++it) {
+          const int idx = tid + 128 * it, cl = idx / (kRows / 8), r0 = (idx % (kRows / 8)) * 8;
+          T* d = dst + (part * kPart + cl) * plane + r0;
+          const T* sv = st + cl * kLdAB + r0;
+          if (whole || (r0 + 8 <= tile.n && reinterpret_cast<uintptr_t>(d) % 16 == 0)) {
+            *reinterpret_cast<uint4*>(d) = *reinterpret_cast<const uint4*>(sv);
+          } else {
+#pragma unroll
+            for (int e = 0; e < 8; ++e)
+              if (r0 + e < tile.n) d[e] = sv[e];
+          }
+        }
+      }
+    }
+
+    // Output gate logits, N = D, row-major through the staging in parts of kPart columns.
+    {
+      float acc[kD / 8][4];
+      step_gemm<T, kD, kD>(acc, xs_addr, smem_addr(base + L::kW + L::kChunks * L::kWBlockBytes));
+      wgmma_wait<0>();
+      fence_regs(acc);
+      mbar_arrive(&empty[s.stage]);  // this thread's reads of the stage are done
+      T* go = static_cast<T*>(p.go) + tile.row0 * kD;
+#pragma unroll
+      for (int part = 0; part < kD / kPart; ++part) {
+        consumer_sync(c);
+#pragma unroll
+        for (int j = part * kPart / 8; j < (part + 1) * kPart / 8; ++j)
+#pragma unroll
+          for (int e = 0; e < 4; e += 2) {
+            const int r = 16 * warp + g + 8 * (e >> 1), n = 8 * j + 2 * tq;
+            const float2 bias = *reinterpret_cast<const float2*>(bias_go + n);
+            store_pair(st + r * kLdGo + n - part * kPart, acc[j][e] + bias.x,
+                       acc[j][e + 1] + bias.y);
+          }
+        consumer_sync(c);
+        // Row idx / (kPart / 8), columns part * kPart + 8 (idx % (kPart / 8)) ..: 16 bytes.
+#pragma unroll
+        for (int it = 0; it < kRows * kPart / 8 / 128; ++it) {
+          const int idx = tid + 128 * it, r = idx / (kPart / 8), c8 = (idx % (kPart / 8)) * 8;
+          if (r < tile.n)
+            *reinterpret_cast<uint4*>(go + r * kD + part * kPart + c8) =
+                *reinterpret_cast<const uint4*>(st + r * kLdGo + c8);
+        }
+      }
+    }
+  }
+}
+
+// Whether the Hopper kernel takes this call: D = 64 or 128, 32-bit tile indices and TMA
+// coordinates, 16-byte aligned x (TMA) and outputs (16-byte stores).
+bool sm90_input_forward_fits(const Params& p) {
+  const auto aligned = [](const void* q) { return reinterpret_cast<uintptr_t>(q) % 16 == 0; };
+  return (p.D == 64 || p.D == 128) && p.tiles <= INT32_MAX && p.B * p.S <= INT32_MAX &&
+         aligned(p.x) && aligned(p.w_in) && aligned(p.a) && aligned(p.b) && aligned(p.go);
+}
+
+int multiprocessors() {
+  int device = 0, n = 0;
+  check_cuda(cudaGetDevice(&device), "cudaGetDevice");
+  check_cuda(cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, device),
+             "cudaDeviceGetAttribute");
+  return n;
+}
+
+template <typename T, int kD>
+void launch_input_forward_sm90(const Params& p, cudaStream_t stream) {
+  using L = sm90::Layout<kD>;
+  constexpr bool kFp16 = std::is_same_v<T, __half>;
+  uint32_t dims = 0;
+  // x [B * S, S, D]: box 64 positions x 64 channels; positions past S read as zero.
+  const int64_t x_size[2] = {p.S, p.B * p.S}, x_stride[2] = {kD, p.S * kD};
+  const uint32_t x_box[2] = {uint32_t(kRows), 1};
+  const CUtensorMap x_map =
+      tiled_tensor_map(p.x, kFp16, 2, x_size, x_stride, x_box, kD, uint32_t(sm90::kAtomCols),
+                       CU_TENSOR_MAP_SWIZZLE_128B, "trimul x", dims);
+  // w_in [kBlocks * 128, D]: box 128 rows x 64 columns.
+  const int64_t w_size[1] = {int64_t(L::kBlocks) * kChunkN}, w_stride[1] = {kD};
+  const uint32_t w_box[1] = {uint32_t(kChunkN)};
+  const CUtensorMap w_map =
+      tiled_tensor_map(p.w_in, kFp16, 1, w_size, w_stride, w_box, kD, uint32_t(sm90::kAtomCols),
+                       CU_TENSOR_MAP_SWIZZLE_128B, "trimul w_in", dims);
+  const auto kernel = input_forward_sm90_kernel<T, kD>;
+  set_max_smem(kernel, L::kBytes);
+  const int64_t grid = std::min<int64_t>(p.tiles, multiprocessors());
+  kernel<<<unsigned(grid), sm90::kThreads, L::kBytes, stream>>>(p, x_map, w_map);
+  check_launch("trimul input_forward (sm90)");
+}
+
 }  // namespace
 
+// float32: input_forward_f32_kernel. 16-bit types: the Hopper kernel at D = 64 and 128, the
+// mma.sync kernel with D from Params otherwise (and where the Hopper kernel's conditions fail).
 template <typename T>
 void launch_input_forward(const Params& p, cudaStream_t stream) {
-  if constexpr (kIsF32<T>)
+  if constexpr (kIsF32<T>) {
     launch_kernel(input_forward_f32_kernel, dim3(unsigned(p.tiles)),
                   InputForwardF32Smem(nullptr, p.Dp).bytes, p, stream, "trimul input_forward");
-  else
-    with_static_d(p, [&](auto d) {
-      launch_kernel(input_forward_16bit_kernel<T, d.value>, dim3(unsigned(p.tiles)),
-                    InputForward16BitSmem<T>(nullptr, p.Dp).bytes, p, stream,
-                    "trimul input_forward");
-    });
+  } else {
+    if (sm90_input_forward_fits(p)) {
+      if (p.D == 64)
+        launch_input_forward_sm90<T, 64>(p, stream);
+      else
+        launch_input_forward_sm90<T, 128>(p, stream);
+      return;
+    }
+    launch_kernel(input_forward_16bit_kernel<T, 0>, dim3(unsigned(p.tiles)),
+                  InputForward16BitSmem<T>(nullptr, p.Dp).bytes, p, stream, "trimul input_forward");
+  }
 }
 
 TPF_TRIMUL_INSTANTIATE(launch_input_forward)

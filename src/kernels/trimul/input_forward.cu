@@ -397,6 +397,15 @@ __global__ void __launch_bounds__(sm90::kThreads, 1)
       mask[tid] = (masked && tid < tile.n) ? mask_value<T>(p, tile.row0 + tid) : 1.0f;
     unsigned char* xs = base + L::kX + s.stage * L::kXBytes;
     const uint32_t xs_addr = smem_addr(xs);
+    // A parity wait only tells apart a phase from the one just before it: full[stage]'s wait for
+    // use u is sound once use u - 1's phase has completed. With an odd number of stages (D = 128:
+    // 3) use u - 1 is the other consumer's tile k - kStages, whose TMA may still be in flight here
+    // (TMA loads complete in no particular order); the parity test would then pass at once, on
+    // the previous tile's bytes. Waiting first for that use's release (empty[stage], the
+    // producer's own wait for tile k) orders it: the other consumer releases only after it has
+    // seen its full phase. Use u - 2 of empty is this consumer's own (tile k - 2 kStages), so
+    // this wait is sound too (sm90::slot_of).
+    if constexpr (L::kStages % sm90::kConsumers != 0) mbar_wait(&empty[s.stage], s.parity ^ 1);
     mbar_wait(&full[s.stage], s.parity);
 
     // LayerNorm in place: warp w takes rows w + 4 i, lane l elements l + 32 t (row_stats's sums).

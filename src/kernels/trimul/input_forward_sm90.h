@@ -73,13 +73,20 @@ struct Layout {
   static_assert(kBytes <= uint32_t(kSmemLimit), "fits one CTA per SM");
   static_assert(kX % 1024 == 0 && kXBytes % 1024 == 0 && kWBlockBytes % 1024 == 0,
                 "swizzled blocks on 1024 bytes");
+  // A stage's use before last (tile k - 2 kStages) is the same consumer's: the consumers' parity
+  // waits rely on it (input_forward.cu; slot_of below).
+  static_assert((2 * kStages) % kConsumers == 0, "use u - 2 of a stage by the same consumer");
 };
 
 // Tile k (0, 1, ...) of a persistent CTA: tile index cta + k * grid (all CTAs sweep the tiles
 // together), consumer warpgroup k % kConsumers, ring stage k % stages, and the parity of that
 // stage's phase (its (k / stages)-th use). The producer loads in the order k, each consumer takes
 // its own k in increasing order: full[stage] completes once per use, empty[stage] once per
-// release by the consumer that used it.
+// release by the consumer that used it. A parity wait is sound only while the barrier is at most
+// one phase behind the awaited one: the producer's wait on empty for use u follows its own wait
+// for use u - 1; a consumer's wait on full for use u follows its own use u - 2 (2 kStages is a
+// multiple of kConsumers), but use u - 1 may be the other consumer's (kStages odd), so that
+// consumer first waits on empty for use u - 1, as the producer does.
 struct Slot {
   int64_t tile;
   int consumer, stage, parity;

@@ -348,6 +348,10 @@ __global__ void __launch_bounds__(sm90::kThreads, 1)
 
   const int wg = threadIdx.x / 128;
   const int64_t ntiles = sm90::tiles_of(blockIdx.x, gridDim.x, p.tiles);
+  // A CTA with no tile (never with the launcher's grid of min(tiles, SMs)) leaves before the
+  // weights' TMA: nothing would wait for it, and a load still in flight when the CTA exits
+  // writes shared memory that the SM may already have given to the next CTA.
+  if (ntiles == 0) return;
   if (wg == 0) {
     // Producer: one thread issues every load.
     if (threadIdx.x != 0) return;

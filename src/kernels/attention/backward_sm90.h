@@ -18,11 +18,9 @@
 namespace tpf::cuda {
 
 // fp32 dQ accumulators are bounded to this many bytes; the slices run in chunks that fit (one
-// kernel launch each). The dQ sums are bulk reduce-adds into the accumulator, 3.2 TB/s where it
-// stays in the L2 (~50 MB) and 1.1 TB/s where it spills to memory (H100,
-// bench/results/l2-reduce-h100-2026-12-07.json): 24 MiB stays resident beside a 9.4 MB dbias lane
-// (12 chunks at S = 768, D = 32; 128 MiB was three).
-constexpr int64_t kSm90DqBudgetBytes = 24LL << 20;
+// kernel launch each). 128 MiB is three chunks at S = 768, D = 32, which keeps the peak memory of
+// forward + backward under cuEquivariance's.
+constexpr int64_t kSm90DqBudgetBytes = 128LL << 20;
 // The most CTAs of one launch (grid dimension x).
 constexpr int64_t kSm90MaxCtas = 2147483647;
 

@@ -20,47 +20,19 @@
 #include <type_traits>
 #include <vector>
 
-#include <cute/arch/mma_sm90_desc.hpp>
-#include <cute/arch/mma_sm90_gmma.hpp>
-
+#include "kernels/common/mma.cuh"
 #include "kernels/trimul/input_forward_sm90.h"
+#include "kernels/trimul/sm90_gmma.cuh"
 
 namespace {
 
 constexpr int M = 64, N = 128, K = 128;
 namespace gmma = cute::SM90::GMMA;
+using tpf::cuda::smem_addr;
+using tpf::cuda::trimul::ss_fma;
+using tpf::cuda::trimul::SsAtom;
+using tpf::cuda::trimul::sw128_desc;
 using tpf::cuda::trimul::sm90::sw128_offset;
-
-template <typename T>
-struct Atom;
-template <>
-struct Atom<__nv_bfloat16> {
-  using type = gmma::MMA_64x128x16_F32BF16BF16_SS<gmma::Major::K, gmma::Major::K>;
-};
-template <>
-struct Atom<__half> {
-  using type = gmma::MMA_64x128x16_F32F16F16_SS<gmma::Major::K, gmma::Major::K>;
-};
-
-__device__ uint32_t smem_u32(const void* p) {
-  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
-}
-
-// The kernel's descriptor (input_forward.cu, sw128_desc).
-__device__ uint64_t sw128_desc(uint32_t addr) {
-  cute::GmmaDescriptor d;
-  d.bitfield.start_address_ = uint16_t(addr >> 4);
-  d.bitfield.leading_byte_offset_ = 1;
-  d.bitfield.stride_byte_offset_ = uint16_t(1024 >> 4);
-  d.bitfield.base_offset_ = 0;
-  d.bitfield.layout_type_ = uint8_t(gmma::LayoutType::B128);
-  return d.desc_;
-}
-
-template <typename Op, size_t... I>
-__device__ void fma_all(uint64_t a, uint64_t b, float* d, std::index_sequence<I...>) {
-  Op::fma(a, b, d[I]..., gmma::ScaleOut::One);
-}
 
 template <typename T>
 __device__ void mma16816(float c[4], const uint32_t a[4], const uint32_t b[2]) {
@@ -89,7 +61,7 @@ __device__ uint32_t pair(const T* p) {  // p[0] low, p[1] high
 template <typename T>
 __global__ void __launch_bounds__(128) both(const T* A, const T* W, float* out_wg, float* out_mma) {
   extern __shared__ __align__(1024) unsigned char smem_raw[];
-  unsigned char* base = smem_raw + ((1024u - (smem_u32(smem_raw) & 1023u)) & 1023u);
+  unsigned char* base = smem_raw + ((1024u - (smem_addr(smem_raw) & 1023u)) & 1023u);
   unsigned char* sa = base;              // [2 blocks][64 rows][128 bytes]
   unsigned char* sw = base + M * K * 2;  // [2 blocks][128 rows][128 bytes]
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, g = lane >> 2, tq = lane & 3;
@@ -111,13 +83,13 @@ __global__ void __launch_bounds__(128) both(const T* A, const T* W, float* out_w
 #pragma unroll
     for (int e = 0; e < 4; ++e) asm volatile("" : "+f"(acc[j][e])::"memory");
   asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
-  const uint32_t a0 = smem_u32(sa), b0 = smem_u32(sw);
+  const uint32_t a0 = smem_addr(sa), b0 = smem_addr(sw);
 #pragma unroll
   for (int kk = 0; kk < K / 16; ++kk) {
     const uint32_t at = (kk / 4) * (M * 128) + (kk % 4) * 32;
     const uint32_t bt = (kk / 4) * (N * 128) + (kk % 4) * 32;
-    fma_all<typename Atom<T>::type>(sw128_desc(a0 + at), sw128_desc(b0 + bt), &acc[0][0],
-                                    std::make_index_sequence<N / 2>{});
+    ss_fma<typename SsAtom<T, N>::type>(sw128_desc(a0 + at), sw128_desc(b0 + bt), &acc[0][0],
+                                        gmma::ScaleOut::One, std::make_index_sequence<N / 2>{});
   }
   asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
   asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");

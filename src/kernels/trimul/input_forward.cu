@@ -15,8 +15,6 @@
 #include <utility>
 
 #include <cute/arch/copy_sm90_tma.hpp>
-#include <cute/arch/mma_sm90_desc.hpp>
-#include <cute/arch/mma_sm90_gmma.hpp>
 
 #include "kernels/attention/tma.cuh"
 #include "kernels/common/wgmma.cuh"
@@ -24,6 +22,7 @@
 #include "kernels/trimul/input_forward_sm90.h"
 #include "kernels/trimul/launch.h"
 #include "kernels/trimul/layer_norm.cuh"
+#include "kernels/trimul/sm90_gmma.cuh"
 
 namespace tpf::cuda::trimul {
 namespace {
@@ -244,42 +243,6 @@ __global__ void __launch_bounds__(kThreads, k16BitCtas) input_forward_16bit_kern
 // The products accumulate in fp32 as mma.sync's do but in wgmma's order, so a, b and go may differ
 // from the mma.sync kernel's in the last bit of a rounding; x_ln, the biases, sigmoid and the
 // 16-bit roundings are the same expressions.
-
-namespace gmma = cute::SM90::GMMA;
-
-template <typename T, int N>
-struct SsAtom;
-#define TPF_TRIMUL_SS_ATOM(N)                                                          \
-  template <>                                                                          \
-  struct SsAtom<__nv_bfloat16, N> {                                                    \
-    using type = gmma::MMA_64x##N##x16_F32BF16BF16_SS<gmma::Major::K, gmma::Major::K>; \
-  };                                                                                   \
-  template <>                                                                          \
-  struct SsAtom<__half, N> {                                                           \
-    using type = gmma::MMA_64x##N##x16_F32F16F16_SS<gmma::Major::K, gmma::Major::K>;   \
-  };
-TPF_TRIMUL_SS_ATOM(64)
-TPF_TRIMUL_SS_ATOM(128)
-#undef TPF_TRIMUL_SS_ATOM
-
-template <typename Atom, size_t... I>
-__device__ __forceinline__ void ss_fma(uint64_t a, uint64_t b, float* d, gmma::ScaleOut scale,
-                                       std::index_sequence<I...>) {
-  Atom::fma(a, b, d[I]..., scale);
-}
-
-// Descriptor of a K-major operand stored as TMA's 128-byte swizzle writes it: 8-row groups 1024
-// bytes apart (SBO), LBO unused for K-major swizzled layouts (1); addr on the k step's first
-// 16-byte chunk of row 0 of a 1024-byte aligned block.
-__device__ __forceinline__ uint64_t sw128_desc(uint32_t addr) {
-  cute::GmmaDescriptor d;
-  d.bitfield.start_address_ = uint16_t(addr >> 4);
-  d.bitfield.leading_byte_offset_ = 1;
-  d.bitfield.stride_byte_offset_ = uint16_t(1024 >> 4);
-  d.bitfield.base_offset_ = 0;
-  d.bitfield.layout_type_ = uint8_t(gmma::LayoutType::B128);
-  return d.desc_;
-}
 
 // acc = x_ln W^T for one consumer warpgroup: A [64][kD] at a (the stage), B the first N rows of a
 // weight block [128][kD] at b, both as kD / 64 swizzled column blocks. Issued and committed; the

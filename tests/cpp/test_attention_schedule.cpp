@@ -52,7 +52,10 @@ TEST(AttentionSchedule, GridCountsWholeTiles) {
   EXPECT_EQ(g.groups, 4);
   // D = 128: 64-key blocks, one slice per CTA (backward_sm90_tiles.h).
   EXPECT_EQ(sm90_backward_head_dim(72), 128);
-  EXPECT_EQ(sm90_backward_slices(128), 1);
+  EXPECT_EQ(sm90_backward_slices(128, false), 1);
+  EXPECT_EQ(sm90_backward_slices(24, false), 3);  // runs as D = 32
+  EXPECT_EQ(sm90_backward_slices(32, true), 2);   // a float32 bias leaves room for two
+  EXPECT_EQ(sm90_backward_slices(16, true), 4);
   EXPECT_EQ(sm90_backward_key_block(96), 64);
   EXPECT_EQ(sm90_backward_key_block(64), 128);
   const Sm90BackwardGrid wide = sm90_backward_grid(7, 65, 129, 1, sm90_backward_key_block(128));

@@ -53,10 +53,11 @@ struct Sm90BackwardWorkspace {
 };
 inline int64_t sm90_backward_bias_pitch(int64_t Sk) { return (Sk + 7) / 8 * 8; }
 inline Sm90BackwardWorkspace sm90_backward_workspace(int64_t B, int64_t N, int64_t H, int64_t Sq,
-                                                     int64_t Sk, int64_t head_dim, bool bias_copy) {
+                                                     int64_t Sk, int64_t head_dim, bool f32_bias,
+                                                     bool bias_copy) {
   auto align = [](size_t x) { return (x + 255) / 256 * 256; };
   const int64_t D = sm90_backward_head_dim(head_dim);
-  const int64_t A = sm90_backward_slices(D);
+  const int64_t A = sm90_backward_slices(D, f32_bias);
   const int key_block = sm90_backward_key_block(head_dim);
   const Sm90BackwardGrid grid = sm90_backward_grid(int(N), int(Sq), int(Sk), int(A), key_block);
   const int64_t sq_pad = int64_t(grid.query_tiles) * kTileQ,

@@ -38,10 +38,10 @@ enum : uint8_t { kTileSkip = 0, kTileMasked = 1, kTileWhole = 2 };
 // each consumer thread loads its own elements from global memory, see load_bias_f32).
 template <typename T, int D, typename BT>
 struct Sm90BackwardSmem {
-  using Config = Sm90BackwardConfig<D>;
+  static constexpr bool kF32Bias = sizeof(BT) == 4;
+  using Config = Sm90BackwardConfig<D, kF32Bias>;
   static constexpr int A = Config::kSlices, DQS = Config::kDqStages, KT = Config::kKeyTiles;
   static constexpr int KB = Config::kKeyBlock, DC = Config::kCols, DQC = Config::kDqCols;
-  static constexpr bool kF32Bias = sizeof(BT) == 4;
   static constexpr int TILE = kTileQ * D;  // a 64-row core-matrix tile, elements
   static constexpr int BIAS_HALF = kTileQ * kBwdKeysPerWarpgroup;  // a warpgroup's bias tile
   alignas(128) T k[A][KT][TILE];  // [slice][key tile]: 64 keys (a warpgroup's), core-matrix layout

@@ -15,14 +15,21 @@ constexpr int kWarpRows = 16;  // rows of one warp's MMA tile
 // consumer warpgroup: wgmma's M for S^T = K Q^T) in kSlices consecutive slices and walks every
 // 64-query tile. For each (query tile, slice) a consumer recomputes P^T and dS^T once and uses them
 // for dV, dK (kept in registers over the query tiles: D fp32 registers per slice per thread), its
-// dQ partial and the dbias tile summed over the CTA's slices. kSlices keeps dK/dV at 64 registers
-// (D = 16: 4 slices, 32: 2, 64: 1), which leaves room for the score, dP and dbias tiles under the
-// consumers' 224 registers; more slices per CTA would divide the dbias traffic further.
+// dQ partial and the dbias tile summed over the CTA's slices. The dbias sum moves one tile per
+// slice group, so its traffic is 1 / kSlices of a slice per slice (3.5 GB of bulk reduce-adds at
+// D = 32, S = 768 with 2 slices, more than the dQ sum's 1.8 GB). kSlices: D = 16: 4 (dK/dV 64
+// registers), 32: 3 (96), 64: 1; at D = 32 a float32 bias's elements, loaded into registers (32
+// per tile), leave room for 2 only (3 spilled ~120 bytes). The consumers' 240 registers hold that
+// with the score, dP and dbias tiles and no spills (224 spilled ~190 bytes at D = 32, 3 slices).
 constexpr int kBwdKeysPerWarpgroup = 64;
 constexpr int kBwdKeyBlock = 2 * kBwdKeysPerWarpgroup;
 constexpr int kBwdThreads = 384;
-constexpr int kBwdProducerRegisters = 56;
-constexpr int kBwdConsumerRegisters = 224;
+// setmaxnreg: 128 (producer + 2 consumers) <= 65536 registers. The producer's threads loop over
+// tiles and slices with a few pointers and counters: 32 registers, no spills at any D.
+constexpr int kBwdProducerRegisters = 32;
+constexpr int kBwdConsumerRegisters = 240;
+static_assert(128 * (kBwdProducerRegisters + 2 * kBwdConsumerRegisters) <= 65536,
+              "the register file of one SM");
 // The producer warpgroup's roles: warp 0 loads (its lanes read the key flags, thread 0 issues every
 // TMA copy), warp 1 (kBwdDqWriters) adds the dQ partials, the rest the dbias tiles: one thread
 // each, by TMA bulk copies (warp 3 idles).
@@ -40,9 +47,10 @@ constexpr int kBwdDqFinishThreads = 128;
 constexpr int sm90_backward_head_dim(int64_t D) {
   return D <= 16 ? 16 : D <= 32 ? 32 : D <= 64 ? 64 : 128;
 }
-// Slices per CTA at head dim D (see above).
-constexpr int sm90_backward_slices(int64_t D) {
-  return sm90_backward_head_dim(D) == 16 ? 4 : sm90_backward_head_dim(D) == 32 ? 2 : 1;
+// Slices per CTA at head dim D with a 16-bit (f32_bias false) or float32 bias (see above).
+constexpr int sm90_backward_slices(int64_t D, bool f32_bias) {
+  const int d = sm90_backward_head_dim(D);
+  return d == 16 ? 4 : d == 32 ? (f32_bias ? 2 : 3) : 1;
 }
 // At D = 128 the two consumer warpgroups split D instead of the keys: dK and dV of 64 keys x 128
 // fp32 (128 registers) and a 64 x 128 dQ stage per warpgroup do not fit. Both warpgroups take the
@@ -54,11 +62,11 @@ constexpr int sm90_backward_key_block(int64_t D) {
   return sm90_backward_split_d(D) ? kBwdKeysPerWarpgroup : kBwdKeyBlock;
 }
 
-template <int D>
+template <int D, bool kF32Bias>
 struct Sm90BackwardConfig {
   static_assert(D == 16 || D == 32 || D == 64 || D == 128,
                 "the Hopper backward is built for D = 16, 32, 64, 128");
-  static constexpr int kSlices = sm90_backward_slices(D);
+  static constexpr int kSlices = sm90_backward_slices(D, kF32Bias);
   static constexpr bool kSplitD = sm90_backward_split_d(D);
   static constexpr int kKeyTiles = kSplitD ? 1 : 2;  // 64-key tiles per CTA (and per slice)
   static constexpr int kKeyBlock = sm90_backward_key_block(D);

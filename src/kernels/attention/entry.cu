@@ -108,7 +108,7 @@ void attention_backward(const AttentionBackwardArgs& a, const AttentionDims& d, 
   const bool f32_bias = a.bias.dtype == DType::f32;
   const bool bias_copy = !f32_bias && !attention_tma_ready(a.bias);
   const Sm90BackwardWorkspace w =
-      sm90_backward_workspace(d.B, d.N, d.H, d.Sq, d.Sk, d.D, bias_copy);
+      sm90_backward_workspace(d.B, d.N, d.H, d.Sq, d.Sk, d.D, f32_bias, bias_copy);
   char* ws = static_cast<char*>(a.workspace(w.total));
   p.delta = reinterpret_cast<float*>(ws + w.delta);
   p.lse2 = reinterpret_cast<float*>(ws + w.lse2);

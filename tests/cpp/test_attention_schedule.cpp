@@ -56,6 +56,11 @@ TEST(AttentionSchedule, GridCountsWholeTiles) {
   EXPECT_EQ(sm90_backward_slices(24, false), 3);  // runs as D = 32
   EXPECT_EQ(sm90_backward_slices(32, true), 2);   // a float32 bias leaves room for two
   EXPECT_EQ(sm90_backward_slices(16, true), 4);
+  // setmaxnreg stays inside the CTA's pool (384 x 168): 32 + 2 x 240 hung on an H100.
+  EXPECT_EQ(kBwdLaunchRegisters, 168);
+  EXPECT_TRUE(sm90_backward_registers_fit(56, 224));
+  EXPECT_TRUE(sm90_backward_registers_fit(24, 240));
+  EXPECT_FALSE(sm90_backward_registers_fit(32, 240));
   EXPECT_EQ(sm90_backward_key_block(96), 64);
   EXPECT_EQ(sm90_backward_key_block(64), 128);
   const Sm90BackwardGrid wide = sm90_backward_grid(7, 65, 129, 1, sm90_backward_key_block(128));

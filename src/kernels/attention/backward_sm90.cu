@@ -65,7 +65,7 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
 
   const int warpgroup = threadIdx.x / 128;
   if (warpgroup == 0) {
-    warpgroup_registers_dec<kBwdProducerRegisters>();
+    warpgroup_registers_dec<S::Config::kProducerRegisters>();
     const int warp = threadIdx.x / 32;
     if (warp == 0)
       sm90_backward_load<T, D, BT>(p, maps, sm, blk.g, blk.b, blk.h, blk.jb, grid.query_tiles);
@@ -76,7 +76,7 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
       sm90_backward_write_dbias<T, D, BT>(p, sm, blk.g, blk.b, blk.h, blk.jb, grid.key_blocks,
                                           grid.query_tiles, warp - 1 - kBwdDqWriters);
   } else {
-    warpgroup_registers_inc<kBwdConsumerRegisters>();
+    warpgroup_registers_inc<S::Config::kConsumerRegisters>();
     const int w = warpgroup - 1;
     ConsumerAccumulators<S::DC, S::A> acc;
     sm90_backward_consume<T, D, BT>(p, sm, acc, w, blk.b, blk.h, blk.jb, grid.query_tiles);

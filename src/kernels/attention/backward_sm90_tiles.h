@@ -19,17 +19,21 @@ constexpr int kWarpRows = 16;  // rows of one warp's MMA tile
 // slice group, so its traffic is 1 / kSlices of a slice per slice (3.5 GB of bulk reduce-adds at
 // D = 32, S = 768 with 2 slices, more than the dQ sum's 1.8 GB). kSlices: D = 16: 4 (dK/dV 64
 // registers), 32: 3 (96), 64: 1; at D = 32 a float32 bias's elements, loaded into registers (32
-// per tile), leave room for 2 only (3 spilled ~120 bytes). The consumers' 240 registers hold that
-// with the score, dP and dbias tiles and no spills (224 spilled ~190 bytes at D = 32, 3 slices).
+// per tile), leave room for 2 only (3 spilled ~120 bytes). With 3 slices the consumers take 240
+// registers (224 spilled ~190 bytes), the producer 24 (Sm90BackwardConfig).
 constexpr int kBwdKeysPerWarpgroup = 64;
 constexpr int kBwdKeyBlock = 2 * kBwdKeysPerWarpgroup;
 constexpr int kBwdThreads = 384;
-// setmaxnreg: 128 (producer + 2 consumers) <= 65536 registers. The producer's threads loop over
-// tiles and slices with a few pointers and counters: 32 registers, no spills at any D.
-constexpr int kBwdProducerRegisters = 32;
-constexpr int kBwdConsumerRegisters = 240;
-static_assert(128 * (kBwdProducerRegisters + 2 * kBwdConsumerRegisters) <= 65536,
-              "the register file of one SM");
+// setmaxnreg moves registers within the CTA's pool, the launch's kBwdThreads x kBwdLaunchRegisters
+// (__launch_bounds__(kBwdThreads, 1): 65536 / 384 rounded down to 8): a setmaxnreg.inc beyond the
+// pool waits forever (32 + 2 x 240 = 512 per lane of a warpgroup, past the pool's 504, hung every
+// launch on an H100, 2026-12-07). Producer / consumer registers per configuration:
+// Sm90BackwardConfig.
+constexpr int kBwdLaunchRegisters = 65536 / kBwdThreads / 8 * 8;
+constexpr bool sm90_backward_registers_fit(int producer, int consumer) {
+  return producer + 2 * consumer <= 3 * kBwdLaunchRegisters && producer % 8 == 0 &&
+         consumer % 8 == 0 && producer >= 24 && consumer <= 256;
+}
 // The producer warpgroup's roles: warp 0 loads (its lanes read the key flags, thread 0 issues every
 // TMA copy), warp 1 (kBwdDqWriters) adds the dQ partials, the rest the dbias tiles: one thread
 // each, by TMA bulk copies (warp 3 idles).
@@ -67,6 +71,12 @@ struct Sm90BackwardConfig {
   static_assert(D == 16 || D == 32 || D == 64 || D == 128,
                 "the Hopper backward is built for D = 16, 32, 64, 128");
   static constexpr int kSlices = sm90_backward_slices(D, kF32Bias);
+  // 3 slices (D = 32, 16-bit bias) need the consumers' 240 registers, which leave the producer 24
+  // (its loops spill a few bytes there); the other configurations keep 56 / 224, spill-free.
+  static constexpr int kProducerRegisters = kSlices == 3 ? 24 : 56;
+  static constexpr int kConsumerRegisters = kSlices == 3 ? 240 : 224;
+  static_assert(sm90_backward_registers_fit(kProducerRegisters, kConsumerRegisters),
+                "setmaxnreg within the CTA's register pool");
   static constexpr bool kSplitD = sm90_backward_split_d(D);
   static constexpr int kKeyTiles = kSplitD ? 1 : 2;  // 64-key tiles per CTA (and per slice)
   static constexpr int kKeyBlock = sm90_backward_key_block(D);

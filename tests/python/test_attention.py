@@ -185,3 +185,23 @@ def test_float32_bias_is_read_unrounded(dtype, seed):
             q, k, v, b.reshape(B, H, S, S), mask.reshape(B, N, S), 1 / math.sqrt(16), True)
         return o.double() + res.double()
     assert max_err(unrounded_o(bias), ref["o"]) < max_err(unrounded_o(bias.to(dtype)), ref["o"])
+
+
+def test_bench_rounding_floor():
+    """bench/attention.py's floor row: the FP64 results stored in the outputs' dtypes. bf16 stores
+    ~0.166 % (2^-8 / sqrt(3) x the spread of mantissas) on the bench's inputs, float32 ~1e-6 %, and
+    an output with errors of its own lands above it."""
+    from tpfkit.benchmarks.attention import make_inputs
+    from tpfkit.benchmarks.attention_gpu import reference_fp64, rounding_floor, rel_err_percent
+
+    q, k, v, bias, mask, grad = make_inputs(48, 16, 2, torch.bfloat16, torch.device("cpu"), seed=7)
+    ref = reference_fp64(q, k, v, bias, mask, grad)
+    bf16 = rounding_floor(ref, torch.bfloat16, torch.bfloat16)
+    assert set(bf16) == {f"rel_err_{n}" for n in ("O", "dQ", "dK", "dV", "dbias")}
+    for name, err in bf16.items():
+        assert 0.12 < err < 0.22, (name, err)
+    f32_bias = rounding_floor(ref, torch.bfloat16, torch.float32)
+    assert f32_bias["rel_err_dbias"] < 1e-4 and f32_bias["rel_err_O"] == bf16["rel_err_O"]
+    noisy = ref["o"] * (1 + 4e-3 * torch.randn(ref["o"].shape, dtype=torch.float64,
+                                                generator=torch.Generator().manual_seed(1)))
+    assert rel_err_percent(noisy.to(torch.bfloat16), ref["o"]) > bf16["rel_err_O"]

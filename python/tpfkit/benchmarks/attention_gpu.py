@@ -127,6 +127,17 @@ def rel_err_percent(x, ref):
     return 100.0 * (torch.linalg.vector_norm(x.double() - ref) / torch.linalg.vector_norm(ref)).item()
 
 
+def rounding_floor(ref, dtype, bias_dtype) -> dict:
+    """The errors of the FP64 results themselves once stored in the outputs' dtypes (O, dQ, dK, dV in
+    q's, dbias in the bias's, as autograd returns them): no implementation's outputs can be closer
+    than this except by chance. On these inputs bf16 gives ~0.166 % for every output (D 32, S 384),
+    which is why the issue's 0.081 % dbias of the former kernel (another harness) cannot be met on a
+    bf16 dbias."""
+    dtypes = {"O": dtype, "dQ": dtype, "dK": dtype, "dV": dtype, "dbias": bias_dtype}
+    return {f"rel_err_{k}": rel_err_percent(ref[k.lower()].to(dt), ref[k.lower()])
+            for k, dt in dtypes.items()}
+
+
 def measure(impl: Impl, inputs_sets, grad_sets, repeats):
     prepared = [impl.prepare(*inp) for inp in inputs_sets]
     grads = []
@@ -208,6 +219,12 @@ def run(args: argparse.Namespace) -> int:
             inputs_sets = [s[:5] for s in sets]
             grad_sets = [s[5] for s in sets]
             ref = reference_fp64(*inputs_sets[0], grad_sets[0])
+            floor = rounding_floor(ref, torch.bfloat16, inputs_sets[0][3].dtype)
+            rows.append({"impl": "fp64_rounded", "D": D, "S": S, "bias_dtype": args.bias_dtype,
+                         "fwd_ms": None, "fwd_bwd_ms": None, "peak_extra_gib": None, **floor, **meta})
+            print(f"{'fp64_rounded':<16}{D:>4}{S:>6}{'-':>9}{'-':>9}{'-':>7}"
+                  + "".join(f"{floor[f'rel_err_{k}']:>7.3f}" for k in ("O", "dQ", "dK", "dV", "dbias")),
+                  flush=True)
             for name, impl in impls.items():
                 try:
                     fwd, fwd_bwd, peak, res = measure(impl, inputs_sets, grad_sets, args.repeats)
@@ -268,6 +285,11 @@ def print_acceptance(rows) -> None:
         if peers:
             print(f"  D={D} S={S} errors at or below the peers' lowest: "
                   f"{'met' if not worse else 'MISSED on ' + ', '.join(worse)}")
+        fl = at.get(("fp64_rounded", D, S))
+        if fl:
+            print(f"  D={D} S={S} errors / the rounding floor (FP64 stored in the outputs' dtypes): "
+                  + ", ".join(f"{k} {r[f'rel_err_{k}'] / fl[f'rel_err_{k}']:.2f}"
+                              for k in ("O", "dQ", "dK", "dV", "dbias") if r[f"rel_err_{k}"] is not None))
         cq = at.get(("cuequivariance", D, S))
         if D == 32 and S == 768 and cq and cq["peak_extra_gib"] is not None:
             # Three decimals: at two, a miss by a few MB prints as 0.90 against 0.90 (2026-12-07).

@@ -17,11 +17,10 @@ constexpr int kWarpRows = 16;  // rows of one warp's MMA tile
 // for dV, dK (kept in registers over the query tiles: D fp32 registers per slice per thread), its
 // dQ partial and the dbias tile summed over the CTA's slices. The dbias sum moves one tile per
 // slice group, so its traffic is 1 / kSlices of a slice per slice (3.5 GB of bulk reduce-adds at
-// D = 32, S = 768 with 2 slices, more than the dQ sum's 1.8 GB). kSlices: D = 16: 6 (dK/dV 96
-// registers), 32: 3 (96), 64: 1; a float32 bias's elements, loaded into registers (32 per tile),
-// leave room for 4 at D = 16 (6 spilled 212 bytes) and 2 at D = 32 (3 spilled ~120 bytes). With 96 registers of dK/dV (6 slices at
-// D = 16, 3 at D = 32) the consumers take 240 registers (224 spilled ~190 bytes at D = 32), the
-// producer 24 (Sm90BackwardConfig; ptxas: 72 / 52 bytes of spills at D = 16 / 32).
+// D = 32, S = 768 with 2 slices, more than the dQ sum's 1.8 GB). kSlices: D = 16: 4 (dK/dV 64
+// registers), 32: 3 (96), 64: 1; at D = 32 a float32 bias's elements, loaded into registers (32
+// per tile), leave room for 2 only (3 spilled ~120 bytes). With 3 slices the consumers take 240
+// registers (224 spilled ~190 bytes), the producer 24 (Sm90BackwardConfig).
 constexpr int kBwdKeysPerWarpgroup = 64;
 constexpr int kBwdKeyBlock = 2 * kBwdKeysPerWarpgroup;
 constexpr int kBwdThreads = 384;
@@ -55,7 +54,7 @@ constexpr int sm90_backward_head_dim(int64_t D) {
 // Slices per CTA at head dim D with a 16-bit (f32_bias false) or float32 bias (see above).
 constexpr int sm90_backward_slices(int64_t D, bool f32_bias) {
   const int d = sm90_backward_head_dim(D);
-  return d == 16 ? (f32_bias ? 4 : 6) : d == 32 ? (f32_bias ? 2 : 3) : 1;
+  return d == 16 ? 4 : d == 32 ? (f32_bias ? 2 : 3) : 1;
 }
 // At D = 128 the two consumer warpgroups split D instead of the keys: dK and dV of 64 keys x 128
 // fp32 (128 registers) and a 64 x 128 dQ stage per warpgroup do not fit. Both warpgroups take the
@@ -72,11 +71,10 @@ struct Sm90BackwardConfig {
   static_assert(D == 16 || D == 32 || D == 64 || D == 128,
                 "the Hopper backward is built for D = 16, 32, 64, 128");
   static constexpr int kSlices = sm90_backward_slices(D, kF32Bias);
-  // 96 registers of dK / dV (6 slices at D = 16, 3 at D = 32, 16-bit bias) need the consumers' 240
-  // registers, which leave the producer 24 (its loops spill a few bytes there); the other
-  // configurations keep 56 / 224, spill-free.
-  static constexpr int kProducerRegisters = kSlices > 1 && kSlices* D >= 96 ? 24 : 56;
-  static constexpr int kConsumerRegisters = kSlices > 1 && kSlices* D >= 96 ? 240 : 224;
+  // 3 slices (D = 32, 16-bit bias) need the consumers' 240 registers, which leave the producer 24
+  // (its loops spill a few bytes there); the other configurations keep 56 / 224, spill-free.
+  static constexpr int kProducerRegisters = kSlices == 3 ? 24 : 56;
+  static constexpr int kConsumerRegisters = kSlices == 3 ? 240 : 224;
   static_assert(sm90_backward_registers_fit(kProducerRegisters, kConsumerRegisters),
                 "setmaxnreg within the CTA's register pool");
   static constexpr bool kSplitD = sm90_backward_split_d(D);

@@ -27,11 +27,12 @@
 namespace {
 
 constexpr int M = 64, N = 128, K = 128;
-namespace gmma = cute::SM90::GMMA;
+static_assert(M == tpf::cuda::trimul::kRows && N == tpf::cuda::trimul::kChunkN,
+              "step_gemm's operand strides are the kernel's tile sizes");
 using tpf::cuda::smem_addr;
-using tpf::cuda::trimul::ss_fma;
-using tpf::cuda::trimul::SsAtom;
-using tpf::cuda::trimul::sw128_desc;
+using tpf::cuda::fence_regs;
+using tpf::cuda::wgmma_wait;
+using tpf::cuda::trimul::step_gemm;
 using tpf::cuda::trimul::sm90::sw128_offset;
 
 template <typename T>
@@ -72,31 +73,11 @@ __global__ void __launch_bounds__(128) both(const T* A, const T* W, float* out_w
   asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
   __syncthreads();
 
-  // wgmma, as step_gemm<T, 128, 128>.
+  // wgmma: the kernel's own step_gemm (sm90_gmma.cuh), waited for as the kernel waits.
   float acc[N / 8][4];
-#pragma unroll
-  for (int j = 0; j < N / 8; ++j)
-#pragma unroll
-    for (int e = 0; e < 4; ++e) acc[j][e] = 0.0f;
-#pragma unroll
-  for (int j = 0; j < N / 8; ++j)
-#pragma unroll
-    for (int e = 0; e < 4; ++e) asm volatile("" : "+f"(acc[j][e])::"memory");
-  asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
-  const uint32_t a0 = smem_addr(sa), b0 = smem_addr(sw);
-#pragma unroll
-  for (int kk = 0; kk < K / 16; ++kk) {
-    const uint32_t at = (kk / 4) * (M * 128) + (kk % 4) * 32;
-    const uint32_t bt = (kk / 4) * (N * 128) + (kk % 4) * 32;
-    ss_fma<typename SsAtom<T, N>::type>(sw128_desc(a0 + at), sw128_desc(b0 + bt), &acc[0][0],
-                                        gmma::ScaleOut::One, std::make_index_sequence<N / 2>{});
-  }
-  asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
-  asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
-#pragma unroll
-  for (int j = 0; j < N / 8; ++j)
-#pragma unroll
-    for (int e = 0; e < 4; ++e) asm volatile("" : "+f"(acc[j][e])::"memory");
+  step_gemm<T, N, K>(acc, smem_addr(sa), smem_addr(sw));
+  wgmma_wait<0>();
+  fence_regs(acc);
 #pragma unroll
   for (int j = 0; j < N / 8; ++j)
 #pragma unroll

@@ -244,27 +244,6 @@ __global__ void __launch_bounds__(kThreads, k16BitCtas) input_forward_16bit_kern
 // from the mma.sync kernel's in the last bit of a rounding; x_ln, the biases, sigmoid and the
 // 16-bit roundings are the same expressions.
 
-// acc = x_ln W^T for one consumer warpgroup: A [64][kD] at a (the stage), B the first N rows of a
-// weight block [128][kD] at b, both as kD / 64 swizzled column blocks. Issued and committed; the
-// caller waits (wgmma_wait<0>) before it reads acc.
-template <typename T, int N, int kD>
-__device__ __forceinline__ void step_gemm(float (&acc)[N / 8][4], uint32_t a, uint32_t b) {
-#pragma unroll
-  for (int j = 0; j < N / 8; ++j)
-#pragma unroll
-    for (int e = 0; e < 4; ++e) acc[j][e] = 0.0f;
-  fence_regs(acc);
-  wgmma_fence();
-#pragma unroll
-  for (int kk = 0; kk < kD / 16; ++kk) {
-    const uint32_t at = (kk / 4) * (kRows * 128) + (kk % 4) * 32;
-    const uint32_t bt = (kk / 4) * (kChunkN * 128) + (kk % 4) * 32;
-    ss_fma<typename SsAtom<T, N>::type>(sw128_desc(a + at), sw128_desc(b + bt), &acc[0][0],
-                                        gmma::ScaleOut::One, std::make_index_sequence<N / 2>{});
-  }
-  wgmma_commit();
-}
-
 // The producer's arrival on a barrier of count 1 with `bytes` of TMA transactions still to come:
 // the phase completes once they have (mbar_expect_tx alone would leave the arrival pending).
 __device__ __forceinline__ void mbar_arrive_expect_tx(uint64_t* bar, uint32_t bytes) {

@@ -1,7 +1,7 @@
 // The Hopper trimul kernels' wgmma pieces on CuTe's SM90 atoms: the SS atom of a 16-bit type
 // and width N, its call over an accumulator array, and the descriptor of a K-major operand as
-// TMA's 128-byte swizzle stores it. Shared by input_forward.cu and the check of its sums against
-// mma.sync (bench/trimul_wgmma_mma_bits.cu).
+// TMA's 128-byte swizzle stores it, and one warpgroup's product over those (step_gemm). Shared by
+// input_forward.cu and the check of its sums against mma.sync (bench/trimul_wgmma_mma_bits.cu).
 #pragma once
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -11,6 +11,9 @@
 
 #include <cute/arch/mma_sm90_desc.hpp>
 #include <cute/arch/mma_sm90_gmma.hpp>
+
+#include "kernels/common/wgmma.cuh"
+#include "kernels/trimul/tiles.h"
 
 namespace tpf::cuda::trimul {
 
@@ -48,6 +51,27 @@ __device__ __forceinline__ uint64_t sw128_desc(uint32_t addr) {
   d.bitfield.base_offset_ = 0;
   d.bitfield.layout_type_ = uint8_t(gmma::LayoutType::B128);
   return d.desc_;
+}
+
+// acc = x_ln W^T for one consumer warpgroup: A [64][kD] at a (the stage), B the first N rows of a
+// weight block [128][kD] at b, both as kD / 64 swizzled column blocks. Issued and committed; the
+// caller waits (wgmma_wait<0>) before it reads acc.
+template <typename T, int N, int kD>
+__device__ __forceinline__ void step_gemm(float (&acc)[N / 8][4], uint32_t a, uint32_t b) {
+#pragma unroll
+  for (int j = 0; j < N / 8; ++j)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) acc[j][e] = 0.0f;
+  fence_regs(acc);
+  wgmma_fence();
+#pragma unroll
+  for (int kk = 0; kk < kD / 16; ++kk) {
+    const uint32_t at = (kk / 4) * (kRows * 128) + (kk % 4) * 32;
+    const uint32_t bt = (kk / 4) * (kChunkN * 128) + (kk % 4) * 32;
+    ss_fma<typename SsAtom<T, N>::type>(sw128_desc(a + at), sw128_desc(b + bt), &acc[0][0],
+                                        gmma::ScaleOut::One, std::make_index_sequence<N / 2>{});
+  }
+  wgmma_commit();
 }
 
 }  // namespace tpf::cuda::trimul

@@ -254,10 +254,16 @@ def test_matches_fp64_by_accuracy_rule(name, precision, seed, counted):
 # gradients also the SwiGLU's input gradient, the projections' and the LayerNorm's (7); in float32
 # it has fewer of PyTorch's ops between them than the attention (24 as the attention's bound).
 TRANSITION_ROUNDINGS = {"16-bit": 4, "16-bit gradients": 7, torch.float32: 24}
+# The outgoing triangle multiplication is our one fused op, plus x's rounding to bf16 under
+# autocast (as the stack's chain above).
+MODULE_TRIMUL_ROUNDINGS = {"16-bit": TRIMUL_ROUNDINGS["16-bit"] + 1,
+                           "16-bit gradients": TRIMUL_ROUNDINGS["16-bit gradients"] + 1,
+                           torch.float32: TRIMUL_ROUNDINGS[torch.float32]}
 MODULE_ROUNDINGS = {"tri_att_start": ATTENTION_ROUNDINGS, "tri_att_end": ATTENTION_ROUNDINGS,
-                    "pair_transition": TRANSITION_ROUNDINGS}
-# Our fused glue in each module's forward: (LayerNorms, gates, SwiGLUs).
-MODULE_GLUE = {"tri_att_start": (1, 1, 0), "tri_att_end": (1, 1, 0), "pair_transition": (1, 0, 1)}
+                    "tri_mul_out": MODULE_TRIMUL_ROUNDINGS, "pair_transition": TRANSITION_ROUNDINGS}
+# Our ops in each module's forward: (attention, trimul, LayerNorms, gates, SwiGLUs).
+MODULE_OPS = {"tri_att_start": (1, 0, 1, 1, 0), "tri_att_end": (1, 0, 1, 1, 0),
+              "tri_mul_out": (0, 1, 0, 0, 0), "pair_transition": (0, 0, 1, 0, 1)}
 
 
 def module_step(kind, client, module, inputs, path, dtype, grad_out, autocast=None,
@@ -296,7 +302,7 @@ def module_case(client, seed):
 @pytest.mark.parametrize("name", NAMES)
 def test_module_matches_fp64_by_accuracy_rule(name, kind, precision, seed, counted):
     """Each client's patched triangle attention (starting and ending node, as its pair stack
-    calls them) and pair transition alone, our fused forward on the client's parameters against
+    calls them), outgoing triangle multiplication and pair transition alone, our fused forward on the client's parameters against
     its own PyTorch path and FP64 (the update of z over real pairs, dz and every parameter
     gradient), and bitwise the same over repeated steps."""
     check_module(name, kind, precision, seed, counted)
@@ -316,9 +322,8 @@ def check_module(name, kind, precision, seed, counted, device="cpu"):
         (rules["16-bit"], rules["16-bit gradients"])
     compare(out, g, baselines, out64, g64, valid, precision,
             f"{name} {kind} {precision} {device} seed {seed}", per_sample, terms, roundings)
-    ln, gate, swiglu = MODULE_GLUE[kind]
-    attention = 0 if kind == "pair_transition" else 1
-    assert counted == {"attention": attention, "trimul": 0, "layer_norm": ln, "gate": gate,
+    attention, trimul, ln, gate, swiglu = MODULE_OPS[kind]
+    assert counted == {"attention": attention, "trimul": trimul, "layer_norm": ln, "gate": gate,
                        "swiglu": swiglu}, counted
     autocast = torch.bfloat16 if precision == "bf16-autocast" else None
     again = one_step(client, module.float(), inputs, "ours", torch.float32, grad_out, autocast,

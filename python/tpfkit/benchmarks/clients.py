@@ -9,7 +9,7 @@ last tokens padded, in the layout the client's stack takes; `run(model, inputs, 
 forward on that path and returns (s, z).
 
 The modules of its pair stack alone (MODULES: the triangle attention from the starting and the
-ending node, the pair transition): `module(kind, c_z, config)` builds one with the stack's own
+ending node, the outgoing triangle multiplicative update, the pair transition): `module(kind, c_z, config)` builds one with the stack's own
 classes and arguments, `run_module(kind, module, z, pair_mask, path)` is one forward of it as the
 client's pair stack calls it (the ending node's transposes included) and returns its update of z.
 """
@@ -22,7 +22,7 @@ from typing import Any, Callable
 import torch
 
 PATHS = ("pytorch", "cuequivariance", "ours")
-MODULES = ("tri_att_start", "tri_att_end", "pair_transition")
+MODULES = ("tri_att_start", "tri_att_end", "tri_mul_out", "pair_transition")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -114,6 +114,9 @@ def _openfold3_module_forward(kind, module, z, pair_mask, kernels):
         return module(z, mask=pair_mask)
     if kind == "tri_att_start":
         return module(z, mask=pair_mask, use_cueq_triangle_kernels=kernels)
+    if kind == "tri_mul_out":  # as PairBlock.tri_mul_out_in calls it (not in place)
+        return module(z, mask=pair_mask, inplace_safe=False, _add_with_inplace=False,
+                      use_cueq_triangle_kernels=kernels)
     # PairBlock.tri_att_start_end: the ending node on z transposed, with transpose_bias.
     out = module(z.transpose(-2, -3), mask=pair_mask.transpose(-1, -2), transpose_bias=True,
                  use_cueq_triangle_kernels=kernels)
@@ -139,6 +142,8 @@ def _boltz_module(kind, c_z, config):
 def _boltz_module_forward(kind, module, z, pair_mask, kernels):
     if kind == "pair_transition":
         return module(z)
+    # PairformerLayer: the triangle modules take the same switch (tri_mul_out's use_cuequiv_mul
+    # or use_kernels).
     return module(z, mask=pair_mask, use_kernels=kernels)
 
 
@@ -167,6 +172,9 @@ def _protenix_module_forward(kind, module, z, pair_mask, kernels):
     kernel = "cuequivariance" if kernels else "torch"
     if kind == "tri_att_start":
         return module(z, mask=pair_mask, triangle_attention=kernel)
+    if kind == "tri_mul_out":  # as PairformerBlock calls it in training (not in place)
+        return module(z, mask=pair_mask, inplace_safe=False, _add_with_inplace=False,
+                      triangle_multiplicative=kernel)
     # PairformerBlock: the ending node (a starting-node module) on z transposed.
     out = module(z.transpose(-2, -3).contiguous(), mask=pair_mask.transpose(-1, -2),
                  triangle_attention=kernel)

@@ -32,10 +32,14 @@ __device__ __forceinline__ void apply_key_mask(float (&s)[kKeys / 8][4], uint64_
       if (((w >> (8 * j + e)) & 1) == 0) s[j][e] = s[j][e + 2] = -INFINITY;
 }
 
-// One tile of one slice: updates m (acc units); when a row's maximum moved by more than
-// kRescaleLog2, rescales that row's O (all kPvBlocks blocks) and its partial row sum l by the same
-// factor; adds this tile's fp32 P to l; writes P rounded to T as the A fragments of the four
-// 16-key steps of O += P V.
+// One tile of one slice, in three steps (softmax_tile runs them in turn; the consumers run each
+// step for two slices before the next step where registers allow, so that the two slices'
+// independent chains of shuffles and exponentials interleave in one basic block):
+//   tile_row_max: the tile's row maxima (acc units), over the quad;
+//   rescale_rows: when a row's maximum moved by more than kRescaleLog2, updates m and rescales
+//     that row's O (all kPvBlocks blocks) and its partial row sum l by the same factor;
+//   exp_sum_pack: adds this tile's fp32 P to l and writes P rounded to T as the A fragments of the
+//     four 16-key steps of O += P V.
 // l[r] is this thread's partial sum of P over the columns it holds of row r (r = 0: row lane/4,
 // r = 1: row lane/4 + 8; columns 8 j + 2 (lane % 4) + {0, 1} of every 8-column block j), the
 // exact element set whose rounded copies this thread feeds into O's rows r through pa (pa[kk][0]
@@ -43,12 +47,7 @@ __device__ __forceinline__ void apply_key_mask(float (&s)[kKeys / 8][4], uint64_
 // P = 0 exactly. The four threads of a quad hold one row's partials: quad_row_sums adds them in
 // the epilogue (FlashAttention-3's way). Every sum is of the fp32 P before its rounding to T, the
 // same values (MUFU or polynomial) that are packed.
-template <typename T, int kPvBlocks>
-__device__ __forceinline__ void softmax_tile(float (&s)[kKeys / 8][4], float (&m)[2], float (&l)[2],
-                                             float (&o)[kPvBlocks][4],
-                                             uint32_t (&pa)[kKeys / 16][4], float c,
-                                             float rescale_acc) {
-  float mx[2];
+__device__ __forceinline__ void tile_row_max(const float (&s)[kKeys / 8][4], float (&mx)[2]) {
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
     float a = fmaxf(s[0][2 * r], s[0][2 * r + 1]), b = fmaxf(s[1][2 * r], s[1][2 * r + 1]);
@@ -61,6 +60,11 @@ __device__ __forceinline__ void softmax_tile(float (&s)[kKeys / 8][4], float (&m
     mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));
     mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
   }
+}
+
+template <int kPvBlocks>
+__device__ __forceinline__ void rescale_rows(const float (&mx)[2], float (&m)[2], float (&l)[2],
+                                             float (&o)[kPvBlocks][4], float c, float rescale_acc) {
   const bool need0 = mx[0] > m[0] + rescale_acc, need1 = mx[1] > m[1] + rescale_acc;
   if (__any_sync(0xffffffffu, need0 || need1)) {
     // corr = 2^((m_old - m_new) c): 0 for a row's first finite tile (m_old = -inf, O still 0).
@@ -78,6 +82,12 @@ __device__ __forceinline__ void softmax_tile(float (&s)[kKeys / 8][4], float (&m
       o[i][3] *= corr1;
     }
   }
+}
+
+template <typename T>
+__device__ __forceinline__ void exp_sum_pack(const float (&s)[kKeys / 8][4], const float (&m)[2],
+                                             float (&l)[2], uint32_t (&pa)[kKeys / 16][4],
+                                             float c) {
   // A row with no finite score yet keeps m = -inf and gets p = 2^-inf = 0 (subtract 0, not -inf).
   const float neg0 = m[0] == -INFINITY ? 0.f : -m[0] * c;
   const float neg1 = m[1] == -INFINITY ? 0.f : -m[1] * c;
@@ -114,6 +124,17 @@ __device__ __forceinline__ void softmax_tile(float (&s)[kKeys / 8][4], float (&m
     pa[kk][2] = Mma<T>::pack(p[2 * kk + 1][0], p[2 * kk + 1][1]);
     pa[kk][3] = Mma<T>::pack(p[2 * kk + 1][2], p[2 * kk + 1][3]);
   }
+}
+
+template <typename T, int kPvBlocks>
+__device__ __forceinline__ void softmax_tile(float (&s)[kKeys / 8][4], float (&m)[2], float (&l)[2],
+                                             float (&o)[kPvBlocks][4],
+                                             uint32_t (&pa)[kKeys / 16][4], float c,
+                                             float rescale_acc) {
+  float mx[2];
+  tile_row_max(s, mx);
+  rescale_rows<kPvBlocks>(mx, m, l, o, c, rescale_acc);
+  exp_sum_pack<T>(s, m, l, pa, c);
 }
 
 // The full row sums from a quad's partials (softmax_tile's l): every thread of the quad ends with

@@ -28,9 +28,9 @@ class Blas {
 void contract(const Blas& blas, const Params& p);
 // Per channel: outgoing dA = dZ B, dB = dZ^T A; incoming dA = B dZ^T, dB = A dZ.
 void contract_backward(const Blas& blas, const Params& p);
-// dW[M, N] (fp32) = G^T X over K positions (accumulate: dW += G^T X): G [K, M] with row stride
-// ldg, X [K, N] with row stride ldx, both in x's dtype.
+// dW[M, N] (fp32) = G^T X over K positions: G [K, M] with row stride ldg, X [K, N] with row
+// stride ldx, both in x's dtype.
 void weight_gradient(const Blas& blas, int64_t M, int64_t N, int64_t K, const void* G, int64_t ldg,
-                     const void* X, int64_t ldx, float* dW, bool accumulate = false);
+                     const void* X, int64_t ldx, float* dW);
 
 }  // namespace tpf::cuda::trimul

@@ -37,15 +37,14 @@ cublasHandle_t thread_handle() {
 void gemm(const Blas& blas, bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K,
           const void* A, int64_t lda, int64_t stride_a, const void* B, int64_t ldb,
           int64_t stride_b, void* C, cudaDataType c_type, int64_t ldc, int64_t stride_c,
-          int64_t batch, bool accumulate = false) {
+          int64_t batch) {
   const float one = 1.0f, zero = 0.0f;
-  check_cublas(
-      cublasGemmStridedBatchedEx(blas.handle(), trans_b ? CUBLAS_OP_T : CUBLAS_OP_N,
-                                 trans_a ? CUBLAS_OP_T : CUBLAS_OP_N, int(N), int(M), int(K), &one,
-                                 B, blas.dtype(), int(ldb), stride_b, A, blas.dtype(), int(lda),
-                                 stride_a, accumulate ? &one : &zero, C, c_type, int(ldc), stride_c,
-                                 int(batch), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
-      "cublasGemmStridedBatchedEx");
+  check_cublas(cublasGemmStridedBatchedEx(
+                   blas.handle(), trans_b ? CUBLAS_OP_T : CUBLAS_OP_N,
+                   trans_a ? CUBLAS_OP_T : CUBLAS_OP_N, int(N), int(M), int(K), &one, B,
+                   blas.dtype(), int(ldb), stride_b, A, blas.dtype(), int(lda), stride_a, &zero, C,
+                   c_type, int(ldc), stride_c, int(batch), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
+               "cublasGemmStridedBatchedEx");
 }
 
 }  // namespace
@@ -75,8 +74,8 @@ void contract_backward(const Blas& blas, const Params& p) {
 }
 
 void weight_gradient(const Blas& blas, int64_t M, int64_t N, int64_t K, const void* G, int64_t ldg,
-                     const void* X, int64_t ldx, float* dW, bool accumulate) {
-  gemm(blas, true, false, M, N, K, G, ldg, 0, X, ldx, 0, dW, CUDA_R_32F, N, 0, 1, accumulate);
+                     const void* X, int64_t ldx, float* dW) {
+  gemm(blas, true, false, M, N, K, G, ldg, 0, X, ldx, 0, dW, CUDA_R_32F, N, 0, 1);
 }
 
 }  // namespace tpf::cuda::trimul

@@ -464,13 +464,6 @@ __device__ __forceinline__ Tile persistent_tile(int64_t t, const Params& p) {
     return Tile(t, p);
 }
 
-// One of a persistent CTA's partial-sum slots of the input-side backward: stored by the first
-// chunk of positions (entry.cu's input_chunks), added to by each later chunk. Each CTA owns its
-// slots, and the chunks run in order, so every slot is a fixed-order sum.
-__device__ __forceinline__ void put_partial(const Params& p, float* slot, float v) {
-  *slot = p.input_partials_add ? *slot + v : v;
-}
-
 // Loop trip counts of the tile passes at the largest D (tiles.h's kRowsPerWarp, kPerLane,
 // kTileElemsPerThread): every pass is fully unrolled with these compile-time counts (elements past
 // D or past the tile are predicated off), so that each thread issues all of its global loads before

@@ -3,17 +3,13 @@
 //
 // Forward:  pack weights -> input_forward (a, b, go) -> contraction (z) -> output_forward (y).
 // Backward: pack weights -> output_backward (dz, dgo, dpo, z_ln, partials) -> d p_out_weight ->
-//           contraction backward (dA, dB) -> per chunk of positions (InputChunks, in order):
-//           input_backward (dx, x_ln, dP | dG, partials) and d p_in_weight | d g_in_weight
-//           (dP | dG) and d g_out_weight (dgo) accumulated over the chunks -> ordered sums of the
-//           partials -> the gradients assembled in the weights' dtype (finish).
+//           contraction backward (dA, dB) -> input_backward (dx, x_ln, dP | dG, partials) ->
+//           d p_in_weight | d g_in_weight | d g_out_weight (one GEMM over dP | dG | dgo) ->
+//           ordered sums of the partials -> the gradients assembled in the weights' dtype (finish).
 // The weights (and their gradients) have one dtype, float32, bfloat16 or float16: pack_weights
 // reads them in it and finish_backward writes the gradients in it, so the caller casts nothing.
 // The mask is read in its own dtype (bool, uint8, float32, bfloat16 or float16).
 #include <cuda_runtime.h>
-
-#include <algorithm>
-#include <type_traits>
 
 #include "kernels/common/device_guard.h"
 #include "kernels/trimul/api.h"
@@ -33,33 +29,6 @@ cudaDataType cuda_type(DType d) {
 }
 
 const void* ptr(const OptionalTensor& t) { return t.present ? t.view.data : nullptr; }
-
-template <typename P>
-P* advance(P* base, int64_t bytes) {
-  using Byte = std::conditional_t<std::is_const_v<P>, const char, char>;
-  return base ? reinterpret_cast<P*>(reinterpret_cast<Byte*>(base) + bytes) : base;
-}
-
-// Params of one chunk of the input side (InputChunks): rows [r0, r0 + rows) of the B * S rows
-// (b, i), which are whole samples or lie in one sample, seen as a problem of their own: the
-// row-major tensors (x, mask, dgo, dx) and the channel-major ones (dA, dB) from their first
-// position, x_ln and dP | dG at the chunk's slots, tiles and positions its own.
-Params input_chunk(const Params& p, int64_t r0, int64_t rows, int elem_bytes, int mask_bytes) {
-  Params q = p;
-  const int64_t S = p.S, D = p.D, b = r0 / S, i0 = r0 % S;
-  q.B = i0 == 0 && rows % S == 0 ? rows / S : 1;
-  q.tiles = rows * p.tiles_per_row;
-  q.positions = rows * S;
-  const int64_t rowmajor = r0 * S * D * elem_bytes,
-                channelmajor = (b * D * S + i0) * S * elem_bytes;
-  q.x = advance(p.x, rowmajor);
-  q.mask = advance(p.mask, r0 * S * mask_bytes);
-  q.dgo = advance(p.dgo, rowmajor);
-  q.dx = advance(p.dx, rowmajor);
-  q.da = advance(p.da, channelmajor);
-  q.db = advance(p.db, channelmajor);
-  return q;
-}
 void* out_ptr(const OptionalTensor& t) { return t.present ? t.view.data : nullptr; }
 
 int mask_type(DType d) {
@@ -144,27 +113,22 @@ void backward(const TrimulBackwardArgs& a, const TrimulDims& d, cudaStream_t str
   Params p = make_params(d, a.x, a.mask, a.outgoing, a.eps, a.saved, ws, layout);
   p.dy = a.dy.data;
   p.dx = a.dx.data;
-  p.dz = ws + layout.dz_chunk;
-  p.xln = ws + layout.chunk_xln;
+  p.dz = ws + layout.dz_xln;
+  p.xln = ws + layout.dz_xln;
   p.dpo = ws + layout.dpo_da;
   p.da = ws + layout.dpo_da;
   p.zln = ws + layout.zln_db;
   p.db = ws + layout.zln_db;
-  p.dpg = ws + layout.chunk_dpg;
-  p.ld_dpg = 4 * d.D;
-  p.dgo = ws + layout.dgo;
+  p.dpg = ws + layout.dpg;
+  p.ld_dpg = 5 * d.D;
+  p.dgo = ws + layout.dpg + 4 * d.D * sizeof(T);
   p.partials_bias_out = reinterpret_cast<float*>(ws + layout.partials_bias_out);
   p.partials_norm_out = reinterpret_cast<float*>(ws + layout.partials_norm_out);
   p.partials_bias_in = reinterpret_cast<float*>(ws + layout.partials_bias_in);
   p.partials_norm_in = reinterpret_cast<float*>(ws + layout.partials_norm_in);
   p.sums = reinterpret_cast<double*>(ws + layout.sums);
-  const InputChunks chunks = input_chunks(d.B, d.S, d.D, int(sizeof(T)));
-  // One grid for every chunk (each CTA sums its partials over the chunks), at most the smallest
-  // chunk's tiles (the kernels load their first tile before their loop).
-  const int64_t chunk_tiles = chunks.min_rows * p.tiles_per_row;
-  p.grid_input_backward = int(std::min<int64_t>(chunk_tiles, kBackwardCtas));
   if constexpr (!kIsF32<T>) {  // the 16-bit types' backward kernels: three CTAs per SM
-    p.grid_input_backward = int(std::min<int64_t>(chunk_tiles, kSplitBackwardCtas));
+    p.grid_input_backward = int(p.tiles < kSplitBackwardCtas ? p.tiles : kSplitBackwardCtas);
     p.grid_backward = int(p.tiles < k16BitOutputBackwardCtas ? p.tiles : k16BitOutputBackwardCtas);
   }
   float* dw_in = reinterpret_cast<float*>(ws + layout.dw_in);
@@ -176,18 +140,10 @@ void backward(const TrimulBackwardArgs& a, const TrimulDims& d, cudaStream_t str
   pack<T>(p, a.w, ws, layout, stream);
   launch_output_backward<T>(p, stream);
   weight_gradient(blas, D, D, R, p.dpo, D, p.zln, D, dw_out);
-  contract_backward(blas, p);  // dA, dB overwrite dpo and z_ln
-  // [d p_in_weight | d g_in_weight] = [dP | dG]^T x_ln and d g_out_weight = dgo^T x_ln, summed
-  // over the chunks in order; each chunk's x_ln and dP | dG overwrite dz, then the last chunk's.
-  const int mask_bytes = p.mask_type == kMaskF32 ? 4 : p.mask_type == kMaskByte ? 1 : 2;
-  for (int64_t k = 0; k < chunks.count; ++k) {
-    const ChunkRows rows = chunk_rows(chunks, d.B, d.S, k);
-    Params q = input_chunk(p, rows.first, rows.count, int(sizeof(T)), mask_bytes);
-    q.input_partials_add = k > 0;
-    launch_input_backward<T>(q, stream);
-    weight_gradient(blas, 4 * D, D, q.positions, q.dpg, q.ld_dpg, q.xln, D, dw_in, k > 0);
-    weight_gradient(blas, D, D, q.positions, q.dgo, D, q.xln, D, dw_in + 4 * D * D, k > 0);
-  }
+  contract_backward(blas, p);           // dA, dB overwrite dpo and z_ln
+  launch_input_backward<T>(p, stream);  // x_ln overwrites dz
+  // [d p_in_weight | d g_in_weight | d g_out_weight] = [dP | dG | dgo]^T x_ln: one pass over both.
+  weight_gradient(blas, 5 * D, D, R, p.dpg, p.ld_dpg, p.xln, D, dw_in);
   launch_reduce_sums(p, stream);
   const TrimulWeights& w = a.w;
   launch_finish_backward(FinishArgs{p.sums,

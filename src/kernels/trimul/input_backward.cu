@@ -168,7 +168,7 @@ __global__ void __launch_bounds__(kThreads, kF32Ctas) input_backward_f32_kernel(
 #pragma unroll
         for (int e = 0; e < kPerLane; ++e) {
           const int c = lane + 32 * e;
-          v[k][e] = (r < tile.n && c < D) ? dgo[(tile.row0 + r) * D + c] : from_f<T>(0.0f);
+          v[k][e] = (r < tile.n && c < D) ? dgo[(tile.row0 + r) * p.ld_dpg + c] : from_f<T>(0.0f);
         }
       }
 #pragma unroll
@@ -222,13 +222,13 @@ __global__ void __launch_bounds__(kThreads, kF32Ctas) input_backward_f32_kernel(
   for (int q = 0; q < kMaxInputChunks; ++q) {
     const int c = q * kChunkChannels + slot_channel;
     if (q < p.input_chunks && c < 2 * D)
-      put_partial(p, bias_row + (slot_is_g ? 2 * D : 0) + c, sum_pg[q * kThreads]);
+      bias_row[(slot_is_g ? 2 * D : 0) + c] = sum_pg[q * kThreads];
   }
   float* norm_row = p.partials_norm_in + (int64_t(blockIdx.x) * kWarps + warp) * D;
 #pragma unroll
   for (int e = 0; e < kPerLane; ++e) {
     const int c = lane + 32 * e;
-    if (c < D) put_partial(p, norm_row + c, sum_ln_w[e * kThreads]);
+    if (c < D) norm_row[c] = sum_ln_w[e * kThreads];
   }
 }
 

@@ -5,7 +5,7 @@
 //   gates kernel: x_ln, the P | G GEMM of each a/b step, dP | dG (to dpg) and the d p_in_bias |
 //     d g_in_bias sums -> partials_bias_in [2 grid, 4D] (row half h: rows [32 h, 32 h + 32) of
 //     every tile, as in input_backward.cu; summed per warp by shuffles instead of row by row);
-//   dx kernel: dx_ln = [dP | dG | dgo] W_in over dpg and dgo (what input_backward.cu accumulates in
+//   dx kernel: dx_ln = [dP | dG | dgo] W_in over dpg (what input_backward.cu accumulates in
 //     registers beside each step, here one K = 5D GEMM in stages of 64, in the same k order),
 //     the LayerNorm backward, dx and the d norm_in_weight sums -> partials_norm_in
 //     [kWarps grid, D] (same roles and order as input_backward.cu).
@@ -20,7 +20,7 @@
 //   Dab  [kChunkChannels, kRows + 8]  dA | dB of the step's channels (T, channel-major like
 //                                     their global layout), copied during the previous epilogue
 //   sums [kMaxInputChunks, kThreads]  the CTA's bias sums, slot (q, thread) as in input_backward.cu
-// Dx kernel, shared memory: two stages of (A [kRows, 64 + 8] columns of dpg or dgo, W [64, Dp] rows of
+// Dx kernel, shared memory: two stages of (A [kRows, 64 + 8] columns of dpg, W [64, Dp] rows of
 // w_in); dx_ln (fp32 [kRows, kLdC]) over the second stage and past it, so that the next tile's
 // first stage loads during the LayerNorm backward.
 #include "kernels/common/tile_io.cuh"
@@ -258,7 +258,7 @@ __global__ void __launch_bounds__(kThreads, k16BitCtas)
   for (int q = 0; q < kMaxInputChunks; ++q) {
     const int c = q * kChunkChannels + slot_channel;
     if (q < chunks && Dm::ab_channel(c, D))
-      put_partial(p, bias_row + (slot_is_g ? 2 * D : 0) + c, s.sums[q * kThreads + threadIdx.x]);
+      bias_row[(slot_is_g ? 2 * D : 0) + c] = s.sums[q * kThreads + threadIdx.x];
   }
 }
 
@@ -306,33 +306,31 @@ __device__ __forceinline__ int dx_stage_k(const Params& p, int st) {
   return k0 < 0 || p.Dp - k0 >= kStageK ? kStageK : p.Dp - k0;
 }
 
-// Starts copying stage st of the tile: kRows x kStageK columns of dpg or dgo (zeros past the tile and
+// Starts copying stage st of the tile: kRows x kStageK columns of dpg (zeros past the tile and
 // past the stage's valid columns) and the matching kStageK (or fewer) rows of w_in.
 template <int kD, typename T>
 __device__ __forceinline__ void load_dx_stage(const Params& p, const Tile& tile, int st, T* a,
                                               T* w) {
   using Dm = Dims<kD>;
   const int D = Dm::D(p), Dp = Dm::Dp(p), chunks = Dm::chunks(p);
-  // dP | dG stages from dpg (row stride 4D), dgo stages from dgo (its own, row stride D).
-  const bool from_dgo = st >= 2 * chunks;
   int col0, valid, wrow;
-  if (!from_dgo) {
+  if (st < 2 * chunks) {
     const int q = st / 2, part = st % 2;
     col0 = part * 2 * D + q * kChunkChannels;
     valid = 2 * D - q * kChunkChannels;
     wrow = q * kChunkN + part * kStageK;
   } else {
     const int k0 = (st - 2 * chunks) * kStageK;
-    col0 = k0;
+    col0 = 4 * D + k0;
     valid = D - k0;
     wrow = chunks * kChunkN + k0;
   }
-  // Static D: every stage's columns exist (valid >= kStageK).
+  // Static D: every stage's columns exist (valid >= kStageK), dpg's row stride is 5 kD.
   if constexpr (Dm::kStatic) valid = kStageK;
-  const int ld = from_dgo ? D : 4 * D;  // dgo [positions, D], dpg [positions, ld_dpg = 4D]
-  const T* src = static_cast<const T*>(from_dgo ? p.dgo : p.dpg);
-  load_tile<T, kRows, kStageK, kThreads>(a, src + tile.row0 * ld + col0, ld, tile.n, valid,
-                                         D % 8 == 0, src);
+  const int64_t ld_dpg = Dm::kStatic ? int64_t(5) * kD : p.ld_dpg;
+  const T* dpg = static_cast<const T*>(p.dpg);
+  load_tile<T, kRows, kStageK, kThreads>(a, dpg + tile.row0 * ld_dpg + col0, ld_dpg, tile.n, valid,
+                                         D % 8 == 0, dpg);
   copy_weight_async<kD, kStageK>(w, static_cast<const T*>(p.w_in) + int64_t(wrow) * Dp, Dp,
                                  dx_stage_k<kD>(p, st));
 }
@@ -409,7 +407,7 @@ __global__ void __launch_bounds__(kThreads, k16BitCtas) input_backward_dx_kernel
 #pragma unroll
   for (int e = 0; e < kLanes; ++e) {
     const int c = lane + 32 * e;
-    if (lane_in_d<kD>(lane, e, D)) put_partial(p, norm_row + c, sum_ln_w[e * kThreads]);
+    if (lane_in_d<kD>(lane, e, D)) norm_row[c] = sum_ln_w[e * kThreads];
   }
 }
 

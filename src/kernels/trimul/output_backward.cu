@@ -110,7 +110,7 @@ __global__ void __launch_bounds__(kThreads, kF32Ctas) output_backward_f32_kernel
             sum_bp += dpo;
             sum_bg += dgo;
             dpo_out[(tile.row0 + r) * D + col] = from_f<T>(dpo);
-            dgo_out[(tile.row0 + r) * D + col] = from_f<T>(dgo);
+            dgo_out[(tile.row0 + r) * p.ld_dpg + col] = from_f<T>(dgo);
           }
           s.x[r * ld + col] = from_f<T>(dpo);
         }
@@ -401,7 +401,8 @@ __global__ void __launch_bounds__(kThreads, k16BitCtas)
       float rbp[2], rbg[2];
       const T* go_t = go + tile.row0 * D;
       const T* dy_t = dy + tile.row0 * D;
-      T* dgo_t = dgo_out + tile.row0 * D;
+      T* dgo_t = dgo_out + tile.row0 * (Dm::kStatic ? int64_t(5) * kD : p.ld_dpg);
+      const int ld_dpg = Dm::kStatic ? 5 * kD : int(p.ld_dpg);
 #pragma unroll
       for (int j = 0; j < 2; ++j) {
         float vbp[4] = {}, vbg[4] = {};
@@ -445,7 +446,7 @@ __global__ void __launch_bounds__(kThreads, k16BitCtas)
               }
               frag[2 * h + ep] = Mma<T>::pack(dpo[0], dpo[1]);
               if (r < tile.n && Dm::channel(c, D)) {
-                T* dst = dgo_t + (r * D + c);
+                T* dst = dgo_t + (r * ld_dpg + c);
                 if (paired) {
                   store_pair(dst, dgo[0], dgo[1]);
                 } else {

@@ -1,7 +1,6 @@
 // The plain parameter struct that crosses from the host entry points into the kernels, and the
 // layout of the caller's workspace. Raw pointers and sizes only.
 #pragma once
-#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 
@@ -46,14 +45,14 @@ struct Params {
   const void* dy;
   void* dx;
   void* dz;        // channel-major
-  void* dgo;       // row-major [positions, D]
+  void* dgo;       // row-major [positions, D] with row stride ld_dpg: columns 4D.. of dpg
   void* dpo;       // row-major [positions, D]
   void* zln;       // row-major [positions, D]
   void* da;        // channel-major
   void* db;        // channel-major
-  void* xln;       // row-major [positions, D] (of the input side's chunk, see InputChunks)
-  void* dpg;       // row-major [positions, ld_dpg]: dP (2D) | dG (2D) (of the chunk)
-  int64_t ld_dpg;  // 4D
+  void* xln;       // row-major [positions, D]
+  void* dpg;       // row-major [positions, ld_dpg]: dP (2D) | dG (2D) | dgo (D)
+  int64_t ld_dpg;  // 5D: one GEMM gives d p_in_weight | d g_in_weight | d g_out_weight
   // Per-CTA running sums (see output_backward.cu and input_backward.cu), reduced in a fixed order
   // into `sums` (double, [8D]: see SumColumns).
   float* partials_bias_out;  // [2 * grid_backward, 2D]: d p_out_bias | d g_out_bias
@@ -67,8 +66,7 @@ struct Params {
   int grid_input_backward;  // persistent CTAs of the input_backward kernel(s) (kBackwardCtas for
                             // float32, kSplitBackwardCtas for 16-bit types)
   // Last, so that the fields above keep their offsets in the kernels' parameter space.
-  int mask_type;           // MaskType of `mask`
-  int input_partials_add;  // the input side's partials: 0 stores them (first chunk), 1 adds
+  int mask_type;  // MaskType of `mask`
 };
 
 // Where each reduced sum lives in Params::sums, in units of D.
@@ -80,61 +78,15 @@ struct SumColumns {
 inline int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 inline int padded_d(int64_t D) { return int(ceil_div(D, 16) * 16); }
 
-// The input side of the backward (the input_backward kernels and the weight gradients over dP |
-// dG | dgo and x_ln) runs over chunks of positions, in order: one chunk's dP | dG (4D per
-// position) and x_ln (D) then fit in the slot that dz held, instead of 5 [B, S, S, D] tensors of
-// their own (peak memory at D = 128, S = 768: 14 such tensors -> 10). A chunk is whole samples, or
-// near-equal ranges of rows i of one sample (a row: the S positions (b, i, *)), so that its
-// positions are contiguous and its channel-major offsets are one base offset. Below
-// kChunkFromBytes per tensor, one chunk of everything (launches matter more than bytes there).
-constexpr size_t kChunkFromBytes = size_t(32) << 20;
-struct InputChunks {
-  int64_t samples;        // whole samples per chunk (the last may have fewer), or 0: row ranges
-  int64_t per_sample;     // row-range chunks per sample (samples == 0)
-  int64_t count;          // chunks in all
-  int64_t max_positions;  // positions of the largest chunk
-  int64_t min_rows;       // rows (b, i) of the smallest chunk
-};
-inline InputChunks input_chunks(int64_t B, int64_t S, int64_t D, int elem_bytes) {
-  const size_t unit = size_t(B) * S * S * D * elem_bytes, row = size_t(S) * 5 * D * elem_bytes;
-  // Rows whose dP | dG | x_ln fit in one tensor's bytes (at least one).
-  const int64_t fit = unit < kChunkFromBytes ? B * S : std::max<int64_t>(1, int64_t(unit / row));
-  InputChunks c{};
-  if (fit >= S) {
-    c.samples = std::min(B, fit / S);
-    c.count = (B + c.samples - 1) / c.samples;
-    c.max_positions = c.samples * S * S;
-    c.min_rows = (B - (c.count - 1) * c.samples) * S;
-  } else {
-    c.per_sample = (S + fit - 1) / fit;
-    c.count = B * c.per_sample;
-    c.max_positions = (S + c.per_sample - 1) / c.per_sample * S;
-    c.min_rows = S / c.per_sample;
-  }
-  return c;
-}
-// Chunk k's rows (b, i) among the B * S: [first, first + count), in order, every row once; the
-// row ranges of a sample near-equal.
-struct ChunkRows {
-  int64_t first, count;
-};
-inline ChunkRows chunk_rows(const InputChunks& c, int64_t B, int64_t S, int64_t k) {
-  if (c.samples > 0) return {k * c.samples * S, std::min(c.samples, B - k * c.samples) * S};
-  const int64_t b = k / c.per_sample, j = k % c.per_sample;
-  const int64_t lo = S * j / c.per_sample, hi = S * (j + 1) / c.per_sample;
-  return {b * S + lo, hi - lo};
-}
-
 // Byte offsets of everything in a workspace, each 256-byte aligned. entry.cu sizes the workspace
 // with it and carves the same layout out of what the caller's allocator returns.
 struct Workspace {
   size_t w_in, w_out, bias_in, bias_out, norms, cublas;
-  // Backward only. Slots are reused once their first contents are consumed (stream order): dz,
-  // then each input chunk's x_ln and dP | dG (chunk_xln, chunk_dpg: offsets inside that slot);
-  // dpo then dA; z_ln then dB. dgo has its own. dw_in and dw_out: the fp32 weight gradients from
+  // Backward only. Slots are reused once their first contents are consumed (stream order):
+  // dz then x_ln, dpo then dA, z_ln then dB. dw_in and dw_out: the fp32 weight gradients from
   // cuBLAS, which finish_backward gives out in the weights' dtype.
-  size_t dz_chunk, chunk_xln, chunk_dpg, dpo_da, zln_db, dgo, partials_bias_out, partials_norm_out,
-      partials_bias_in, partials_norm_in, sums, dw_in, dw_out;
+  size_t dz_xln, dpo_da, zln_db, dpg, partials_bias_out, partials_norm_out, partials_bias_in,
+      partials_norm_in, sums, dw_in, dw_out;
   size_t total;
 };
 
@@ -159,14 +111,10 @@ inline Workspace workspace_layout(int64_t B, int64_t S, int64_t D, int elem_byte
   w.cublas = take(kCublasWorkspaceBytes);
   if (backward) {
     const size_t unit = size_t(B) * S * S * D * elem_bytes;
-    const InputChunks chunks = input_chunks(B, S, D, elem_bytes);
-    const size_t xln = align(size_t(chunks.max_positions) * D * elem_bytes);
-    w.dz_chunk = take(std::max(unit, xln + size_t(chunks.max_positions) * 4 * D * elem_bytes));
-    w.chunk_xln = w.dz_chunk;
-    w.chunk_dpg = w.dz_chunk + xln;
+    w.dz_xln = take(unit);
     w.dpo_da = take(unit);
     w.zln_db = take(unit);
-    w.dgo = take(unit);
+    w.dpg = take(5 * unit);
     w.partials_bias_out = take(size_t(2) * kMaxOutputBackwardCtas * 2 * D * sizeof(float));
     w.partials_norm_out = take(size_t(kWarps) * kMaxOutputBackwardCtas * D * sizeof(float));
     w.partials_bias_in = take(size_t(2) * kMaxInputBackwardCtas * 4 * D * sizeof(float));

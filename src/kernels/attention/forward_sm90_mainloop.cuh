@@ -129,6 +129,10 @@ __device__ __forceinline__ void consume(const Params& p, const Tile& t, uint8_t*
   uint64_t* empty = full + kStages;
   const uint32_t smem_base = smem_u32(smem);
   const float c = p.score_log2, rescale_acc = kRescaleLog2 / p.score_log2;
+  // Slices per S commit group: two at D = 32, so that their softmaxes' independent chains
+  // interleave (forward kernel -3 % at S 384 / 640 / 768 on the H100); one otherwise (two at D = 16
+  // measured +2-3 %; notes-attention's designs table).
+  constexpr int kPair = (L::G % 2 == 0 && DP == 32) ? 2 : 1;
   int i = 0;
   for (int kt = 0; kt < p.key_tiles; ++kt) {
     if (!tile_active<L::G>(words, p.key_tiles, kt)) continue;
@@ -141,55 +145,78 @@ __device__ __forceinline__ void consume(const Params& p, const Tile& t, uint8_t*
         reinterpret_cast<const float4*>(smem + s * L::kStageBytes) + (wg * 4 + warp) * 256 + lane;
     const uint64_t valid = valid_keys(kt, p.fwd.Sk);
 #pragma unroll
-    for (int g = 0; g < L::G; ++g) {
-      float sc[kKeys / 8][4];
+    for (int g0 = 0; g0 < L::G; g0 += kPair) {
+      float sc[kPair][kKeys / 8][4];
 #pragma unroll
       for (int j = 0; j < kKeys / 8; ++j) {
         const float4 v = bias[j * 32];
-        sc[j][0] = v.x;
-        sc[j][1] = v.y;
-        sc[j][2] = v.z;
-        sc[j][3] = v.w;
-      }
-      const uint64_t word = words[g * p.key_tiles + kt];
-      // Keys past Sk are -inf in the bias already; only masked keys below Sk need this.
-      if (word != valid) apply_key_mask(sc, word, lane);
-      // S = bias + Q K^T
-      fence_operands(sc);
-      cute::warpgroup_arrive();
 #pragma unroll
-      for (int ks = 0; ks < DP / 16; ++ks) {
-        const int col = ks * 16;
-        const uint32_t addr =
-            stage + L::k_offset(g) + (col / L::W) * L::kBlockBytes + (col % L::W) * 2;
-        if constexpr (L::kPvN != kKeys) {
-          wgmma_rs<T, kKeys, gmma::Major::K>(sc, st.qf[g][ks], smem_desc<L::W>(addr, 16));
-        } else {
-          // DP = 64: the PV product is m64n64k16 too, and ptxas (CUDA 13.0) given two chains of
-          // that one shape put P into the registers of Q's fragments, which the next key tile
-          // still reads (found in the SASS of f3bc00f, whose D = 56 and 64 were wrong). Keys
-          // 0-31 and 32-63 as two m64n32k16 products (the second half of the K tile starts
-          // 32 rows = 64 W bytes further, a whole number of swizzle periods).
-          wgmma_rs<T, kKeys / 2, gmma::Major::K>(reinterpret_cast<float(&)[kKeys / 16][4]>(sc[0]),
-                                                 st.qf[g][ks], smem_desc<L::W>(addr, 16));
-          wgmma_rs<T, kKeys / 2, gmma::Major::K>(
-              reinterpret_cast<float(&)[kKeys / 16][4]>(sc[kKeys / 16]), st.qf[g][ks],
-              smem_desc<L::W>(addr + (kKeys / 2) * 2 * L::W, 16));
+        for (int u = 0; u < kPair; ++u) {
+          sc[u][j][0] = v.x;
+          sc[u][j][1] = v.y;
+          sc[u][j][2] = v.z;
+          sc[u][j][3] = v.w;
         }
       }
+#pragma unroll
+      for (int u = 0; u < kPair; ++u) {
+        const uint64_t word = words[(g0 + u) * p.key_tiles + kt];
+        // Keys past Sk are -inf in the bias already; only masked keys below Sk need this.
+        if (word != valid) apply_key_mask(sc[u], word, lane);
+        fence_operands(sc[u]);
+      }
+      // S = bias + Q K^T, for the kPair slices in one commit group
+      cute::warpgroup_arrive();
+#pragma unroll
+      for (int u = 0; u < kPair; ++u)
+#pragma unroll
+        for (int ks = 0; ks < DP / 16; ++ks) {
+          const int col = ks * 16;
+          const uint32_t addr =
+              stage + L::k_offset(g0 + u) + (col / L::W) * L::kBlockBytes + (col % L::W) * 2;
+          if constexpr (L::kPvN != kKeys) {
+            wgmma_rs<T, kKeys, gmma::Major::K>(sc[u], st.qf[g0 + u][ks], smem_desc<L::W>(addr, 16));
+          } else {
+            // DP = 64: the PV product is m64n64k16 too, and ptxas (CUDA 13.0) given two chains of
+            // that one shape put P into the registers of Q's fragments, which the next key tile
+            // still reads (found in the SASS of f3bc00f, whose D = 56 and 64 were wrong). Keys
+            // 0-31 and 32-63 as two m64n32k16 products (the second half of the K tile starts
+            // 32 rows = 64 W bytes further, a whole number of swizzle periods).
+            wgmma_rs<T, kKeys / 2, gmma::Major::K>(
+                reinterpret_cast<float(&)[kKeys / 16][4]>(sc[u][0]), st.qf[g0 + u][ks],
+                smem_desc<L::W>(addr, 16));
+            wgmma_rs<T, kKeys / 2, gmma::Major::K>(
+                reinterpret_cast<float(&)[kKeys / 16][4]>(sc[u][kKeys / 16]), st.qf[g0 + u][ks],
+                smem_desc<L::W>(addr + (kKeys / 2) * 2 * L::W, 16));
+          }
+        }
       cute::warpgroup_commit_batch();
       cute::warpgroup_wait<0>();
-      fence_operands(sc);
-      uint32_t pa[kKeys / 16][4];
-      softmax_tile<T, L::kPvBlocks>(sc, st.m[g], st.l[g], st.o[g], pa, c, rescale_acc);
-      // O += P V
-      fence_operands(st.o[g]);
-      cute::warpgroup_arrive();
-      const uint32_t v_tile = stage + L::v_offset(g);
 #pragma unroll
-      for (int kk = 0; kk < kKeys / 16; ++kk)
-        wgmma_rs<T, L::kPvN, gmma::Major::MN>(
-            st.o[g], pa[kk], smem_desc<L::W>(v_tile + kk * 16 * 2 * L::W, L::kBlockBytes));
+      for (int u = 0; u < kPair; ++u) fence_operands(sc[u]);
+      // The softmax, each step for the kPair slices in turn (softmax_tile's steps).
+      float mx[kPair][2];
+#pragma unroll
+      for (int u = 0; u < kPair; ++u) tile_row_max(sc[u], mx[u]);
+#pragma unroll
+      for (int u = 0; u < kPair; ++u)
+        rescale_rows<L::kPvBlocks>(mx[u], st.m[g0 + u], st.l[g0 + u], st.o[g0 + u], c, rescale_acc);
+      uint32_t pa[kPair][kKeys / 16][4];
+#pragma unroll
+      for (int u = 0; u < kPair; ++u) exp_sum_pack<T>(sc[u], st.m[g0 + u], st.l[g0 + u], pa[u], c);
+        // O += P V
+#pragma unroll
+      for (int u = 0; u < kPair; ++u) fence_operands(st.o[g0 + u]);
+      cute::warpgroup_arrive();
+#pragma unroll
+      for (int u = 0; u < kPair; ++u) {
+        const uint32_t v_tile = stage + L::v_offset(g0 + u);
+#pragma unroll
+        for (int kk = 0; kk < kKeys / 16; ++kk)
+          wgmma_rs<T, L::kPvN, gmma::Major::MN>(
+              st.o[g0 + u], pa[u][kk],
+              smem_desc<L::W>(v_tile + kk * 16 * 2 * L::W, L::kBlockBytes));
+      }
       cute::warpgroup_commit_batch();
     }
     cute::warpgroup_wait<0>();  // every MMA that read this stage is done

@@ -1,8 +1,11 @@
 #!/usr/bin/env python3
-"""Is one triangle multiplicative update (forward+backward, bf16, B=1) bound by the GPU or by the host?
+"""Is one call of an op (forward+backward, bf16, B=1) bound by the GPU or by the host?
 
-Per shape, four numbers: the median forward+backward time by CUDA events (as bench/trimul.py times
-it), the host's time to issue that call (perf_counter around the call, no synchronization; the GPU
+The ops: the triangle multiplicative update (--op trimul, shapes DxS, outgoing or incoming) and
+triangle attention (--op attention, shapes DxS, H = 4, N = S, the tail 10 % of keys masked, as
+bench/attention.py makes them; there also the forward alone, under no_grad, as that bench times it).
+Per shape, four numbers: the median time by CUDA events (as bench/trimul.py and bench/attention.py
+time it), the host's time to issue that call (perf_counter around the call, no synchronization; the GPU
 is drained between calls), the same work replayed from a CUDA graph (no host work at all), and from
 one profiled call the kernels' busy time, the idle time between them, and the largest idle gaps
 with the kernels on either side. CUDA runtime calls that stall the host (synchronizations, copies,
@@ -15,6 +18,8 @@ import time
 
 import torch
 
+import tpfkit as tpf
+from tpfkit.benchmarks import attention as attention_inputs
 from tpfkit.benchmarks.timing import kernel_name, median_ms
 from tpfkit.benchmarks.trimul import forward_backward_call, make_inputs
 from tpfkit.ops.trimul import triangle_multiplicative_update
@@ -111,34 +116,57 @@ def calibration_us(device) -> float:
     return us
 
 
+def calls(op: str, D: int, S: int, direction: str, device) -> dict:
+    """The timed calls of one shape by name: forward+backward, and for attention the forward alone."""
+    if op == "trimul":
+        return {"fwd+bwd": forward_backward_call(
+            triangle_multiplicative_update, make_inputs(S, D, torch.bfloat16, device, seed=S + D),
+            direction)}
+    q, k, v, b, m, g = attention_inputs.make_inputs(S, D, 4, torch.bfloat16, device, seed=S + D)
+    leaves = [t.detach().requires_grad_(True) for t in (q, k, v, b)]
+
+    def forward():
+        with torch.no_grad():
+            return tpf.triangle_attention(q, k, v, b, m)
+
+    def forward_backward():
+        for t in leaves:
+            t.grad = None
+        tpf.triangle_attention(*leaves, m).backward(g)
+    return {"fwd": forward, "fwd+bwd": forward_backward}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--shapes", nargs="+", default=["64x384", "128x384", "128x768"],
-                        help="DxS")
+    parser.add_argument("--op", default="trimul", choices=["trimul", "attention"])
+    parser.add_argument("--shapes", nargs="+", default=None,
+                        help="DxS (default: trimul 64x384 128x384 128x768, attention 16x384 16x768 "
+                             "32x640)")
     parser.add_argument("--direction", default="outgoing", choices=["outgoing", "incoming"])
     parser.add_argument("--repeats", type=int, default=20)
     args = parser.parse_args()
+    shapes = args.shapes or (["64x384", "128x384", "128x768"] if args.op == "trimul" else
+                             ["16x384", "16x768", "32x640"])
     device = torch.device("cuda")
     print(f"host calibration: one small CUDA torch.add issues in {calibration_us(device):.2f} us")
-    for shape in args.shapes:
+    for shape in shapes:
         D, S = (int(v) for v in shape.split("x"))
-        fb = forward_backward_call(triangle_multiplicative_update,
-                                   make_inputs(S, D, torch.bfloat16, device, seed=S + D),
-                                   args.direction)
-        event = median_ms(fb, device, repeats=args.repeats)
-        host = host_issue_ms(fb, args.repeats)
-        replay, why = graph_ms(fb, device, args.repeats)
-        n, busy, span, gaps, runtime = timeline(fb)
-        print(f"D={D} S={S} {args.direction}: events {event:.3f} ms, host issue {host:.3f} ms, "
-              f"graph replay {'-' if replay is None else f'{replay:.3f}'} ms {why}")
-        print(f"    {n} kernels: busy {busy:.3f} ms, first start to last end {span:.3f} ms, "
-              f"idle between kernels {sum(g for g, _, _ in gaps):.3f} ms")
-        for g, before, after in gaps[:6]:
-            print(f"    gap {g:7.3f} ms  after {before}  before {after}")
-        for name, (count, ms) in sorted(runtime.items(), key=lambda kv: -kv[1][1]):
-            print(f"    host {name}: {count}x, {ms:.3f} ms")
-        python_profile(fb)
-        del fb
+        what = args.direction if args.op == "trimul" else "attention"
+        for name, fn in calls(args.op, D, S, args.direction, device).items():
+            event = median_ms(fn, device, repeats=args.repeats)
+            host = host_issue_ms(fn, args.repeats)
+            replay, why = graph_ms(fn, device, args.repeats)
+            n, busy, span, gaps, runtime = timeline(fn)
+            print(f"D={D} S={S} {what} {name}: events {event:.3f} ms, host issue {host:.3f} ms, "
+                  f"graph replay {'-' if replay is None else f'{replay:.3f}'} ms {why}")
+            print(f"    {n} kernels: busy {busy:.3f} ms, first start to last end {span:.3f} ms, "
+                  f"idle between kernels {sum(g for g, _, _ in gaps):.3f} ms")
+            for g, before, after in gaps[:6]:
+                print(f"    gap {g:7.3f} ms  after {before}  before {after}")
+            for rt, (count, ms) in sorted(runtime.items(), key=lambda kv: -kv[1][1]):
+                print(f"    host {rt}: {count}x, {ms:.3f} ms")
+            python_profile(fn)
+            del fn
         torch.cuda.empty_cache()
 
 

@@ -25,7 +25,7 @@ __device__ __forceinline__ void store_o_pair(T* dst, __nv_bfloat16* res, float x
   }
 }
 
-// o: the accumulator of P V; l_part: this thread's partial fp32 row sums of P (softmax_tile, in
+// o: the accumulator of P V; l_part: this thread's partial fp32 row sums of P (exp_sum_pack, in
 // the scale of o), added over the quad here. m in acc units: lse = m |scale| + ln(l), natural log
 // as before. A row with l = 0 (no finite score, or a fully masked slice) gets O = 0 and
 // lse = +inf.

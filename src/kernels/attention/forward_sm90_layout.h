@@ -18,7 +18,7 @@ struct Layout {
   static constexpr int kBlocks = DP / W;
   static constexpr int G = slices_per_cta(DP);
   // O = P V: DP / 8 accumulator blocks of 8 columns. The row sums of P are not a column of this
-  // MMA: softmax_tile adds them from the fp32 P in registers (ConsumerState::l).
+  // MMA: exp_sum_pack adds them from the fp32 P in registers (ConsumerState::l).
   static constexpr int kPvN = DP;
   static constexpr int kPvBlocks = kPvN / 8;
   static constexpr uint32_t kBlockBytes = kKeys * W * 2;

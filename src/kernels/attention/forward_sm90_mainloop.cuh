@@ -117,7 +117,7 @@ struct ConsumerState {
   uint32_t qf[L::G][DP / 16][4];
   float o[L::G][L::kPvBlocks][4];
   float m[L::G][2];
-  float l[L::G][2];  // this thread's partial row sums of the fp32 P (softmax_tile), O's scale
+  float l[L::G][2];  // this thread's partial row sums of the fp32 P (exp_sum_pack), O's scale
 };
 
 template <typename T, int DP>
@@ -194,7 +194,7 @@ __device__ __forceinline__ void consume(const Params& p, const Tile& t, uint8_t*
       cute::warpgroup_wait<0>();
 #pragma unroll
       for (int u = 0; u < kPair; ++u) fence_operands(sc[u]);
-      // The softmax, each step for the kPair slices in turn (softmax_tile's steps).
+      // The softmax (forward_sm90_softmax.cuh), each step for the kPair slices in turn.
       float mx[kPair][2];
 #pragma unroll
       for (int u = 0; u < kPair; ++u) tile_row_max(sc[u], mx[u]);
@@ -203,8 +203,10 @@ __device__ __forceinline__ void consume(const Params& p, const Tile& t, uint8_t*
         rescale_rows<L::kPvBlocks>(mx[u], st.m[g0 + u], st.l[g0 + u], st.o[g0 + u], c, rescale_acc);
       uint32_t pa[kPair][kKeys / 16][4];
 #pragma unroll
-      for (int u = 0; u < kPair; ++u) exp_sum_pack<T>(sc[u], st.m[g0 + u], st.l[g0 + u], pa[u], c);
-        // O += P V
+      for (int u = 0; u < kPair; ++u) {
+        exp_sum_pack<T>(sc[u], st.m[g0 + u], st.l[g0 + u], pa[u], c);
+      }
+      // O += P V
 #pragma unroll
       for (int u = 0; u < kPair; ++u) fence_operands(st.o[g0 + u]);
       cute::warpgroup_arrive();

@@ -32,9 +32,9 @@ __device__ __forceinline__ void apply_key_mask(float (&s)[kKeys / 8][4], uint64_
       if (((w >> (8 * j + e)) & 1) == 0) s[j][e] = s[j][e + 2] = -INFINITY;
 }
 
-// One tile of one slice, in three steps (softmax_tile runs them in turn; the consumers run each
-// step for two slices before the next step where registers allow, so that the two slices'
-// independent chains of shuffles and exponentials interleave in one basic block):
+// One tile of one slice, in three steps, run in turn (the consumers run each step for both slices
+// of a pair before the next step at D = 32, so that the two slices' independent chains of shuffles
+// and exponentials interleave in one basic block):
 //   tile_row_max: the tile's row maxima (acc units), over the quad;
 //   rescale_rows: when a row's maximum moved by more than kRescaleLog2, updates m and rescales
 //     that row's O (all kPvBlocks blocks) and its partial row sum l by the same factor;
@@ -126,18 +126,7 @@ __device__ __forceinline__ void exp_sum_pack(const float (&s)[kKeys / 8][4], con
   }
 }
 
-template <typename T, int kPvBlocks>
-__device__ __forceinline__ void softmax_tile(float (&s)[kKeys / 8][4], float (&m)[2], float (&l)[2],
-                                             float (&o)[kPvBlocks][4],
-                                             uint32_t (&pa)[kKeys / 16][4], float c,
-                                             float rescale_acc) {
-  float mx[2];
-  tile_row_max(s, mx);
-  rescale_rows<kPvBlocks>(mx, m, l, o, c, rescale_acc);
-  exp_sum_pack<T>(s, m, l, pa, c);
-}
-
-// The full row sums from a quad's partials (softmax_tile's l): every thread of the quad ends with
+// The full row sums from a quad's partials (exp_sum_pack's l): every thread of the quad ends with
 // the same bits (the two additions are commutative). All 32 lanes of the warp must call it.
 __device__ __forceinline__ void quad_row_sums(float (&l)[2]) {
 #pragma unroll

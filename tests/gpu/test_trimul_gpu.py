@@ -45,11 +45,11 @@ def test_bf16_large_against_fp64_reference(S, direction, seed):
     check(2, S, 64, torch.bfloat16, direction, True, seed)
 
 
-# The input side of the backward runs over chunks of positions where one [B, S, S, D] tensor takes
-# 32 MiB or more (src/kernels/trimul/params.h, InputChunks): ranges of rows of one sample (S = 401:
-# partial tiles, odd offsets into x, the mask, dgo and dx; float32 through its own kernel) and
-# whole samples, two per chunk (B = 10, S = 128: five chunks). The partial sums and the weight
-# gradients add up over the chunks.
+# Shapes where one [B, S, S, D] tensor takes 32 MiB or more, at which the held-back input chunks
+# (c670101, bench/notes-trimul.md) split the backward's input side: ranges of rows of one sample
+# (S = 401: partial tiles, odd offsets into x, the mask, dgo and dx; float32 through its own
+# kernel) and whole samples, two per chunk (B = 10, S = 128: five chunks). On main's single pass
+# they are large, odd shapes against FP64; on the chunks they check the sums over the chunks.
 @pytest.mark.parametrize("B,S,dtype", [(1, 401, torch.bfloat16), (1, 401, torch.float32),
                                        (10, 128, torch.bfloat16)])
 @pytest.mark.parametrize("direction", ["outgoing", "incoming"])

@@ -219,7 +219,7 @@ def run(args: argparse.Namespace) -> int:
             inputs_sets = [s[:5] for s in sets]
             grad_sets = [s[5] for s in sets]
             ref = reference_fp64(*inputs_sets[0], grad_sets[0])
-            floor = rounding_floor(ref, torch.bfloat16, inputs_sets[0][3].dtype)
+            floor = rounding_floor(ref, inputs_sets[0][0].dtype, inputs_sets[0][3].dtype)
             rows.append({"impl": "fp64_rounded", "D": D, "S": S, "bias_dtype": args.bias_dtype,
                          "fwd_ms": None, "fwd_bwd_ms": None, "peak_extra_gib": None, **floor, **meta})
             print(f"{'fp64_rounded':<16}{D:>4}{S:>6}{'-':>9}{'-':>9}{'-':>7}"
